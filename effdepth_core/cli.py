@@ -1,0 +1,184 @@
+"""The ``effdepth`` command line: run | models | table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import EffdepthError
+
+RULES = (("cosine", "cosine"), ("logit_lens_kl", "lens KL"), ("logit_lens_overlap", "lens overlap"))
+
+
+def _format_rule(entry: dict | None) -> str:
+    if not entry:
+        return "—"
+    if entry.get("ed") is None:
+        return "undefined"
+    text = f"{entry['ed']} ({entry['ratio']:.2f})"
+    if entry.get("ci_low") is not None:
+        text += f" [{entry['ci_low']}–{entry['ci_high']}]"
+    return text
+
+
+def format_table(summaries: Sequence[dict]) -> str:
+    """A Table-1-style view: ED (ratio) [95% bootstrap interval] per rule, one row per run."""
+    header = ["model", "task", "L", "n", *(label for _, label in RULES)]
+    rows = [
+        [str(s["model"]), str(s["task"]), str(s["n_layers"]), str(s["n_examples"])]
+        + [_format_rule(s.get(rule)) for rule, _ in RULES]
+        for s in summaries
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = [
+        f"  {s['model']} / {s['task']} / {label}: {s[rule]['reason']}"
+        for s in summaries
+        for rule, label in RULES
+        if s.get(rule) and s[rule].get("reason")
+    ]
+    if notes:
+        lines += ["", "undefined ED:", *notes]
+    return "\n".join(lines)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .results import DEFAULT_PROBES, PROBES
+    from .tasks import TASKS
+    from .zoo import DEFAULT_MODEL
+
+    parser = argparse.ArgumentParser(prog="effdepth", description="Measure the effective depth of causal LMs.")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="probe a model on a task and compute its effective depth")
+    run.add_argument("--model", default=DEFAULT_MODEL, help="offline alias, local dir, .gguf file or hub id")
+    run.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file (prompt, answer)")
+    run.add_argument("--n", type=_positive, default=10, help="number of examples (default 10)")
+    run.add_argument("--probes", default=",".join(DEFAULT_PROBES), help=f"comma list of {', '.join(PROBES)}")
+    run.add_argument("--out", type=Path, help="result directory (default results/<model>/<task>-n<N>-seed<S>)")
+    run.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    run.add_argument("--device-map", default=None, help="'auto' to spread a large model over devices")
+    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--source", default="local", choices=["local", "hub"], help="vendored data or the HF hub")
+    run.add_argument("--level", type=int, help="MATH difficulty level 1..5")
+    run.add_argument("--digits", type=_positive, default=6, help="operand length for arithmetic tasks")
+    run.add_argument("--top-k", type=_positive, default=5, help="logit-lens overlap k")
+    run.add_argument("--batch-size", type=_positive, default=4)
+    run.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    commands.add_parser("models", help="list the offline model aliases and whether they are cached")
+
+    table = commands.add_parser("table", help="ED table of result directories (searched recursively)")
+    table.add_argument("dirs", nargs="+", type=Path)
+    return parser
+
+
+def _quiet_libraries() -> None:
+    """Keep library warnings (config checks, hub retries) out of effdepth's one-line messages."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .models import load_model
+    from .results import RunSettings, parse_probes, run
+    from .tasks import check_task
+
+    if not args.debug:
+        _quiet_libraries()
+    if args.no_progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+    settings = RunSettings(
+        model=args.model,
+        task=args.task,
+        n=args.n,
+        seed=args.seed,
+        source=args.source,
+        level=args.level,
+        digits=args.digits,
+        top_k=args.top_k,
+        device=args.device,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
+    parse_probes(args.probes)  # fail on a typo before loading anything
+    check_task(args.task)
+    loaded = None
+    if args.device_map:
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map)
+    result = run(settings, probes=args.probes, out_dir=args.out, loaded=loaded)
+    print(format_table([result.summary]))
+    print(f"\nresults in {result.out_dir}/")
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from .zoo import ZOO, cache_dir, is_cached
+
+    print(f"offline models (cache: {cache_dir()}; set EFFDEPTH_CACHE to move it)")
+    for alias, entry in ZOO.items():
+        state = "cached" if is_cached(alias) else f"not cached, {entry.download_mb} MB download"
+        print(f"  {alias:<20} {entry.description}  [{state}]")
+    print("any Hugging Face hub id, local model directory or .gguf file also works with --model")
+    return 0
+
+
+def _cmd_table(args: argparse.Namespace) -> int:
+    files = []
+    for directory in args.dirs:
+        if not directory.exists():
+            raise EffdepthError(f"no such directory: {directory}")
+        files += sorted(directory.rglob("effective_depth.json"))
+    if not files:
+        raise EffdepthError(f"no effective_depth.json under {', '.join(map(str, args.dirs))}; run `effdepth run` first")
+    print(format_table([json.loads(f.read_text()) for f in files]))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"run": _cmd_run, "models": _cmd_models, "table": _cmd_table}
+    try:
+        return handlers[args.command](args)
+    except EffdepthError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"effdepth: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("effdepth: interrupted; finished results are kept, rerun to resume", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(
+            f"effdepth: internal error: {type(exc).__name__}: {exc} (rerun with --debug for details)", file=sys.stderr
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Load a causal LM and describe where its residual stream, sublayers, norm and head live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import ModelNotFoundError, UnsupportedModelError
+from .zoo import ZOO, ensure_model
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """Where one architecture keeps the parts the probes read.
+
+    ``attn_out`` / ``mlp_out`` name the submodule of a decoder layer whose output is exactly what
+    that sublayer adds to the residual stream (after any post-sublayer norm).
+    """
+
+    layers: str = "model.layers"
+    final_norm: str = "model.norm"
+    attn_out: str = "self_attn"
+    mlp_out: str = "mlp"
+    parallel_attr: str | None = None  # config attribute that turns on a parallel residual
+
+
+_LLAMA_LIKE = Adapter()
+_POST_SUBLAYER_NORMS = Adapter(attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm")
+
+ADAPTERS: dict[str, Adapter] = {
+    "llama": _LLAMA_LIKE,
+    "qwen2": _LLAMA_LIKE,
+    "qwen3": _LLAMA_LIKE,
+    "mistral": _LLAMA_LIKE,
+    "phi3": _LLAMA_LIKE,
+    "gemma2": _POST_SUBLAYER_NORMS,
+    "gemma3_text": _POST_SUBLAYER_NORMS,
+    "olmo2": _POST_SUBLAYER_NORMS,
+    "gpt_neox": Adapter(
+        layers="gpt_neox.layers",
+        final_norm="gpt_neox.final_layer_norm",
+        attn_out="attention",
+        mlp_out="mlp",
+        parallel_attr="use_parallel_residual",
+    ),
+}
+
+# Known architectures the probes cannot handle, with the reason.
+_REJECTED: dict[str, str] = {
+    "bert": "an encoder (bidirectional, post-norm)",
+    "roberta": "an encoder (bidirectional, post-norm)",
+    "distilbert": "an encoder (bidirectional, post-norm)",
+    "t5": "an encoder-decoder",
+    "bart": "an encoder-decoder (post-norm)",
+    "gpt2": "not in the adapter table yet (its attention/MLP are Conv1D modules)",
+    "gemma3": "the multimodal Gemma 3 wrapper; load the text-only checkpoint (model_type gemma3_text)",
+}
+
+
+def supported_model_types() -> list[str]:
+    return sorted(ADAPTERS)
+
+
+def _unsupported_message(model_type: str, name: str) -> str:
+    why = _REJECTED.get(model_type, "not a known pre-norm decoder")
+    return (
+        f"model {name!r} has model_type {model_type!r}, which is {why}; the probes assume a pre-norm "
+        f"decoder-only LM. Supported model types: {', '.join(supported_model_types())}"
+    )
+
+
+def _get(root: nn.Module, dotted: str) -> nn.Module:
+    module = root
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM plus everything the probes need to read and decode its residual stream."""
+
+    model: nn.Module
+    tokenizer: object | None
+    name: str
+    adapter: Adapter
+    layers: nn.ModuleList
+    final_norm: nn.Module
+    lm_head: nn.Module
+    logit_softcap: float | None
+    parallel_residual: bool
+    max_positions: int | None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.lm_head.weight.shape[0])
+
+    @property
+    def model_type(self) -> str:
+        return str(self.model.config.model_type)
+
+    @property
+    def input_device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def head_device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def base_model(self) -> nn.Module:
+        """The decoder stack without the LM head (saves the vocab projection when only h is needed)."""
+        return self.model.base_model
+
+    def head(self, residual: torch.Tensor) -> torch.Tensor:
+        """Logits from a residual-stream state: Head(FinalNorm(h)), soft-capping included."""
+        return self.head_of_normed(self.final_norm(residual.to(self.head_device)))
+
+    def head_of_normed(self, normed: torch.Tensor) -> torch.Tensor:
+        """Logits from a state the final norm has already been applied to."""
+        logits = self.lm_head(normed.to(self.head_device))
+        if self.logit_softcap:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
+
+    def head_into(self, residual: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``head(residual)`` as float32 written into the preallocated ``out`` ``[token, vocab]``
+        (reusing one buffer across layers avoids re-faulting fresh pages for every layer)."""
+        out = out[: residual.shape[0]]
+        normed = self.final_norm(residual.to(self.head_device))
+        weight = self.lm_head.weight
+        if weight.dtype == torch.float32 and out.dtype == torch.float32:
+            torch.matmul(normed, weight.t(), out=out)
+            if getattr(self.lm_head, "bias", None) is not None:
+                out.add_(self.lm_head.bias)
+        else:
+            out.copy_(self.lm_head(normed))
+        if self.logit_softcap:
+            out.div_(self.logit_softcap).tanh_().mul_(self.logit_softcap)
+        return out
+
+    def sublayers(self, layer: int) -> tuple[nn.Module, nn.Module]:
+        """The modules whose outputs are the attention and MLP contributions of ``layer``."""
+        block = self.layers[layer]
+        return _get(block, self.adapter.attn_out), _get(block, self.adapter.mlp_out)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Token ids of ``text`` as the model's tokenizer (with its special tokens) gives them."""
+        if self.tokenizer is None:
+            raise ValueError(f"model {self.name!r} has no tokenizer; pass token id tensors instead of text")
+        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        return torch.tensor(ids, dtype=torch.long)
+
+
+def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | None = None) -> LoadedModel:
+    """Describe an already-built HF causal LM (checks that its architecture is supported)."""
+    config = model.config
+    model_type = str(getattr(config, "model_type", "unknown"))
+    name = name or str(getattr(config, "_name_or_path", "") or model_type)
+    if model_type not in ADAPTERS or getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(_unsupported_message(model_type, name))
+    adapter = ADAPTERS[model_type]
+    lm_head = model.get_output_embeddings()
+    if lm_head is None:
+        raise UnsupportedModelError(f"model {name!r} has no output head; load it as a causal LM")
+    parallel = bool(getattr(config, adapter.parallel_attr, False)) if adapter.parallel_attr else False
+    max_positions = getattr(config, "max_position_embeddings", None)
+    model.eval()
+    model.requires_grad_(False)  # probes differentiate activations, never parameters
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        adapter=adapter,
+        layers=_get(model, adapter.layers),
+        final_norm=_get(model, adapter.final_norm),
+        lm_head=lm_head,
+        logit_softcap=getattr(config, "final_logit_softcapping", None),
+        parallel_residual=parallel,
+        max_positions=int(max_positions) if max_positions else None,
+    )
+
+
+def truncate_layers(loaded: LoadedModel, n_layers: int) -> LoadedModel:
+    """A copy of ``loaded`` that keeps only its first ``n_layers`` decoder layers (weights shared,
+    final norm and head kept): for benchmarks that compare cost against depth."""
+    import copy
+
+    if not 1 <= n_layers <= loaded.n_layers:
+        raise ValueError(f"n_layers must be in 1..{loaded.n_layers}, got {n_layers}")
+    model = copy.copy(loaded.model)  # shallow: parameters are shared
+    model.config = copy.deepcopy(loaded.model.config)
+    model.config.num_hidden_layers = n_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:n_layers]
+    parent_path, _, attr = loaded.adapter.layers.rpartition(".")
+    parent = copy.copy(_get(model, parent_path))
+    parent.config = model.config
+    object.__setattr__(parent, "_modules", dict(parent._modules))
+    parent._modules[attr] = nn.ModuleList(list(loaded.layers)[:n_layers])
+    object.__setattr__(model, "_modules", dict(model._modules))
+    model._modules[parent_path.split(".")[0]] = parent
+    return wrap_model(model, loaded.tokenizer, name=f"{loaded.name}[:{n_layers}]")
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` → cuda when available, else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelNotFoundError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
+    """``auto`` → bfloat16 on a GPU, float32 on the CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise ModelNotFoundError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(table)}")
+    return table[dtype]
+
+
+def _check_config(source: str, name: str, **kwargs) -> None:
+    """Fail early, with a clear message, on an architecture the probes do not support."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source, **kwargs)
+    model_type = str(getattr(config, "model_type", "unknown"))
+    if model_type not in ADAPTERS:
+        raise UnsupportedModelError(_unsupported_message(model_type, name))
+
+
+def _hub_error(spec: str, exc: Exception) -> ModelNotFoundError:
+    text = str(exc).lower()
+    offline = any(word in text for word in ("connection", "resolve", "offline", "network", "timed out", "proxy"))
+    aliases = ", ".join(ZOO)
+    if offline:
+        why = "the Hugging Face hub cannot be reached from this machine"
+    else:
+        why = f"it is not an offline alias, a local path, or a hub id that could be loaded ({type(exc).__name__})"
+    return ModelNotFoundError(f"cannot load model {spec!r}: {why}. Offline aliases: {aliases}")
+
+
+def load_model(
+    spec: str,
+    device: str = "auto",
+    dtype: str | torch.dtype = "auto",
+    device_map: str | None = None,
+) -> LoadedModel:
+    """Load ``spec``: an offline alias (see ``effdepth models``), a local HF directory, a ``.gguf``
+    file, or a Hugging Face hub id. ``device_map="auto"`` spreads a large model over devices."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    kwargs: dict = {}
+    name = spec
+    path = Path(spec).expanduser()
+    if spec in ZOO:
+        gguf = ensure_model(spec)
+        source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
+    elif path.is_file() and path.suffix == ".gguf":
+        source, kwargs = str(path.parent), {"gguf_file": path.name}
+    elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"directory {spec!r} has no config.json; is it a Hugging Face model folder?")
+        source = str(path)
+    elif path.suffix == ".gguf" or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ModelNotFoundError(f"no such model file or directory: {spec!r}. Offline aliases: {', '.join(ZOO)}")
+    else:
+        source = spec  # a hub id
+    try:
+        _check_config(source, name, **kwargs)
+        load_kwargs = dict(kwargs, dtype=torch_dtype)
+        if device_map is not None:
+            load_kwargs["device_map"] = device_map
+        model = AutoModelForCausalLM.from_pretrained(source, **load_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (UnsupportedModelError, ModelNotFoundError):
+        raise
+    except (OSError, ValueError) as exc:
+        if source == spec and not path.exists():
+            raise _hub_error(spec, exc) from exc
+        raise ModelNotFoundError(f"cannot load model {spec!r}: {exc}") from exc
+    if device_map is None:
+        model = model.to(device)
+    return wrap_model(model, tokenizer, name=name)

@@ -1,0 +1,70 @@
+"""Residual contributions and their cosine similarity with the residual stream (SPEC §1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+import torch
+from tqdm import tqdm
+
+from ..models import LoadedModel
+from ..trace import Batch, LayerTrace, forward, iter_batches, tokenize, trace_layers
+from .reduce import per_example_frame
+
+RESIDUAL_METRICS = ("cos_attn", "cos_mlp", "cos_layer", "rel_attn", "rel_mlp", "rel_layer")
+_EPS = 1e-12
+
+
+def _cos_rel(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos(x, ref) and |x|/|ref| per token, ``[batch, token]``, in float32."""
+    x_norm, ref_norm = x.norm(dim=-1), ref.norm(dim=-1)
+    cos = (x * ref).sum(-1) / (x_norm * ref_norm).clamp_min(_EPS)
+    return cos, x_norm / ref_norm.clamp_min(_EPS)
+
+
+def contribution_metrics(trace: LayerTrace) -> torch.Tensor:
+    """The six §1 metrics per token for one layer, ``[batch, token, 6]`` in RESIDUAL_METRICS order."""
+    h = trace.h_in.float()
+    attn = trace.attn.float()
+    mlp = trace.mlp.float()
+    delta = trace.h_out.float() - h
+    cos_attn, rel_attn = _cos_rel(attn, h)
+    cos_mlp, rel_mlp = _cos_rel(mlp, h + attn)
+    cos_layer, rel_layer = _cos_rel(delta, h)
+    return torch.stack([cos_attn, cos_mlp, cos_layer, rel_attn, rel_mlp, rel_layer], dim=-1)
+
+
+def _batch_sums(loaded: LoadedModel, batch: Batch) -> torch.Tensor:
+    """Token sums of the metrics for each row of a batch, ``[batch, layer, metric]``."""
+    mask = batch.mask.float()  # [batch, token]
+    sums = torch.zeros(len(batch.examples), loaded.n_layers, len(RESIDUAL_METRICS))
+
+    def on_layer(trace: LayerTrace) -> None:
+        metrics = contribution_metrics(trace)  # [batch, token, metric]
+        sums[:, trace.layer] = (metrics * mask.to(metrics.device)[..., None]).sum(1).cpu()
+
+    with trace_layers(loaded, on_layer, sublayers=True):
+        forward(loaded, batch)
+    return sums
+
+
+def residual_cosine(
+    loaded: LoadedModel,
+    prompts: Sequence[str | torch.Tensor],
+    batch_size: int = 4,
+    progress: bool = False,
+) -> pl.DataFrame:
+    """Per-example, per-layer mean of cos/rel of attention, MLP and whole-layer contributions.
+
+    Returns columns ``example, layer, metric, value, n_tokens``; collapse with
+    ``token_weighted_mean`` for the curves of SPEC §1. One forward pass; nothing per layer is kept.
+    """
+    token_lists = tokenize(loaded, prompts)
+    sums = torch.zeros(len(token_lists), loaded.n_layers, len(RESIDUAL_METRICS))  # [example, layer, metric]
+    counts = torch.tensor([ids.numel() for ids in token_lists])
+    with tqdm(total=len(token_lists), desc="residual cosine", unit="prompt", disable=not progress) as bar:
+        for batch in iter_batches(token_lists, batch_size, loaded.input_device):
+            sums[batch.examples] = _batch_sums(loaded, batch)
+            bar.update(len(batch.examples))
+    return per_example_frame(sums, counts, RESIDUAL_METRICS)

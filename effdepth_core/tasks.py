@@ -1,0 +1,262 @@
+"""Tasks: prompts in the paper's formats, from vendored files (default) or the Hugging Face hub."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from .errors import TaskError
+
+TASKS = ("gsm8k", "hellaswag", "aime24", "math", "addition", "multiplication")
+AIME_MAX_TOKENS = 400
+
+_REASON_HEADER = (
+    "Given the following problem, reason and give a final answer to the problem.\nProblem: {problem}\n"
+    "Your response should end with {ending} where [answer] is the response to the problem.\n"
+)
+_GSM8K_ENDING = '"The final answer is [answer]"'
+_BOXED_ENDING = '"\\boxed{[answer]}"'
+# A line that is only an author signature ("~angie.", "-Failure.net") ends one AoPS solution.
+_SIGNATURE = re.compile(r"^\s*[~\-—–]\s*[^\s$\\].{0,60}$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt: the question part, the answer part the model reads after it (None when the
+    task has no answers), and where it came from. The probed text is ``prompt``."""
+
+    question: str
+    answer: str | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def prompt(self) -> str:
+        return self.question + (self.answer or "")
+
+    def to_json(self) -> dict:
+        return {"prompt": self.prompt, "question": self.question, "answer": self.answer, "meta": self.meta}
+
+
+def _vendored(relative: str) -> Iterable[dict]:
+    path = resources.files("effdepth_core") / "data" / relative
+    with path.open("rb") as raw:
+        data = gzip.decompress(raw.read()) if relative.endswith(".gz") else raw.read()
+    text = data.decode("utf-8")
+    if relative.endswith((".json", ".json.gz")):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _hub(path: str, split: str, name: str | None = None) -> list[dict]:
+    try:
+        from datasets import load_dataset
+
+        return [dict(row) for row in load_dataset(path, name, split=split)]
+    except Exception as exc:  # datasets raises many types for "offline"
+        raise TaskError(
+            f"cannot load {path} from the Hugging Face hub ({type(exc).__name__}: {str(exc)[:200]}); "
+            "drop source='hub' to use the vendored copy"
+        ) from exc
+
+
+# --- formats (SPEC.md) -------------------------------------------------------------------
+
+
+def gsm8k_example(question: str, worked_answer: str, index: int) -> Example:
+    solution, _, final = worked_answer.partition("####")
+    header = _REASON_HEADER.format(problem=question, ending=_GSM8K_ENDING)
+    answer = "\n" + solution + f"The final answer is {final.strip()}"
+    return Example(header, answer, {"task": "gsm8k", "index": index, "final_answer": final.strip()})
+
+
+def hellaswag_example(context: str, ending: str, index: int) -> Example:
+    separator = "" if ending.startswith(",") else " "
+    return Example(context, separator + ending, {"task": "hellaswag", "index": index})
+
+
+def first_solution(solution: str) -> str:
+    """The first of several AoPS community solutions joined in one string (up to its signature)."""
+    match = _SIGNATURE.search(solution)
+    return solution[: match.start()].rstrip() + "\n" if match else solution
+
+
+def boxed_example(task: str, problem: str, solution: str, meta: dict) -> Example:
+    header = _REASON_HEADER.format(problem=problem, ending=_BOXED_ENDING)
+    return Example(header, "\n" + solution, {"task": task, **meta})
+
+
+def arithmetic_example(op: str, a: int, b: int) -> Example:
+    result = a + b if op == "+" else a * b
+    return Example(f"Give the answer directly: {a} {op} {b} =", f" {result}", {"a": a, "b": b, "op": op})
+
+
+# --- loaders -------------------------------------------------------------------------------
+
+
+def _gsm8k(source: str) -> list[Example]:
+    rows = _hub("openai/gsm8k", "test", "main") if source == "hub" else _vendored("gsm8k/test.jsonl.gz")
+    return [gsm8k_example(r["question"], r["answer"], i) for i, r in enumerate(rows)]
+
+
+def _hellaswag(source: str) -> list[Example]:
+    if source == "hub":
+        rows = [
+            {"ctx": r["ctx"], "endings": r["endings"], "label": int(r["label"])}
+            for r in _hub("Rowan/hellaswag", "validation")
+        ]
+    else:
+        rows = _vendored("hellaswag/validation_preprocessed.jsonl.gz")
+    return [hellaswag_example(r["ctx"], r["endings"][int(r["label"])], i) for i, r in enumerate(rows)]
+
+
+def _aime24(source: str, solution_mode: str) -> list[Example]:
+    if source == "hub":
+        rows = [
+            {"id": r["ID"], "problem": r["Problem"], "solution": r["Solution"], "answer": str(r["Answer"])}
+            for r in _hub("Maxwell-Jia/AIME_2024", "train")
+        ]
+    else:
+        rows = _vendored("aime24/test.jsonl")
+    if solution_mode not in ("first", "all"):
+        raise TaskError(f"aime_solution must be 'first' or 'all', got {solution_mode!r}")
+    examples = []
+    for r in rows:
+        solution = first_solution(r["solution"]) if solution_mode == "first" else r["solution"]
+        meta = {"index": len(examples), "id": r["id"], "final_answer": r["answer"], "solution": solution_mode}
+        examples.append(boxed_example("aime24", r["problem"], solution, meta))
+    return examples
+
+
+def _math(source: str, level: int | None) -> list[Example]:
+    if source == "hub":
+        subjects = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra")
+        subjects += ("number_theory", "prealgebra", "precalculus")
+        rows = [r for s in subjects for r in _hub("EleutherAI/hendrycks_math", "test", s)]
+    else:
+        rows = _vendored("math/test.jsonl.gz")
+    examples = []
+    for i, r in enumerate(rows):
+        row_level = int(re.sub(r"\D", "", str(r["level"])) or 0)  # "Level 3" (files) or 3
+        if level is not None and row_level != level:
+            continue
+        meta = {"index": i, "level": row_level, "type": r["type"]}
+        examples.append(boxed_example("math", r["problem"], r["solution"], meta))
+    return examples
+
+
+def _arithmetic(op: str, n: int, digits: int, rng: random.Random) -> list[Example]:
+    if digits < 1:
+        raise TaskError(f"digits must be at least 1, got {digits}")
+    low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
+    examples = []
+    for i in range(n):
+        example = arithmetic_example(op, rng.randint(low, high), rng.randint(low, high))
+        examples.append(
+            Example(
+                example.question,
+                example.answer,
+                {**example.meta, "task": "addition" if op == "+" else "multiplication", "index": i, "digits": digits},
+            )
+        )
+    return examples
+
+
+def _jsonl(path: Path) -> list[Example]:
+    examples = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TaskError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+                raise TaskError(f"{path}:{number}: each line needs a non-empty string field 'prompt'")
+            answer = row.get("answer")
+            if answer is not None and not isinstance(answer, str):
+                raise TaskError(f"{path}:{number}: 'answer' must be a string when given")
+            meta = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
+            examples.append(Example(row["prompt"], answer, {"task": path.stem, "index": len(examples), **meta}))
+    if not examples:
+        raise TaskError(f"task file {path} has no examples; each line needs a JSON object with 'prompt'")
+    return examples
+
+
+def task_names() -> list[str]:
+    return list(TASKS)
+
+
+def check_task(name: str) -> None:
+    """Fail fast (before a model is loaded) on a task that is neither known nor an existing file."""
+    if name in TASKS:
+        return
+    if name.endswith(".jsonl") or Path(name).expanduser().exists():
+        if not Path(name).expanduser().is_file():
+            raise TaskError(f"task file {name!r} does not exist")
+        return
+    raise TaskError(f"unknown task {name!r}; use one of {', '.join(TASKS)} or a path to a .jsonl file")
+
+
+def load_task(
+    name: str,
+    n: int = 10,
+    seed: int = 0,
+    source: str = "local",
+    level: int | None = None,
+    digits: int = 6,
+    count_tokens: Callable[[str], int] | None = None,
+    max_tokens: int | None = None,
+    aime_solution: str = "first",
+) -> list[Example]:
+    """``n`` examples of a task, sampled deterministically for ``seed``.
+
+    ``name`` is a task in TASKS or a path to a ``.jsonl`` file (``prompt`` required, ``answer``
+    optional; the probed text is prompt + answer). ``source``: "local" (vendored files) or "hub".
+    ``level`` filters MATH (1–5); ``digits`` sets the arithmetic operand length. With
+    ``count_tokens`` (the model's tokenizer), prompts longer than ``max_tokens`` are dropped
+    (AIME24 defaults to 400, as in the paper).
+    """
+    if n < 1:
+        raise TaskError(f"n must be at least 1, got {n}")
+    if source not in ("local", "hub"):
+        raise TaskError(f"source must be 'local' or 'hub', got {source!r}")
+    rng = random.Random(seed)
+    path = Path(name).expanduser()
+    check_task(name)
+    is_file = name not in TASKS
+    if is_file:
+        pool = _jsonl(path)
+    elif name in ("addition", "multiplication"):
+        return _arithmetic("+" if name == "addition" else "*", n, digits, rng)
+    elif name == "gsm8k":
+        pool = _gsm8k(source)
+    elif name == "hellaswag":
+        pool = _hellaswag(source)
+    elif name == "aime24":
+        pool = _aime24(source, aime_solution)
+        max_tokens = AIME_MAX_TOKENS if max_tokens is None else max_tokens
+    else:  # math
+        if level is not None and level not in range(1, 6):
+            raise TaskError(f"MATH level must be 1..5, got {level}")
+        pool = _math(source, level)
+    order = list(range(len(pool)))
+    if not is_file:  # a user's file keeps its order; data sets are sampled
+        rng.shuffle(order)
+    chosen: list[Example] = []
+    for index in order:
+        example = pool[index]
+        if count_tokens is not None and max_tokens is not None and count_tokens(example.prompt) > max_tokens:
+            continue
+        chosen.append(example)
+        if len(chosen) == n:
+            break
+    if not chosen:
+        raise TaskError(f"task {name!r} has no example within {max_tokens} tokens for this tokenizer")
+    return chosen

@@ -1,0 +1,108 @@
+"""The adapter table reads the right tensors: checked against HF's own hidden states and a manual
+recomputation of each MLP sublayer, for every supported architecture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny, random_prompts
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from effdepth_core.errors import NonFiniteActivationError, UnsupportedModelError
+from effdepth_core.models import supported_model_types, truncate_layers, wrap_model
+from effdepth_core.trace import forward, iter_batches, trace_layers
+
+ATOL = 2e-5
+
+
+def _trace(loaded, ids):
+    records = []
+    batch = next(iter_batches([ids], 1, "cpu"))
+    with trace_layers(loaded, records.append):
+        forward(loaded, batch)
+    return records
+
+
+def _manual_mlp(loaded, layer_index: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """What the MLP sublayer adds, recomputed from h_l and a_l by the architecture's own formula."""
+    layer = loaded.layers[layer_index]
+    kind = loaded.model_type
+    if kind in ("gemma2", "gemma3_text"):
+        return layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h + attn)))
+    if kind == "olmo2":
+        return layer.post_feedforward_layernorm(layer.mlp(h + attn))
+    if kind == "gpt_neox" and loaded.parallel_residual:
+        return layer.mlp(layer.post_attention_layernorm(h))  # reads h_l, not h_l + a_l
+    return layer.mlp(layer.post_attention_layernorm(h + attn))
+
+
+def test_residual_identity_and_hf_hidden_states(tiny):
+    ids = random_prompts([11])[0]
+    records = _trace(tiny, ids)
+    with torch.no_grad():
+        hidden = tiny.model(input_ids=ids[None], output_hidden_states=True).hidden_states
+    assert len(records) == tiny.n_layers
+    for rec in records:
+        # h_{l+1} = h_l + a_l + m_l, with a_l and m_l as the adapter reports them
+        torch.testing.assert_close(rec.h_out, rec.h_in + rec.attn + rec.mlp, atol=ATOL, rtol=1e-5)
+        # the layer input is HF's hidden state l (HF's last entry has the final norm applied)
+        torch.testing.assert_close(rec.h_in, hidden[rec.layer], atol=ATOL, rtol=1e-5)
+        with torch.no_grad():
+            expected_mlp = _manual_mlp(tiny, rec.layer, rec.h_in, rec.attn)
+        torch.testing.assert_close(rec.mlp, expected_mlp, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(tiny.final_norm(records[-1].h_out), hidden[-1], atol=ATOL, rtol=1e-5)
+
+
+def test_head_reproduces_model_logits(tiny):
+    ids = random_prompts([9])[0]
+    records = _trace(tiny, ids)
+    with torch.no_grad():
+        logits = tiny.model(input_ids=ids[None]).logits
+        torch.testing.assert_close(tiny.head(records[-1].h_out), logits, atol=ATOL, rtol=1e-5)
+        buffer = torch.empty(20, tiny.vocab_size)
+        torch.testing.assert_close(tiny.head_into(records[-1].h_out[0], buffer), logits[0], atol=ATOL, rtol=1e-5)
+
+
+def test_unsupported_architectures_fail_with_a_clear_message():
+    config = AutoConfig.for_model("gpt2", vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=32)
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(UnsupportedModelError) as info:
+        wrap_model(model)
+    message = str(info.value)
+    assert "'gpt2'" in message and "llama" in message and "gemma3_text" in message
+    assert len(message.splitlines()) == 1
+    assert set(supported_model_types()) >= {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"}
+    assert set(supported_model_types()) >= {"olmo2", "phi3", "gpt_neox"}
+
+
+def test_hooks_are_removed_even_on_error():
+    loaded = make_tiny("llama")
+
+    def explode(record):
+        raise RuntimeError("boom")
+
+    batch = next(iter_batches(random_prompts([5]), 1, "cpu"))
+    with pytest.raises(RuntimeError), trace_layers(loaded, explode):
+        forward(loaded, batch)
+    modules = list(loaded.model.modules())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in modules)
+
+
+def test_non_finite_activation_names_the_layer():
+    loaded = make_tiny("llama")
+    with torch.no_grad():
+        loaded.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    batch = next(iter_batches(random_prompts([5]), 1, "cpu"))
+    with pytest.raises(NonFiniteActivationError, match="output of layer 1"), trace_layers(loaded, lambda r: None):
+        forward(loaded, batch)
+
+
+def test_truncated_copy_shares_weights_and_stops_early():
+    loaded = make_tiny("gemma3_text")
+    half = truncate_layers(loaded, 2)
+    assert half.n_layers == 2 and loaded.n_layers == 3
+    ids = random_prompts([8])[0]
+    records = _trace(loaded, ids)
+    with torch.no_grad():
+        out = half.base_model()(input_ids=ids[None]).last_hidden_state
+    torch.testing.assert_close(out, loaded.final_norm(records[1].h_out), atol=ATOL, rtol=1e-5)

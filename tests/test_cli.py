@@ -1,0 +1,155 @@
+"""The command line: the run contract, caching/resume, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import polars as pl
+import pytest
+from conftest import save_tiny_dir
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from effdepth_core import results
+from effdepth_core.cli import main
+
+
+def _run(capsys, *argv):
+    capsys.readouterr()  # drop what the test itself printed before
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_run_writes_the_contract_files(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, _ = _run(
+        capsys,
+        "run",
+        "--model",
+        str(tiny_dir),
+        "--task",
+        "addition",
+        "--n",
+        "3",
+        "--digits",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
+    assert code == 0
+    for name in ("cosine.parquet", "logit_lens.parquet", "effective_depth.json", "examples.jsonl", "metadata.json"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "effective_depth.json").read_text())
+    assert summary["n_layers"] == 3 and summary["n_examples"] == 3 and summary["task"] == "addition"
+    for rule in ("cosine", "logit_lens_kl", "logit_lens_overlap"):
+        assert "ed" in summary[rule] and "ratio" in summary[rule]
+        if summary[rule]["ed"] is None:
+            assert summary[rule]["reason"]
+        else:
+            assert summary[rule]["ratio"] == pytest.approx((summary[rule]["ed"] + 1) / 3)
+    cosine = pl.read_parquet(out / "cosine.parquet")
+    assert cosine.columns == ["layer", "metric", "value"]
+    assert set(cosine["metric"]) == {"cos_attn", "cos_mlp", "cos_layer", "rel_attn", "rel_mlp", "rel_layer"}
+    assert set(pl.read_parquet(out / "logit_lens.parquet")["metric"]) == {"kl", "overlap"}
+    prompts = [json.loads(line)["prompt"] for line in (out / "examples.jsonl").read_text().splitlines()]
+    assert len(prompts) == 3 and all(p.startswith("Give the answer directly: ") for p in prompts)
+    assert "cosine" in stdout and "lens KL" in stdout
+
+    code, stdout, _ = _run(capsys, "table", str(tmp_path))
+    assert code == 0 and "addition" in stdout
+
+
+def test_rerun_reuses_and_interrupted_run_resumes(tiny_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "resume"
+    calls: list[str] = []
+    original = dict(results.PROBES)
+
+    def counting(name):
+        def probe(*args):
+            calls.append(name)
+            if name == "logit_lens" and calls.count(name) == 1:
+                raise KeyboardInterrupt  # the user presses Ctrl-C during the lens
+            return original[name](*args)
+
+        return probe
+
+    monkeypatch.setattr(results, "PROBES", {name: counting(name) for name in original})
+    argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "2", "--out", str(out), "--no-progress"]
+    code, _, err = _run(capsys, *argv)
+    assert code == 130 and "interrupted" in err
+    assert (out / "cosine.parquet").is_file() and not (out / "logit_lens.parquet").exists()
+    assert not [p for p in out.iterdir() if ".tmp" in p.name]  # nothing half-written
+    assert _run(capsys, *argv)[0] == 0
+    assert calls == ["cosine", "logit_lens", "logit_lens"]  # the rerun computed only the lens
+    assert _run(capsys, *argv)[0] == 0
+    assert calls == ["cosine", "logit_lens", "logit_lens"]  # and a third run nothing
+    changed = [*argv[:-1], "--seed", "5", "--no-progress"]
+    assert _run(capsys, *changed)[0] == 0
+    assert calls.count("cosine") == 2  # other parameters: recomputed
+
+
+def _error(capsys, *argv) -> str:
+    code, _, err = _run(capsys, *argv)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("effdepth: error:") and "Traceback" not in err
+    return lines[0]
+
+
+def test_bad_models(capsys, tmp_path, monkeypatch):
+    assert "no such model file or directory" in _error(capsys, "run", "--model", "./nope", "--task", "addition")
+    assert "smollm2-135m" in _error(capsys, "run", "--model", str(tmp_path / "x.gguf"))
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # fail at once instead of retrying a dead network
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    message = _error(capsys, "run", "--model", "some-org/not-a-model", "--task", "addition")
+    assert "some-org/not-a-model" in message and "smollm2-135m" in message  # names the offline aliases
+    gpt2 = tmp_path / "gpt2"
+    config = AutoConfig.for_model("gpt2", vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=32)
+    AutoModelForCausalLM.from_config(config).save_pretrained(gpt2)
+    assert "'gpt2'" in _error(capsys, "run", "--model", str(gpt2), "--task", "addition")
+
+
+def test_bad_tasks_and_inputs(capsys, tiny_dir, tmp_path):
+    base = ["run", "--model", str(tiny_dir), "--out", str(tmp_path / "o"), "--no-progress"]
+    assert "unknown task 'nope'" in _error(capsys, *base, "--task", "nope")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert "no examples" in _error(capsys, *base, "--task", str(empty))
+    long_prompt = tmp_path / "long.jsonl"
+    long_prompt.write_text(json.dumps({"prompt": "a" * 500}) + "\n")  # the tiny model takes 128 positions
+    assert "at most 128" in _error(capsys, *base, "--task", str(long_prompt))
+    assert "unknown probe" in _error(capsys, *base, "--task", "addition", "--probes", "cosine,typo")
+    with pytest.raises(SystemExit) as info:
+        main([*base, "--task", "addition", "--n", "0"])
+    assert info.value.code == 2
+
+
+def test_nan_activation_is_reported_with_its_layer(capsys, tmp_path):
+    poisoned = save_tiny_dir(tmp_path / "nan", poison=True)
+    message = _error(
+        capsys, "run", "--model", str(poisoned), "--task", "addition", "--out", str(tmp_path / "o"), "--no-progress"
+    )
+    assert "layer 1" in message and "NaN" in message
+
+
+def test_debug_shows_the_traceback(capsys):
+    code = main(["--debug", "run", "--model", "./nope"])
+    assert code == 2 and "Traceback" in capsys.readouterr().err
+
+
+def test_models_lists_the_zoo(capsys):
+    code, stdout, _ = _run(capsys, "models")
+    assert code == 0
+    for alias in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        assert alias in stdout
+
+
+def test_console_script_is_installed():
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "effdepth"]
+    assert script.value == "effdepth_core.cli:main" and sys.executable

@@ -1,0 +1,156 @@
+"""Residual-cosine and logit-lens probes against slow independent computations: one prompt at a
+time, per-token Python loops in float64, HF's own forward for hidden states and final logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from conftest import make_tiny, random_prompts
+
+from effdepth_core.probes import logit_lens, residual_cosine, token_weighted_mean
+from effdepth_core.probes.residual import RESIDUAL_METRICS
+
+LENGTHS = [7, 12, 3, 10]
+
+
+def _capture(loaded, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """h_l, a_l, m_l, h_{l+1} for one prompt through plain hooks written here (not effdepth's)."""
+    store: dict[str, list] = {"h_in": [], "attn": [], "mlp": [], "h_out": []}
+    handles = []
+    for index, layer in enumerate(loaded.layers):
+        attn, mlp = loaded.sublayers(index)
+        handles.append(
+            layer.register_forward_pre_hook(
+                lambda m, a, k: store["h_in"].append(a[0] if a else k["hidden_states"]), with_kwargs=True
+            )
+        )
+        handles.append(
+            attn.register_forward_hook(lambda m, a, o: store["attn"].append(o[0] if isinstance(o, tuple) else o))
+        )
+        handles.append(mlp.register_forward_hook(lambda m, a, o: store["mlp"].append(o)))
+        handles.append(
+            layer.register_forward_hook(lambda m, a, o: store["h_out"].append(o[0] if isinstance(o, tuple) else o))
+        )
+    try:
+        with torch.no_grad():
+            loaded.model(input_ids=ids[None])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {k: [t[0].double() for t in v] for k, v in store.items()}  # [token, d_model] each
+
+
+def naive_residual(loaded, prompts) -> dict[tuple[int, str], float]:
+    """Token-weighted means of the six SPEC §1 metrics, token by token in float64."""
+    sums: dict[tuple[int, str], float] = {}
+    total = 0
+    for ids in prompts:
+        cap = _capture(loaded, ids)
+        total += ids.numel()
+        for layer in range(loaded.n_layers):
+            h, a, m, out = (cap[k][layer] for k in ("h_in", "attn", "mlp", "h_out"))
+            for t in range(ids.numel()):
+                pairs = {"attn": (a[t], h[t]), "mlp": (m[t], h[t] + a[t]), "layer": (out[t] - h[t], h[t])}
+                for part, (x, ref) in pairs.items():
+                    cos = float(x @ ref / (x.norm() * ref.norm()))
+                    rel = float(x.norm() / ref.norm())
+                    sums[(layer, f"cos_{part}")] = sums.get((layer, f"cos_{part}"), 0.0) + cos
+                    sums[(layer, f"rel_{part}")] = sums.get((layer, f"rel_{part}"), 0.0) + rel
+    return {key: value / total for key, value in sums.items()}
+
+
+def _softcap(loaded, logits: torch.Tensor) -> torch.Tensor:
+    cap = loaded.model.config.to_dict().get("final_logit_softcapping")
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def naive_lens(loaded, prompts, k: int = 5) -> dict[tuple[int, str], float]:
+    """KL(q_l || p) and top-k overlap for l = 0..L, token by token in float64; p is the model's
+    own output logits and h_l HF's own hidden states."""
+    sums: dict[tuple[int, str], float] = {}
+    total = 0
+    for ids in prompts:
+        with torch.no_grad():
+            out = loaded.model(input_ids=ids[None], output_hidden_states=True)
+            logp = torch.log_softmax(out.logits[0].double(), -1)
+            layers = [loaded.lm_head(loaded.final_norm(h))[0] for h in out.hidden_states[:-1]]
+            layers.append(loaded.lm_head(out.hidden_states[-1])[0])  # HF's last entry is already normed
+        total += ids.numel()
+        for layer, logits in enumerate(layers):
+            logq = torch.log_softmax(_softcap(loaded, logits).double(), -1)
+            for t in range(ids.numel()):
+                kl = float((logq[t].exp() * (logq[t] - logp[t])).sum())
+                top_q = set(torch.topk(logq[t], k).indices.tolist())
+                top_p = set(torch.topk(logp[t], k).indices.tolist())
+                sums[(layer, "kl")] = sums.get((layer, "kl"), 0.0) + kl
+                sums[(layer, "overlap")] = sums.get((layer, "overlap"), 0.0) + len(top_q & top_p) / k
+    return {key: value / total for key, value in sums.items()}
+
+
+def _as_dict(frame: pl.DataFrame) -> dict[tuple[int, str], float]:
+    return {(row["layer"], row["metric"]): row["value"] for row in token_weighted_mean(frame).iter_rows(named=True)}
+
+
+def test_residual_cosine_matches_naive(tiny):
+    prompts = random_prompts(LENGTHS)
+    expected = naive_residual(tiny, prompts)
+    got = _as_dict(residual_cosine(tiny, prompts, batch_size=3))
+    assert set(got) == set(expected) == {(layer, m) for layer in range(tiny.n_layers) for m in RESIDUAL_METRICS}
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=2e-5), key
+
+
+def test_logit_lens_matches_naive(tiny):
+    prompts = random_prompts(LENGTHS)
+    expected = naive_lens(tiny, prompts)
+    got = _as_dict(logit_lens(tiny, prompts, batch_size=3))
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=5e-5), key
+
+
+def test_lens_on_the_final_residual_is_exact(tiny):
+    frame = token_weighted_mean(logit_lens(tiny, random_prompts(LENGTHS)))
+    last = frame.filter(pl.col("layer") == tiny.n_layers)
+    assert last.filter(metric="kl")["value"][0] == pytest.approx(0.0, abs=1e-5)
+    assert last.filter(metric="overlap")["value"][0] == 1.0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "gpt_neox"])
+def test_batching_and_chunking_do_not_change_numbers(arch):
+    loaded = make_tiny(arch)
+    prompts = random_prompts(LENGTHS)
+    one_at_a_time = residual_cosine(loaded, prompts, batch_size=1)
+    batched = residual_cosine(loaded, prompts, batch_size=4)
+    np.testing.assert_allclose(batched["value"].to_numpy(), one_at_a_time["value"].to_numpy(), atol=1e-5)
+    lens_single = logit_lens(loaded, prompts, batch_size=1)
+    # a tiny memory budget forces one-token chunks and one-prompt batches
+    lens_chunked = logit_lens(loaded, prompts, batch_size=4, memory_budget_mb=0)
+    np.testing.assert_allclose(lens_chunked["value"].to_numpy(), lens_single["value"].to_numpy(), atol=1e-5)
+
+
+def test_per_example_frames_keep_each_prompt():
+    loaded = make_tiny("qwen2")
+    prompts = random_prompts(LENGTHS)
+    frame = residual_cosine(loaded, prompts, batch_size=2)
+    assert frame.columns == ["example", "layer", "metric", "value", "n_tokens"]
+    counts = frame.group_by("example").agg(pl.col("n_tokens").first()).sort("example")["n_tokens"].to_list()
+    assert counts == LENGTHS
+    # each example's own curve equals the probe run on that prompt alone
+    alone = residual_cosine(loaded, prompts[1:2])
+    np.testing.assert_allclose(
+        frame.filter(example=1).sort("metric", "layer")["value"].to_numpy(),
+        alone.sort("metric", "layer")["value"].to_numpy(),
+        atol=1e-5,
+    )
+
+
+def test_top_k_is_a_parameter():
+    loaded = make_tiny("llama")
+    prompts = random_prompts(LENGTHS)
+    expected = naive_lens(loaded, prompts, k=1)
+    got = _as_dict(logit_lens(loaded, prompts, top_k=1))
+    for layer in range(loaded.n_layers + 1):
+        assert got[(layer, "overlap")] == pytest.approx(expected[(layer, "overlap")], abs=1e-6)
