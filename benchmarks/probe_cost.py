@@ -13,58 +13,14 @@ Prints (all measured in this run, on the same prompts):
 from __future__ import annotations
 
 import argparse
-import gc
-import statistics
-import threading
-import time
-from pathlib import Path
 
 import torch
+from measure import PeakRSS, median_time
 
 from effdepth_core.models import load_model, truncate_layers
 from effdepth_core.probes import logit_lens, residual_cosine
 from effdepth_core.tasks import load_task
 from effdepth_core.trace import forward, iter_batches, tokenize
-
-_PAGE = 4096
-
-
-def _rss_bytes() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * _PAGE
-
-
-class PeakRSS:
-    """Peak resident memory above the level at entry, sampled every millisecond."""
-
-    def __enter__(self) -> PeakRSS:
-        gc.collect()
-        self.start = self.peak = _rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, _rss_bytes())
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_bytes())
-
-    @property
-    def extra_mb(self) -> float:
-        return (self.peak - self.start) / 2**20
-
-
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -99,10 +55,10 @@ def main() -> None:
 
     plain_forward()  # warm-up: the first pass is several times slower
     residual_cosine(loaded, prompts[:1])
-    t_forward = _median_time(plain_forward, args.repeats)
-    t_residual = _median_time(lambda: residual_cosine(loaded, prompts, batch_size=args.batch_size), args.repeats)
-    t_heads = _median_time(head_projections, args.repeats)
-    t_lens = _median_time(lambda: logit_lens(loaded, prompts, batch_size=args.batch_size), args.repeats)
+    t_forward = median_time(plain_forward, args.repeats)
+    t_residual = median_time(lambda: residual_cosine(loaded, prompts, batch_size=args.batch_size), args.repeats)
+    t_heads = median_time(head_projections, args.repeats)
+    t_lens = median_time(lambda: logit_lens(loaded, prompts, batch_size=args.batch_size), args.repeats)
     floor = t_forward + t_heads
 
     half = truncate_layers(loaded, loaded.n_layers // 2)

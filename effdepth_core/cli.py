@@ -27,10 +27,11 @@ def _format_rule(entry: dict | None) -> str:
 
 def format_table(summaries: Sequence[dict]) -> str:
     """A Table-1-style view: ED (ratio) [95% bootstrap interval] per rule, one row per run."""
-    header = ["model", "task", "L", "n", *(label for _, label in RULES)]
+    header = ["model", "task", "L", "n", *(label for _, label in RULES), "depth score"]
     rows = [
         [str(s["model"]), str(s["task"]), str(s["n_layers"]), str(s["n_examples"])]
         + [_format_rule(s.get(rule)) for rule, _ in RULES]
+        + [", ".join(f"{g}: {v:.1f}" for g, v in s.get("depth_score", {}).items()) or "—"]
         for s in summaries
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -76,8 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--source", default="local", choices=["local", "hub"], help="vendored data or the HF hub")
     run.add_argument("--level", type=int, help="MATH difficulty level 1..5")
     run.add_argument("--digits", type=_positive, default=6, help="operand length for arithmetic tasks")
+    run.add_argument("--max-tokens", type=_positive, help="drop prompts longer than this (aime24: 400 by default)")
     run.add_argument("--top-k", type=_positive, default=5, help="logit-lens overlap k")
     run.add_argument("--batch-size", type=_positive, default=4)
+    run.add_argument("--skip-positions", type=_positive, default=4, help="future-token positions per prompt (skip)")
+    run.add_argument("--skip-parts", default="layer,attn,mlp", help="what to skip: layer, attn, mlp (comma list)")
+    run.add_argument("--igrad-steps", type=_positive, default=128, help="quadrature nodes or adaptive budget (igrad)")
+    run.add_argument("--igrad-quadrature", default="adaptive", choices=["adaptive", "riemann", "gauss"])
+    run.add_argument("--igrad-baseline", default="position-mean", choices=["position-mean", "hidden-mean"])
+    run.add_argument("--slow", action="store_true", help="one forward pass per intervention (the oracle; same numbers)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     commands.add_parser("models", help="list the offline model aliases and whether they are cached")
@@ -117,13 +125,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
         source=args.source,
         level=args.level,
         digits=args.digits,
+        max_tokens=args.max_tokens,
         top_k=args.top_k,
         device=args.device,
         dtype=args.dtype,
         batch_size=args.batch_size,
+        skip_positions=args.skip_positions,
+        skip_parts=args.skip_parts,
+        igrad_steps=args.igrad_steps,
+        igrad_quadrature=args.igrad_quadrature,
+        igrad_baseline=args.igrad_baseline,
+        method="slow" if args.slow else "fast",
         progress=not args.no_progress,
     )
     parse_probes(args.probes)  # fail on a typo before loading anything
+    if args.slow and args.igrad_quadrature == "adaptive" and "igrad" in args.probes:
+        raise EffdepthError(
+            "--slow has no adaptive quadrature; add --igrad-quadrature riemann (the paper's, 256 steps)"
+        )
     check_task(args.task)
     loaded = None
     if args.device_map:

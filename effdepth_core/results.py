@@ -24,24 +24,78 @@ from . import __version__
 from .depth import KL_FRACTION, OVERLAP_THRESHOLD, DepthResult, effective_depth
 from .errors import EffdepthError
 from .models import LoadedModel, load_model
-from .probes import logit_lens, residual_cosine, token_weighted_mean
+from .probes import (
+    depth_scores,
+    erasure_map,
+    integrated_gradients,
+    logit_lens,
+    residual_cosine,
+    skip_effects,
+    skip_summary,
+    token_weighted_mean,
+)
 from .tasks import Example, check_task, load_task
 
 DEFAULT_PROBES = ("cosine", "logit_lens")
 
 
-def _cosine(loaded: LoadedModel, prompts: list[str], settings: RunSettings) -> pl.DataFrame:
-    return residual_cosine(loaded, prompts, batch_size=settings.batch_size, progress=settings.progress)
+def _prompts(examples: list[Example]) -> list[str]:
+    return [e.prompt for e in examples]
 
 
-def _lens(loaded: LoadedModel, prompts: list[str], settings: RunSettings) -> pl.DataFrame:
-    return logit_lens(loaded, prompts, top_k=settings.top_k, batch_size=settings.batch_size, progress=settings.progress)
+def _cosine(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> pl.DataFrame:
+    return residual_cosine(loaded, _prompts(examples), batch_size=settings.batch_size, progress=settings.progress)
 
 
-# name -> (loaded, prompts, settings) -> per-example frame
-PROBES: dict[str, Callable[[LoadedModel, list[str], RunSettings], pl.DataFrame]] = {
-    "cosine": _cosine,
-    "logit_lens": _lens,
+def _lens(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> pl.DataFrame:
+    return logit_lens(
+        loaded, _prompts(examples), top_k=settings.top_k, batch_size=settings.batch_size, progress=settings.progress
+    )
+
+
+def _skip(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> pl.DataFrame:
+    return skip_effects(
+        loaded,
+        _prompts(examples),
+        n_positions=settings.skip_positions,
+        parts=settings.skip_parts.split(","),
+        seed=settings.seed,
+        method=settings.method,
+        progress=settings.progress,
+    )
+
+
+def _erasure(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> pl.DataFrame:
+    return erasure_map(loaded, examples, method=settings.method, progress=settings.progress)
+
+
+def _igrad(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> pl.DataFrame:
+    return integrated_gradients(
+        loaded,
+        examples,
+        steps=settings.igrad_steps,
+        quadrature=settings.igrad_quadrature,
+        baseline=settings.igrad_baseline,
+        method=settings.method,
+        progress=settings.progress,
+    )
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How the orchestrator runs one probe: its per-example frame, and the frame that is saved as
+    ``<probe>.parquet`` (curves for the correlational probes; the full frame for the others)."""
+
+    compute: Callable[[LoadedModel, list[Example], RunSettings], pl.DataFrame]
+    aggregate: Callable[[pl.DataFrame], pl.DataFrame] | None = None  # None: per-example frame is the result
+
+
+PROBES: dict[str, Probe] = {
+    "cosine": Probe(_cosine, token_weighted_mean),
+    "logit_lens": Probe(_lens, token_weighted_mean),
+    "skip": Probe(_skip, skip_summary),
+    "erasure": Probe(_erasure),
+    "igrad": Probe(_igrad),
 }
 
 
@@ -56,18 +110,25 @@ class RunSettings:
     source: str = "local"
     level: int | None = None
     digits: int = 6
+    max_tokens: int | None = None  # drop longer prompts (aime24 defaults to 400, as in the paper)
     top_k: int = 5
     device: str = "auto"
     dtype: str = "auto"
     batch_size: int = 4
     kl_fraction: float = KL_FRACTION
     overlap_threshold: float = OVERLAP_THRESHOLD
+    skip_positions: int = 4
+    skip_parts: str = "layer,attn,mlp"
+    igrad_steps: int = 128  # the budget of gradient evaluations for the adaptive rule
+    igrad_quadrature: str = "adaptive"
+    igrad_baseline: str = "position-mean"
+    method: str = "fast"  # "slow": the one-forward-per-intervention oracle (same numbers)
     progress: bool = True
 
     def key(self) -> str:
         """Hash of the settings that change numbers (not device, batch size, or display)."""
         fields = asdict(self)
-        for ignored in ("device", "batch_size", "progress", "kl_fraction", "overlap_threshold"):
+        for ignored in ("device", "batch_size", "progress", "kl_fraction", "overlap_threshold", "method"):
             fields.pop(ignored)
         task_path = Path(self.task).expanduser()
         if task_path.is_file():
@@ -85,6 +146,16 @@ class RunResult:
     per_example: dict[str, pl.DataFrame]
     depth: dict[str, DepthResult]
     summary: dict = field(default_factory=dict)
+
+
+def _group_label(example: Example) -> str:
+    """Difficulty group of an example for the depth score: MATH level, operand digits, or task."""
+    meta = example.meta
+    if "level" in meta:
+        return f"level {meta['level']}"
+    if "digits" in meta:
+        return f"{meta['digits']} digits"
+    return str(meta.get("task", "all"))
 
 
 def slug(text: str) -> str:
@@ -171,6 +242,7 @@ def run(
                 level=settings.level,
                 digits=settings.digits,
                 count_tokens=lambda text: int(loaded.encode(text).numel()),
+                max_tokens=settings.max_tokens,
             )
         atomic_write_bytes(out / "examples.jsonl", "".join(json.dumps(e.to_json()) + "\n" for e in examples).encode())
         metadata.update(
@@ -181,19 +253,23 @@ def run(
             dtype=str(loaded.dtype).removeprefix("torch."),
             n_examples=len(examples),
         )
-        prompts = [e.prompt for e in examples]
         for name in missing:
             started = time.perf_counter()
-            per_example = PROBES[name](loaded, prompts, settings)
-            atomic_write_parquet(out / f"{name}_by_example.parquet", per_example)
-            atomic_write_parquet(out / f"{name}.parquet", token_weighted_mean(per_example))
+            probe = PROBES[name]
+            per_example = probe.compute(loaded, examples, settings)
+            result = per_example if probe.aggregate is None else probe.aggregate(per_example)
+            atomic_write_parquet(out / f"{name}.parquet", result)
+            atomic_write_parquet(out / f"{name}_by_example.parquet", per_example)  # last: marks the probe done
+            if name == "skip":
+                groups = {i: _group_label(e) for i, e in enumerate(examples)}
+                atomic_write_parquet(out / "depth_score.parquet", depth_scores(per_example, groups))
             metadata["probes"][name] = {"seconds": round(time.perf_counter() - started, 2)}
             atomic_write_json(meta_path, metadata)
     atomic_write_json(meta_path, metadata)
 
     present = [p for p in PROBES if (out / f"{p}_by_example.parquet").is_file()]  # earlier calls' too
     per_example = {p: pl.read_parquet(out / f"{p}_by_example.parquet") for p in present}
-    curves = {p: pl.read_parquet(out / f"{p}.parquet") for p in present}
+    curves = {p: pl.read_parquet(out / f"{p}.parquet") for p in present}  # the saved result of each probe
     n_layers = int(metadata["n_layers"])
     depth = effective_depth(
         per_example.get("cosine"),
@@ -211,5 +287,10 @@ def run(
         "n_examples": int(metadata["n_examples"]),
         **{rule: result.to_json() for rule, result in depth.items()},
     }
+    if (out / "depth_score.parquet").is_file():
+        scores = pl.read_parquet(out / "depth_score.parquet").filter(pl.col("example").is_null())
+        summary["depth_score"] = {
+            row["group"]: row["value"] for row in scores.filter(metric="depth_score").iter_rows(named=True)
+        }
     atomic_write_json(out / "effective_depth.json", summary)
     return RunResult(out, curves, per_example, depth, summary)

@@ -67,13 +67,13 @@ def test_rerun_reuses_and_interrupted_run_resumes(tiny_dir, tmp_path, capsys, mo
     original = dict(results.PROBES)
 
     def counting(name):
-        def probe(*args):
+        def compute(*args):
             calls.append(name)
             if name == "logit_lens" and calls.count(name) == 1:
                 raise KeyboardInterrupt  # the user presses Ctrl-C during the lens
-            return original[name](*args)
+            return original[name].compute(*args)
 
-        return probe
+        return results.Probe(compute, original[name].aggregate)
 
     monkeypatch.setattr(results, "PROBES", {name: counting(name) for name in original})
     argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "2", "--out", str(out), "--no-progress"]

@@ -1,0 +1,86 @@
+"""Measuring helpers shared by the benchmarks: peak resident memory, timing, work counting."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from effdepth_core.models import LoadedModel
+
+_PAGE = 4096
+
+
+def rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * _PAGE
+
+
+class PeakRSS:
+    """Peak resident memory above the level at entry, sampled every millisecond."""
+
+    def __enter__(self) -> PeakRSS:
+        gc.collect()
+        self.start = self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def extra_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+class WorkCounter:
+    """Counts token evaluations of the decoder layers and of the LM head while active (a backward
+    pass is not counted; for gradients, count it as about twice its forward)."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.layer_tokens = 0
+        self.head_tokens = 0
+
+    def _count_layer(self, module, args, kwargs) -> None:
+        h = args[0] if args else kwargs["hidden_states"]
+        self.layer_tokens += h.shape[0] * h.shape[1]
+
+    def _count_head(self, module, args) -> None:
+        self.head_tokens += args[0].numel() // args[0].shape[-1]
+
+    def __enter__(self) -> WorkCounter:
+        self._handles = [
+            layer.register_forward_pre_hook(self._count_layer, with_kwargs=True) for layer in self.loaded.layers
+        ]
+        self._handles.append(self.loaded.lm_head.register_forward_pre_hook(self._count_head))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def forward_equivalents(self, n_tokens: int) -> float:
+        """Work in units of one plain forward of ``n_tokens`` (layers + head, weighted by parameters)."""
+        layer_params = sum(p.numel() for p in self.loaded.layers[0].parameters())
+        head_params = self.loaded.lm_head.weight.numel()
+        work = self.layer_tokens * layer_params + self.head_tokens * head_params
+        return work / (n_tokens * (self.loaded.n_layers * layer_params + head_params))

@@ -1,0 +1,267 @@
+"""Layer skipping: the effect of skipping a layer (or its attention / MLP) on later layers'
+contributions and on the output distribution (SPEC §3, Csordás Fig. 3).
+
+Two paths give the same numbers:
+- ``method="slow"``: one full forward pass per intervention, as the published loops do (the oracle);
+- ``method="fast"``: one clean pass per prompt, then interventions stacked as batch rows and replayed
+  from the skipped layer on (layers before it cannot change), in chunks of ``max_rows``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import polars as pl
+import torch
+from tqdm import tqdm
+
+from ..models import LoadedModel
+from ..replay import CleanRun, clean_run, run_layer
+from ..trace import _first_tensor, tokenize
+from .output_change import output_change
+
+SKIP_PARTS = ("layer", "attn", "mlp")
+VARIANTS = ("future", "current")
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """Skip ``part`` of layer ``layer`` at token positions ``skip`` and measure at ``measure``."""
+
+    variant: str
+    position: int | None  # t for the future-token variant
+    part: str
+    layer: int
+    skip: slice
+    measure: slice
+
+
+def sample_positions(n_tokens: int, n_positions: int, seed: int, example: int) -> list[int]:
+    """Up to ``n_positions`` of range(8, T-4, 8), shuffled deterministically for (seed, example)."""
+    candidates = list(range(8, n_tokens - 4, 8))
+    random.Random(seed * 1_000_003 + example).shuffle(candidates)
+    return sorted(candidates[:n_positions])
+
+
+def interventions_for(
+    n_tokens: int, n_layers: int, positions: Sequence[int], parts: Sequence[str], variants: Sequence[str]
+) -> list[Intervention]:
+    out = []
+    for part in parts:
+        if "future" in variants:
+            for t in positions:
+                out += [Intervention("future", t, part, s, slice(1, t), slice(t, n_tokens)) for s in range(n_layers)]
+        if "current" in variants:
+            out += [
+                Intervention("current", None, part, s, slice(1, n_tokens), slice(0, n_tokens)) for s in range(n_layers)
+            ]
+    return out
+
+
+@contextmanager
+def skip_hooks(loaded: LoadedModel, part: str, layer: int, rows: torch.Tensor, positions: slice):
+    """While active, layer ``layer`` (or its attention / MLP contribution) is skipped for batch rows
+    ``rows`` (bool ``[batch]``) at ``positions``: a skipped layer's output is its input; a skipped
+    sublayer adds nothing to the residual."""
+    block = loaded.layers[layer]
+    handles = []
+
+    def drop(module, args, output):
+        tensor = _first_tensor(output)
+        mask = torch.zeros((*tensor.shape[:2], 1), dtype=torch.bool, device=tensor.device)
+        mask[rows.to(tensor.device), positions] = True
+        tensor = tensor.masked_fill(mask, 0.0)
+        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+
+    def keep_input(module, args, kwargs, output):
+        h_in = args[0] if args else kwargs["hidden_states"]
+        tensor = _first_tensor(output)
+        mask = torch.zeros((*tensor.shape[:2], 1), dtype=torch.bool, device=tensor.device)
+        mask[rows.to(tensor.device), positions] = True
+        tensor = torch.where(mask, h_in, tensor)
+        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+
+    try:
+        if part == "layer":
+            handles.append(block.register_forward_hook(keep_input, with_kwargs=True))
+        else:
+            attn, mlp = loaded.sublayers(layer)
+            handles.append((attn if part == "attn" else mlp).register_forward_hook(drop))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _relative_change(clean: torch.Tensor, changed: torch.Tensor) -> torch.Tensor:
+    """max over tokens of |clean − changed| / |clean| for ``[rows, token, d]`` → ``[rows]``."""
+    clean, changed = clean.float(), changed.float()
+    return ((clean - changed).norm(dim=-1) / clean.norm(dim=-1).clamp_min(1e-12)).amax(dim=-1)
+
+
+def _effects_fast(
+    loaded: LoadedModel, run: CleanRun, group: list[Intervention], clean_probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer effects ``[rows, L]`` and output effects ``[rows]`` for interventions sharing part and
+    positions, replayed from the lowest skipped layer with rows joining at their own layer."""
+    n_layers = loaded.n_layers
+    part, measure = group[0].part, group[0].measure
+    layers = torch.tensor([i.layer for i in group])
+    effects = torch.zeros(len(group), n_layers)
+    start = int(layers.min())
+    active = 0  # rows are sorted by layer: rows [0, active) are running
+    hidden = run.hidden[start][:, :0].new_empty(0, run.n_tokens, run.hidden[0].shape[-1])
+    with torch.inference_mode():
+        for layer in range(start, n_layers):
+            joining = int((layers == layer).sum())
+            if joining:
+                hidden = torch.cat([hidden, run.hidden[layer].expand(joining, -1, -1)])
+                active += joining
+            rows = torch.zeros(active, dtype=torch.bool)
+            rows[active - joining : active] = True
+            with skip_hooks(loaded, part, layer, rows, group[0].skip):
+                out = run_layer(loaded, run, layer, hidden)
+            clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, measure]
+            effects[:active, layer] = _relative_change(clean_delta, (out - hidden)[:, measure]).cpu()
+            hidden = out
+        outputs = output_change(loaded, clean_probs, hidden[:, measure])
+    return effects, outputs
+
+
+def _effects_slow(
+    loaded: LoadedModel, run: CleanRun, intervention: Intervention, clean_probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle: one full forward pass of the whole model with the intervention hooked in."""
+    n_layers = loaded.n_layers
+    hidden: list[torch.Tensor | None] = [None] * (n_layers + 1)
+
+    def record_input(index: int):
+        return lambda module, args, kwargs: hidden.__setitem__(index, args[0] if args else kwargs["hidden_states"])
+
+    def record_last(module, args, output):
+        hidden[n_layers] = _first_tensor(output)
+
+    rows = torch.ones(1, dtype=torch.bool)
+    # the skip hooks go first: hooks run in registration order, and the recorders must see their effect
+    with skip_hooks(loaded, intervention.part, intervention.layer, rows, intervention.skip):
+        handles = [
+            layer.register_forward_pre_hook(record_input(i), with_kwargs=True) for i, layer in enumerate(loaded.layers)
+        ]
+        handles.append(loaded.layers[-1].register_forward_hook(record_last))
+        try:
+            with torch.inference_mode():
+                logits = loaded.model(input_ids=run.input_ids, use_cache=False).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+    measure = intervention.measure
+    effects = torch.zeros(1, n_layers)
+    for layer in range(n_layers):
+        clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, measure]
+        effects[:, layer] = _relative_change(clean_delta, (hidden[layer + 1] - hidden[layer])[:, measure])
+    probs = torch.softmax(logits[0, measure].float(), dim=-1)
+    output = (probs - clean_probs).norm(dim=-1).amax().view(1).cpu()
+    return effects, output
+
+
+def skip_effects(
+    loaded: LoadedModel,
+    prompts: Sequence[str | torch.Tensor],
+    n_positions: int = 4,
+    parts: Sequence[str] = SKIP_PARTS,
+    variants: Sequence[str] = VARIANTS,
+    seed: int = 0,
+    method: str = "fast",
+    max_rows: int = 16,
+    progress: bool = False,
+) -> pl.DataFrame:
+    """Per prompt and intervention: effect of skipping a layer on every layer's contribution and on
+    the output distribution.
+
+    Long frame: ``example, variant, position, part, skipped_layer, layer, metric, value`` with
+    metric ``layer_effect`` (``layer`` = the layer measured) or ``output_effect`` (``layer`` null).
+    Reduce with ``skip_summary`` (max over positions and prompts, as SPEC §3).
+    """
+    if method not in ("fast", "slow"):
+        raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
+    bad = [p for p in parts if p not in SKIP_PARTS] + [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise ValueError(f"unknown skip part/variant {bad}; parts: {SKIP_PARTS}, variants: {VARIANTS}")
+    token_lists = tokenize(loaded, prompts)
+    n_layers = loaded.n_layers
+    frames = []
+    with tqdm(total=len(token_lists), desc=f"skip ({method})", unit="prompt", disable=not progress) as bar:
+        for example, ids in enumerate(token_lists):
+            run = clean_run(loaded, ids)
+            positions = sample_positions(ids.numel(), n_positions, seed, example)
+            todo = interventions_for(ids.numel(), n_layers, positions, parts, variants)
+            probs_cache: dict[tuple[int, int], torch.Tensor] = {}
+            results: list[tuple[Intervention, torch.Tensor, torch.Tensor]] = []
+            groups: dict[tuple, list[Intervention]] = {}
+            for item in todo:
+                groups.setdefault((item.variant, item.position, item.part), []).append(item)
+            for group in groups.values():
+                measure = group[0].measure
+                key = (measure.start, measure.stop)
+                if key not in probs_cache:
+                    with torch.inference_mode():
+                        probs_cache[key] = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
+                clean_probs = probs_cache[key]
+                if method == "slow":
+                    for item in group:
+                        effects, output = _effects_slow(loaded, run, item, clean_probs)
+                        results.append((item, effects[0], output[0]))
+                else:
+                    for start in range(0, len(group), max_rows):
+                        chunk = group[start : start + max_rows]
+                        effects, outputs = _effects_fast(loaded, run, chunk, clean_probs)
+                        results += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
+            frames.append(_frame(example, results, n_layers))
+            bar.update(1)
+    return pl.concat(frames)
+
+
+def _frame(example: int, results, n_layers: int) -> pl.DataFrame:
+    columns: dict[str, list] = {
+        k: [] for k in ("variant", "position", "part", "skipped_layer", "layer", "metric", "value")
+    }
+    for item, effects, output in results:
+        entries = [(layer, "layer_effect", value) for layer, value in enumerate(effects.tolist())]
+        entries.append((None, "output_effect", float(output)))
+        for layer, metric, value in entries:
+            row = (item.variant, item.position, item.part, item.layer, layer, metric, value)
+            for key, v in zip(columns, row, strict=True):
+                columns[key].append(v)
+    schema = {
+        "variant": pl.String,
+        "position": pl.Int64,
+        "part": pl.String,
+        "skipped_layer": pl.Int64,
+        "layer": pl.Int64,
+        "metric": pl.String,
+        "value": pl.Float64,
+    }
+    return (
+        pl.DataFrame(columns, schema=schema)
+        .with_columns(pl.lit(example, dtype=pl.Int64).alias("example"))
+        .select("example", *schema)
+    )
+
+
+def skip_summary(frame: pl.DataFrame) -> pl.DataFrame:
+    """Max (the paper's statistic), mean and std over positions and prompts per
+    (variant, part, skipped_layer, layer, metric)."""
+    keys = ["variant", "part", "skipped_layer", "layer", "metric"]
+    per_example = frame.group_by([*keys, "example"]).agg(pl.col("value").max())
+    return (
+        per_example.group_by(keys)
+        .agg(
+            pl.col("value").max().alias("value"),
+            pl.col("value").mean().alias("mean"),
+            pl.col("value").std().alias("std"),
+        )
+        .sort(keys, nulls_last=True)
+    )

@@ -1,0 +1,236 @@
+"""Causal probes: fast paths equal the one-forward-per-intervention oracles on every architecture,
+plus hand-checked invariants (skipping nothing, erasing with the true residual, completeness)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from conftest import ARCHS, make_tiny, random_prompts
+
+from effdepth_core.cli import main
+from effdepth_core.errors import EffdepthError
+from effdepth_core.probes import depth_score, depth_scores, erasure_map, integrated_gradients, skip_effects
+from effdepth_core.probes.answers import answer_split
+from effdepth_core.probes.erasure import _map_fast
+from effdepth_core.probes.igrad import make_baseline, quadrature_rule
+from effdepth_core.probes.skip import Intervention, _effects_fast, sample_positions
+from effdepth_core.replay import clean_run
+from effdepth_core.tasks import Example
+
+SKIP_KEYS = ["example", "variant", "position", "part", "skipped_layer", "layer", "metric"]
+
+
+def _max_diff(a: pl.DataFrame, b: pl.DataFrame, keys: list[str]) -> float:
+    joined = a.join(b, on=keys, how="full", suffix="_b", nulls_equal=True)
+    assert joined.height == a.height == b.height
+    return float((joined["value"] - joined["value_b"]).abs().max())
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_skip_fast_equals_slow(arch):
+    loaded = make_tiny(arch)
+    prompts = random_prompts([21, 30])
+    fast = skip_effects(loaded, prompts, max_rows=2)  # chunks smaller than the layer count
+    slow = skip_effects(loaded, prompts, method="slow")
+    # positions range(8, T-4, 8): 2 for T=21, 3 for T=30; plus the current-token variant each
+    assert fast.height == 3 * ((1 + 2) + (1 + 3)) * loaded.n_layers * (loaded.n_layers + 1)
+    assert _max_diff(fast, slow, SKIP_KEYS) < 1e-5
+    assert fast["value"].max() > 0.05  # the interventions do something
+
+
+def test_skip_invariants():
+    loaded = make_tiny("llama")
+    ids = random_prompts([24])[0]
+    frame = skip_effects(loaded, [ids], parts=("layer",))
+    future = frame.filter(variant="future", metric="layer_effect")
+    # by causality a skip cannot change layers at or before it on future tokens
+    assert future.filter(pl.col("layer") <= pl.col("skipped_layer"))["value"].abs().max() == 0.0
+    assert future.filter(pl.col("layer") > pl.col("skipped_layer"))["value"].min() > 0.0
+    # skipping a whole layer at every token but the first removes its contribution there: effect 1
+    current = frame.filter(variant="current", metric="layer_effect")
+    assert current.filter(pl.col("layer") == pl.col("skipped_layer"))["value"].to_list() == pytest.approx([1.0] * 3)
+    # skipping at no position changes nothing
+    run = clean_run(loaded, ids)
+    empty = [Intervention("future", 8, part, 1, slice(1, 1), slice(8, 24)) for part in ("layer", "attn", "mlp")]
+    for item in empty:
+        with torch.no_grad():
+            probs = torch.softmax(loaded.head(run.hidden[-1][0, item.measure]), -1)
+        effects, outputs = _effects_fast(loaded, run, [item], probs)
+        assert effects.abs().max() < 1e-6 and outputs.abs().max() < 1e-6
+
+
+def test_skip_positions_are_seeded_and_in_range():
+    positions = sample_positions(100, 4, seed=3, example=0)
+    assert positions == sample_positions(100, 4, seed=3, example=0)
+    assert len(positions) == 4 and set(positions) <= set(range(8, 96, 8))
+    assert sample_positions(100, 4, seed=3, example=1) != positions or sample_positions(100, 4, 4, 0) != positions
+    assert sample_positions(12, 4, 0, 0) == []  # range(8, 8, 8) is empty
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_erasure_fast_equals_slow(arch):
+    loaded = make_tiny(arch)
+    items = [(ids, 4) for ids in random_prompts([14, 9])]
+    fast = erasure_map(loaded, items, max_rows=5)
+    slow = erasure_map(loaded, items, method="slow")
+    assert fast.height == (14 + 9) * (loaded.n_layers + 1)
+    assert _max_diff(fast, slow, ["example", "layer", "position", "metric"]) < 1e-5
+    last = fast.filter(pl.col("position") == pl.col("position").max().over("example"))
+    assert last["value"].abs().max() == 0.0  # the last token predicts nothing inside the prompt
+
+
+def test_erasing_with_the_true_residual_changes_nothing():
+    loaded = make_tiny("gemma3_text")
+    ids = random_prompts([12])[0]
+    run = clean_run(loaded, ids)
+    position = 5
+    truth = torch.stack([h[0, position] for h in run.hidden])  # [L+1, d]: h_l at that position
+    effects = _map_fast(loaded, ids, 4, truth, max_rows=4)
+    assert effects[:, position].abs().max() < 1e-6
+    assert effects[: loaded.n_layers, :position].min() > 0  # other positions do change the answer
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gemma3_text", "gpt_neox", "olmo2", "phi3"])
+def test_igrad_fast_equals_slow_and_is_complete(arch):
+    loaded = make_tiny(arch)
+    items = [(ids, 3) for ids in random_prompts([11])]
+    fast = integrated_gradients(loaded, items, steps=8, quadrature="gauss", max_rows=3)
+    slow = integrated_gradients(loaded, items, steps=8, quadrature="gauss", method="slow")
+    assert _max_diff(fast, slow, ["example", "layer", "position", "metric"]) < 1e-6
+    precise = integrated_gradients(loaded, items, steps=24, quadrature="gauss")
+    delta = precise.filter(metric="target_delta")["value"].abs()
+    gap = precise.filter(metric="completeness_gap")["value"].abs()
+    assert (gap <= 1e-3 * delta + 1e-7).all()  # Σ attributions = target(h) − target(b)
+    attribution = precise.filter(metric="attribution")
+    assert attribution.filter(position=10)["value"].abs().max() == 0.0  # the last token cannot matter
+
+
+def test_gauss_reaches_the_256_step_riemann_result():
+    loaded = make_tiny("llama")
+    items = [(ids, 3) for ids in random_prompts([11])]
+    riemann = integrated_gradients(loaded, items, steps=256, quadrature="riemann", max_rows=64)
+    gauss = integrated_gradients(loaded, items, steps=16, quadrature="gauss")
+    diff = _max_diff(
+        riemann.filter(metric="attribution"),
+        gauss.filter(metric="attribution"),
+        ["example", "layer", "position", "metric"],
+    )
+    riemann_gap = riemann.filter(metric="completeness_gap")["value"].abs().max()
+    gauss_gap = gauss.filter(metric="completeness_gap")["value"].abs().max()
+    assert gauss_gap < riemann_gap  # 16 Gauss nodes are closer to the exact integral than 256 Riemann steps
+    assert diff < 2 * riemann_gap + 1e-6  # and agree with Riemann to within Riemann's own error
+
+
+def test_adaptive_rule_is_complete_and_agrees_with_a_fine_rule():
+    loaded = make_tiny("gemma3_text")
+    items = [(ids, 3) for ids in random_prompts([11])]
+    adaptive = integrated_gradients(loaded, items, steps=64, quadrature="adaptive")
+    fine = integrated_gradients(loaded, items, steps=96, quadrature="gauss")
+    delta = adaptive.filter(metric="target_delta")["value"].abs()
+    assert (adaptive.filter(metric="completeness_gap")["value"].abs() <= 1e-3 * delta + 1e-7).all()
+    a = adaptive.filter(metric="attribution").sort("layer", "position")["value"].to_numpy()
+    b = fine.filter(metric="attribution").sort("layer", "position")["value"].to_numpy()
+    assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()
+    with pytest.raises(ValueError, match="no slow path"):
+        integrated_gradients(loaded, items, quadrature="adaptive", method="slow")
+    with pytest.raises(ValueError, match="at least 4"):
+        integrated_gradients(loaded, items, steps=2, quadrature="adaptive")
+
+
+def test_quadrature_and_baselines():
+    nodes, weights = quadrature_rule("gauss", 3)
+    assert float((weights * nodes**5).sum()) == pytest.approx(1 / 6, abs=1e-12)  # exact up to degree 5
+    nodes, weights = quadrature_rule("riemann", 4)
+    assert nodes.tolist() == [0.0, 0.25, 0.5, 0.75] and float(weights.sum()) == pytest.approx(1.0)
+    h = torch.arange(6.0).view(1, 2, 3)  # [1, token, d]
+    assert make_baseline(h, "position-mean")[0].tolist() == [[1.5, 2.5, 3.5]] * 2
+    assert make_baseline(h, "hidden-mean")[0].tolist() == [[1.0] * 3, [4.0] * 3]
+    with pytest.raises(ValueError):
+        quadrature_rule("simpson", 4)
+
+
+def test_depth_score_by_hand():
+    assert depth_score([0, 1, 1, 2]) == pytest.approx((0 + 1 + 2 + 6) / 4)
+    assert math.isnan(depth_score([0, 0, 0]))
+    rows = []
+    for example, e in enumerate([[1.0, 0.0, 0.0], [0.0, 0.0, 2.0]]):
+        for layer, value in enumerate(e):
+            rows.append(("future", 8, "layer", layer, None, "output_effect", value, example))
+            rows.append(("future", 16, "layer", layer, None, "output_effect", value / 2, example))
+    skip = pl.DataFrame(
+        rows,
+        schema=["variant", "position", "part", "skipped_layer", "layer", "metric", "value", "example"],
+        orient="row",
+    )
+    scores = depth_scores(skip, {0: "easy", 1: "hard"})
+    per_example = scores.filter(pl.col("example").is_not_null()).sort("example")["value"].to_list()
+    assert per_example == [0.0, 2.0]
+    both = depth_scores(skip).filter(pl.col("example").is_null(), metric="depth_score")["value"][0]
+    assert both == pytest.approx((0 * 1 + 2 * 2) / 3)  # from the max importance over prompts: [1, 0, 2]
+
+
+def test_answer_split_uses_the_question_prefix():
+    from conftest import char_tokenizer
+
+    from effdepth_core.models import wrap_model
+
+    loaded = make_tiny("llama")
+    loaded = wrap_model(loaded.model, char_tokenizer(), name="tiny")
+    ids, n_answer = answer_split(loaded, Example("1 + 2 =", " 3"))
+    assert ids.numel() == 9 and n_answer == 2  # " 3" is two characters
+    with pytest.raises(EffdepthError, match="needs examples with an answer"):
+        answer_split(loaded, Example("no answer here"))
+
+
+def test_cli_runs_the_causal_probes(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "causal"
+    argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--digits", "3", "--n", "2", "--out", str(out)]
+    argv += ["--probes", "skip,erasure,igrad", "--igrad-steps", "4", "--no-progress"]
+    assert main(argv) == 0
+    for name in ("skip", "erasure", "igrad", "depth_score"):
+        assert (out / f"{name}.parquet").is_file(), name
+    summary = json.loads((out / "effective_depth.json").read_text())
+    assert set(summary["depth_score"]) == {"3 digits"}
+    skip = pl.read_parquet(out / "skip.parquet")
+    assert {"value", "mean", "std"} <= set(skip.columns)
+    assert "depth score" in capsys.readouterr().out
+    code = main([*argv[:-1], "--slow"])
+    assert code == 2 and "--igrad-quadrature riemann" in capsys.readouterr().err
+    no_answers = tmp_path / "plain.jsonl"
+    no_answers.write_text(json.dumps({"prompt": "abc def"}) + "\n")
+    code = main(
+        [
+            "run",
+            "--model",
+            str(tiny_dir),
+            "--task",
+            str(no_answers),
+            "--probes",
+            "erasure",
+            "--out",
+            str(tmp_path / "x"),
+            "--no-progress",
+        ]
+    )
+    assert code == 2 and "needs examples with an answer" in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_fast_equals_slow_on_the_default_model(smollm2):
+    (example,) = [Example("Give the answer directly: 12 + 34 =", " 46")]
+    skip_kw = dict(parts=("layer",), variants=("future",), n_positions=1)
+    fast = skip_effects(smollm2, [example.prompt], **skip_kw)
+    slow = skip_effects(smollm2, [example.prompt], method="slow", **skip_kw)
+    assert _max_diff(fast, slow, SKIP_KEYS) < 1e-4
+    fast = erasure_map(smollm2, [example])
+    slow = erasure_map(smollm2, [example], method="slow")
+    assert _max_diff(fast, slow, ["example", "layer", "position", "metric"]) < 1e-4
+    fast = integrated_gradients(smollm2, [example], steps=4, quadrature="riemann", layers=[3, 25])
+    slow = integrated_gradients(smollm2, [example], steps=4, quadrature="riemann", method="slow", layers=[3, 25])
+    assert _max_diff(fast, slow, ["example", "layer", "position", "metric"]) < 1e-5
+    np.testing.assert_array_less(-1e-9, fast.filter(metric="target_delta")["value"].abs().to_numpy())
