@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .models import LoadedModel
-from .trace import _first_tensor
+from .trace import first_tensor
 
 
 @dataclass
@@ -46,7 +46,7 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
         return hook
 
     def last_hook(module, args, output):
-        hidden[loaded.n_layers] = _first_tensor(output)
+        hidden[loaded.n_layers] = first_tensor(output)
 
     input_ids = ids.view(1, -1).to(loaded.input_device)
     try:
@@ -65,7 +65,7 @@ def run_layer(loaded: LoadedModel, run: CleanRun, layer: int, hidden: torch.Tens
     """Layer ``layer`` applied to ``hidden`` ``[rows, token, d_model]`` (same tokens as ``run``)."""
     module = loaded.layers[layer]
     device = next(module.parameters()).device
-    return _first_tensor(module(hidden.to(device), **run.layer_kwargs[layer]))
+    return first_tensor(module(hidden.to(device), **run.layer_kwargs[layer]))
 
 
 def run_layers(loaded: LoadedModel, run: CleanRun, start: int, hidden: torch.Tensor, stop: int | None = None):

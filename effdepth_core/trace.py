@@ -23,7 +23,7 @@ class LayerTrace:
     h_out: torch.Tensor  # h_{l+1}
 
 
-def _first_tensor(value) -> torch.Tensor:
+def first_tensor(value) -> torch.Tensor:
     # Decoder layers and attention modules return a tensor in some transformers versions and a
     # tuple (tensor, extras...) in others.
     return value[0] if isinstance(value, (tuple, list)) else value
@@ -58,13 +58,13 @@ def trace_layers(
 
     def sub_hook(index: int, key: str):
         def hook(module, args, output):
-            state[index][key] = _first_tensor(output)
+            state[index][key] = first_tensor(output)
 
         return hook
 
     def post_hook(index: int):
         def hook(module, args, kwargs, output):
-            h_out = _first_tensor(output)
+            h_out = first_tensor(output)
             if check_finite:
                 _check_finite(h_out, f"the output of layer {index}", loaded.name)
             record = state.pop(index)

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layers
-from ..trace import _first_tensor
+from ..trace import first_tensor
 from .answers import AnswerInput, answer_splits
 
 BASELINES = ("position-mean", "hidden-mean")
@@ -148,7 +148,7 @@ def _layer_slow(loaded, ids, layer, baseline, targets, measure, nodes, weights):
     state: dict[str, torch.Tensor] = {}
 
     def replace(module, args, output):
-        h = _first_tensor(output)
+        h = first_tensor(output)
         x = (baseline.to(h.device) + state["alpha"] * (h - baseline.to(h.device))).detach().requires_grad_(True)
         state["x"], state["diff"] = x, (h - baseline.to(h.device)).detach()
         return (x, *output[1:]) if isinstance(output, tuple) else x

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layer
-from ..trace import _first_tensor, tokenize
+from ..trace import first_tensor, tokenize
 from .output_change import output_change
 
 SKIP_PARTS = ("layer", "attn", "mlp")
@@ -70,7 +70,7 @@ def skip_hooks(loaded: LoadedModel, part: str, layer: int, rows: torch.Tensor, p
     handles = []
 
     def drop(module, args, output):
-        tensor = _first_tensor(output)
+        tensor = first_tensor(output)
         mask = torch.zeros((*tensor.shape[:2], 1), dtype=torch.bool, device=tensor.device)
         mask[rows.to(tensor.device), positions] = True
         tensor = tensor.masked_fill(mask, 0.0)
@@ -78,7 +78,7 @@ def skip_hooks(loaded: LoadedModel, part: str, layer: int, rows: torch.Tensor, p
 
     def keep_input(module, args, kwargs, output):
         h_in = args[0] if args else kwargs["hidden_states"]
-        tensor = _first_tensor(output)
+        tensor = first_tensor(output)
         mask = torch.zeros((*tensor.shape[:2], 1), dtype=torch.bool, device=tensor.device)
         mask[rows.to(tensor.device), positions] = True
         tensor = torch.where(mask, h_in, tensor)
@@ -142,7 +142,7 @@ def _effects_slow(
         return lambda module, args, kwargs: hidden.__setitem__(index, args[0] if args else kwargs["hidden_states"])
 
     def record_last(module, args, output):
-        hidden[n_layers] = _first_tensor(output)
+        hidden[n_layers] = first_tensor(output)
 
     rows = torch.ones(1, dtype=torch.bool)
     # the skip hooks go first: hooks run in registration order, and the recorders must see their effect
