@@ -1,4 +1,4 @@
-"""The ``effdepth`` command line: run | models | table."""
+"""The ``effdepth`` command line: run | models | table | book."""
 
 from __future__ import annotations
 
@@ -90,32 +90,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("models", help="list the offline model aliases and whether they are cached")
 
+    book = commands.add_parser("book", help="execute the book's notebooks (papermill) from params/")
+    book.add_argument("--section", choices=["scale", "difficulty", "long_cot"], help="one section (default: all)")
+    book.add_argument("--params", type=Path, help="a section's parameter file (default params/<section>.yml)")
+    book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")
+    book.add_argument("--only", help="only the parameter set with this name")
+    book.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout (default: .)")
+    book.add_argument("--toc-only", action="store_true", help="only regenerate _toc.yml from params/")
+    book.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
     table = commands.add_parser("table", help="ED table of result directories (searched recursively)")
     table.add_argument("dirs", nargs="+", type=Path)
     return parser
 
 
-def _quiet_libraries() -> None:
-    """Keep library warnings (config checks, hub retries) out of effdepth's one-line messages."""
-    import logging
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .models import load_model
+    from .models import load_model, quiet_libraries
     from .results import RunSettings, parse_probes, run
     from .tasks import check_task
 
     if not args.debug:
-        _quiet_libraries()
-    if args.no_progress:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
+        quiet_libraries(progress=not args.no_progress)
 
     settings = RunSettings(
         model=args.model,
@@ -164,6 +159,31 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_book(args: argparse.Namespace) -> int:
+    from .book import SECTIONS, execute, parameter_sets, write_toc
+
+    root = args.root.resolve()
+    if args.params and not args.section:
+        raise EffdepthError("--params names one section's file; add --section")
+    toc = write_toc(root)
+    print(f"effdepth book: wrote {toc.relative_to(root)}")
+    if args.toc_only:
+        return 0
+    sections = [args.section] if args.section else list(SECTIONS)
+    sets = [s for section in sections for s in parameter_sets(root, section, args.profile, args.params)]
+    if args.only:
+        sets = [s for s in sets if s.name == args.only]
+        if not sets:
+            raise EffdepthError(f"no parameter set named {args.only!r} in {', '.join(sections)} ({args.profile})")
+    timings = execute(root, sets, progress=not args.no_progress)
+    for item, seconds in timings:
+        print(f"  {item.page}.ipynb  {seconds:.0f} s")
+    print(
+        f"effdepth book: {len(timings)} page(s) in {sum(t for _, t in timings):.0f} s; now `jupyter-book build book/`"
+    )
+    return 0
+
+
 def _cmd_table(args: argparse.Namespace) -> int:
     files = []
     for directory in args.dirs:
@@ -179,7 +199,7 @@ def _cmd_table(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _cmd_run, "models": _cmd_models, "table": _cmd_table}
+    handlers = {"run": _cmd_run, "models": _cmd_models, "table": _cmd_table, "book": _cmd_book}
     try:
         return handlers[args.command](args)
     except EffdepthError as exc:

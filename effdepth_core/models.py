@@ -259,6 +259,52 @@ def _hub_error(spec: str, exc: Exception) -> ModelNotFoundError:
     return ModelNotFoundError(f"cannot load model {spec!r}: {why}. Offline aliases: {aliases}")
 
 
+def quiet_libraries(progress: bool = True) -> None:
+    """Keep library warnings (config checks, hub retries) out of effdepth's own messages, and
+    transformers' loading bars too when ``progress`` is off."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    if not progress:
+        hf_logging.disable_progress_bar()
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (a hub id then fails in seconds, not
+    after a minute of retries, on an offline machine)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _cached_on_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # an id that is not a valid repo name: let from_pretrained say why
+        return False
+
+
+def needs_download(spec: str) -> bool:
+    """Whether loading ``spec`` would download weights from the Hugging Face hub (a hub id that is
+    not in the local hub cache; offline aliases, local files and directories never do)."""
+    path = Path(spec).expanduser()
+    return spec not in ZOO and not path.exists() and not _cached_on_hub_cache(spec)
+
+
 def load_model(
     spec: str,
     device: str = "auto",
@@ -287,6 +333,8 @@ def load_model(
         raise ModelNotFoundError(f"no such model file or directory: {spec!r}. Offline aliases: {', '.join(ZOO)}")
     else:
         source = spec  # a hub id
+        if not _cached_on_hub_cache(spec) and not hub_reachable():
+            raise _hub_error(spec, ConnectionError("offline"))
     try:
         _check_config(source, name, **kwargs)
         load_kwargs = dict(kwargs, dtype=torch_dtype)

@@ -218,7 +218,6 @@ def run(
     names = parse_probes(probes)
     check_task(settings.task)
     out = Path(out_dir) if out_dir is not None else default_out_dir(settings)
-    out.mkdir(parents=True, exist_ok=True)
     key = settings.key()
     meta_path = out / "metadata.json"
     metadata = _read_json(meta_path) or {}
@@ -244,12 +243,14 @@ def run(
                 count_tokens=lambda text: int(loaded.encode(text).numel()),
                 max_tokens=settings.max_tokens,
             )
+        out.mkdir(parents=True, exist_ok=True)  # only now: a run that cannot load leaves nothing behind
         atomic_write_bytes(out / "examples.jsonl", "".join(json.dumps(e.to_json()) + "\n" for e in examples).encode())
         metadata.update(
             model_name=loaded.name,
             model_type=loaded.model_type,
             n_layers=loaded.n_layers,
             d_model=loaded.d_model,
+            n_params=sum(p.numel() for p in loaded.model.parameters()),
             dtype=str(loaded.dtype).removeprefix("torch."),
             n_examples=len(examples),
         )

@@ -1,0 +1,563 @@
+"""Altair charts of the probes, in one theme, shown so that they render with no network.
+
+Every builder takes the long frames of ``study.Study`` and returns an ``alt.Chart`` (or a compound
+chart); ``show`` turns one into notebook output. That output is an HTML container plus a script
+that hands the Vega-Lite spec to the page's one copy of Vega (``effdepth-vega.js``, written into
+the site by the ``effdepth_core.sphinx_vega`` extension). No chart loads anything from a CDN. In
+JupyterLab, display the chart itself (``chart``) instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import itertools
+import json
+from collections.abc import Sequence
+
+import altair as alt
+import polars as pl
+
+FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
+PALETTE = ["#1f6f8b", "#e07a1f", "#4c9a2a", "#b23a48", "#7a5195", "#8c8c8c"]
+THEME = {
+    "font": FONT,
+    "background": "white",
+    "view": {"stroke": "#dddddd"},
+    "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#eeeeee", "titleFontWeight": "normal"},
+    "legend": {"labelFontSize": 11, "titleFontSize": 12, "orient": "right"},
+    "header": {"labelFontSize": 12, "titleFontSize": 12},
+    "title": {"fontSize": 14, "anchor": "start", "fontWeight": "normal"},
+    "range": {"category": PALETTE},
+}
+RULE_ORDER = ["cosine", "lens KL", "lens overlap"]
+SUBLAYERS = {"attn": "attention", "mlp": "MLP", "layer": "whole layer"}
+QUANTIZED_NOTE = "quantized GGUF weights, dequantized to float32"
+_counter = itertools.count()
+
+
+def _vega_type(values: list) -> str:
+    kinds = {type(v) for v in values if v is not None}
+    if kinds and kinds <= {bool}:
+        return "boolean"
+    if kinds and kinds <= {int, float}:
+        return "number"
+    return "string"
+
+
+def _csv_datasets(spec: dict) -> dict:
+    """Store the spec's inline datasets as CSV text with explicit column types: the same data in a
+    third to a quarter of the JSON records' size (no repeated keys), and no type guessing."""
+    import csv
+    import io
+
+    formats = {}
+    for name, records in spec.get("datasets", {}).items():
+        if not records or not isinstance(records, list) or not isinstance(records[0], dict):
+            continue
+        columns = list(dict.fromkeys(key for record in records for key in record))
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        for record in records:
+            writer.writerow(["" if record.get(c) is None else record[c] for c in columns])
+        spec["datasets"][name] = buffer.getvalue()
+        formats[name] = {"type": "csv", "parse": {c: _vega_type([r.get(c) for r in records]) for c in columns}}
+
+    def visit(node):
+        if isinstance(node, dict):
+            data = node.get("data")
+            if isinstance(data, dict) and data.get("name") in formats:
+                data["format"] = formats[data["name"]]
+            for key, value in node.items():
+                if key != "datasets":
+                    visit(value)
+        elif isinstance(node, list):
+            for item in node:
+                visit(item)
+
+    visit(spec)
+    return spec
+
+
+def themed_spec(chart: alt.TopLevelMixin) -> dict:
+    """The chart's Vega-Lite spec with the effdepth theme (chart-specific config wins) and its data
+    inline as typed CSV."""
+    spec = chart.to_dict()
+    spec["config"] = {**THEME, **spec.get("config", {})}
+    return _csv_datasets(spec)
+
+
+class ChartOutput:
+    """Notebook output of one chart: an HTML container and the script that queues its spec for the
+    page's Vega (the book's ``effdepth-vega.js``)."""
+
+    def __init__(self, chart: alt.TopLevelMixin):
+        self.spec = themed_spec(chart)
+        text = json.dumps(self.spec, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+        self.element_id = f"effdepth-chart-{digest}-{next(_counter)}"
+        self._json = text
+
+    def html(self) -> str:
+        payload = self._json.replace("</", "<\\/")  # never end the script early
+        return (
+            f'<div class="effdepth-chart" id="{self.element_id}"></div>\n'
+            '<script type="text/javascript">\n'
+            f'(window.effdepthCharts = window.effdepthCharts || []).push(["{self.element_id}", {payload}]);\n'
+            "</script>"
+        )
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+
+def show(chart: alt.TopLevelMixin) -> ChartOutput:
+    """Display ``chart`` in a notebook (and in the book, offline)."""
+    return ChartOutput(chart)
+
+
+def table(frame: pl.DataFrame, caption: str | None = None) -> HTMLTable:
+    """A plain HTML table of a small frame (nulls shown as —)."""
+    return HTMLTable(frame, caption)
+
+
+class Note:
+    """A short remark shown in place of a chart that has no data."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def _repr_html_(self) -> str:
+        return f'<p class="effdepth-note"><em>{html.escape(self.text)}</em></p>'
+
+
+def note(text: str) -> Note:
+    return Note(text)
+
+
+def model_status(models: Sequence[str], unavailable: dict[str, str]) -> HTMLTable:
+    """Which models were measured, and why the others were not."""
+    rows = [(m, "not measured: " + unavailable[m] if m in unavailable else "measured") for m in models]
+    return HTMLTable(pl.DataFrame(rows, schema=["model", "status"], orient="row"))
+
+
+class HTMLTable:
+    def __init__(self, frame: pl.DataFrame, caption: str | None = None):
+        self.frame, self.caption = frame, caption
+
+    def _repr_html_(self) -> str:
+        def cell(value) -> str:
+            if value is None:
+                return "—"
+            if isinstance(value, float):
+                return f"{value:.3g}"
+            return html.escape(str(value))
+
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.frame.columns)
+        body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in self.frame.iter_rows())
+        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        return (
+            '<div style="overflow-x: auto"><table class="effdepth-table" style="font-size: 0.85em">'
+            f"{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+        )
+
+
+def _rounded(frame: pl.DataFrame, columns: Sequence[str] = ("value",), digits: int = 5) -> pl.DataFrame:
+    return frame.with_columns(pl.col(c).round(digits) for c in columns if c in frame.columns)
+
+
+def _pickers(chart: alt.Chart, frame: pl.DataFrame, fields: Sequence[str] = ("model", "task")) -> alt.Chart:
+    """Add a dropdown (and a filter) for each of ``fields`` that has more than one value in ``frame``."""
+    for name in fields:
+        if name not in frame.columns:
+            continue
+        options = frame[name].unique(maintain_order=True).to_list()
+        if len(options) < 2:
+            continue
+        param = alt.param(
+            name=f"pick_{name}", value=options[0], bind=alt.binding_select(options=options, name=f"{name} ")
+        )
+        chart = chart.add_params(param).transform_filter(alt.datum[name] == param)
+    return chart
+
+
+# --- one model ---------------------------------------------------------------------------
+
+
+def contribution_bars(cosine: pl.DataFrame, width: int = 560) -> alt.Chart:
+    """Per layer: cosine of each sublayer's write with the residual it reads (top) and its size
+    relative to that residual (bottom); dropdowns pick the model and task, the legend highlights a
+    sublayer."""
+    frame = _rounded(
+        cosine.select("model", "task", "layer", "metric", "value").with_columns(
+            pl.col("metric").str.split("_").list.get(0).alias("kind"),
+            pl.col("metric").str.split("_").list.get(1).replace(SUBLAYERS).alias("sublayer"),
+        )
+    )
+    pick = alt.selection_point(fields=["sublayer"], bind="legend")
+    base = (
+        alt.Chart()
+        .mark_bar()
+        .encode(
+            x=alt.X("layer:O", title="layer"),
+            xOffset=alt.XOffset("sublayer:N", sort=list(SUBLAYERS.values())),
+            color=alt.Color("sublayer:N", sort=list(SUBLAYERS.values()), title="sublayer"),
+            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.2)),
+            tooltip=["model:N", "task:N", "layer:O", "sublayer:N", alt.Tooltip("value:Q", format=".3f")],
+        )
+        .properties(width=width, height=170)
+    )
+    cos = base.transform_filter(alt.datum.kind == "cos").encode(y=alt.Y("value:Q", title="cosine with residual"))
+    rel = base.transform_filter(alt.datum.kind == "rel").encode(y=alt.Y("value:Q", title="‖write‖ / ‖residual‖"))
+    return _pickers(alt.vconcat(cos.add_params(pick), rel, data=frame), frame)
+
+
+def lens_curves(
+    lens: pl.DataFrame, summary: pl.DataFrame | None = None, overlap_threshold: float = 0.3
+) -> alt.HConcatChart:
+    """Logit-lens KL to the final distribution and top-5 overlap per layer, one line per task; the
+    ED layer of each rule is marked. Click a legend entry to highlight a task."""
+    frame = _rounded(lens.select("model", "task", "layer", "metric", "value"))
+    pick = alt.selection_point(fields=["task"], bind="legend")
+
+    def panel(metric: str, title: str, rule: str, owns_pick: bool) -> alt.LayerChart:
+        rows = frame.filter(pl.col("metric") == metric)
+        line = (
+            alt.Chart(rows)
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("layer:Q", title="layer (input of)"),
+                y=alt.Y("value:Q", title=title),
+                color=alt.Color("task:N", title="task"),
+                opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+                tooltip=["model:N", "task:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
+            )
+        )
+        if owns_pick:  # one legend selection, shared by both panels
+            line = line.add_params(pick)
+        layers = [line]
+        if metric == "overlap":
+            layers.append(alt.Chart().mark_rule(strokeDash=[4, 4], color="#888").encode(y=alt.datum(overlap_threshold)))
+        if summary is not None:
+            eds = summary.filter(pl.col("rule") == rule, pl.col("ed").is_not_null()).select("model", "task", "ed")
+            if eds.height:
+                layers.append(
+                    alt.Chart(eds)
+                    .mark_rule(strokeDash=[2, 3])
+                    .encode(
+                        x="ed:Q",
+                        color="task:N",
+                        opacity=alt.condition(pick, alt.value(0.9), alt.value(0.1)),
+                        tooltip=["task:N", alt.Tooltip("ed:Q", title=f"ED ({rule})")],
+                    )
+                )
+        return _pickers(alt.layer(*layers).properties(width=300, height=220), frame, ("model",))
+
+    return alt.hconcat(
+        panel("kl", "KL(lens ‖ final)", "lens KL", True), panel("overlap", "top-5 overlap", "lens overlap", False)
+    )
+
+
+def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
+    """Max relative change of each later layer's contribution when one layer is skipped (SPEC §3);
+    a dropdown picks what is skipped (whole layer, attention, MLP)."""
+    frame = _rounded(
+        skip.filter(pl.col("metric") == "layer_effect", pl.col("variant") == variant).select(
+            "model", "skipped_layer", "layer", "part", "value"
+        )
+    ).with_columns(pl.col("part").replace(SUBLAYERS))
+    parts = [p for p in SUBLAYERS.values() if p in set(frame["part"].to_list())]
+    part = alt.param(name="part", value=parts[0], bind=alt.binding_select(options=parts, name="skipped "))
+    chart = (
+        alt.Chart(frame)
+        .transform_filter(alt.datum.part == part)
+        .mark_rect()
+        .encode(
+            x=alt.X("layer:O", title="layer measured"),
+            y=alt.Y("skipped_layer:O", title="layer skipped"),
+            color=alt.Color("value:Q", title="effect", scale=alt.Scale(scheme="viridis", domainMin=0)),
+            tooltip=["part:N", "skipped_layer:O", "layer:O", alt.Tooltip("value:Q", format=".3f")],
+        )
+        .add_params(part)
+        .properties(width=380, height=380, title=f"skip effect on later layers ({variant} tokens)")
+    )
+    return _pickers(chart, frame, ("model",))
+
+
+def output_effect_bars(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
+    """Max change of the output distribution (L2) when one layer / sublayer is skipped, with the
+    mean over prompts as a tick."""
+    frame = _rounded(
+        skip.filter(pl.col("metric") == "output_effect", pl.col("variant") == variant).select(
+            "model", "skipped_layer", "part", "value", "mean"
+        ),
+        ("value", "mean"),
+    ).with_columns(pl.col("part").replace(SUBLAYERS))
+    pick = alt.selection_point(fields=["part"], bind="legend")
+    bars = (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            x=alt.X("skipped_layer:O", title="layer skipped"),
+            xOffset=alt.XOffset("part:N", sort=list(SUBLAYERS.values())),
+            y=alt.Y("value:Q", title="max ‖Δ output probabilities‖₂"),
+            color=alt.Color("part:N", sort=list(SUBLAYERS.values()), title="skipped"),
+            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.2)),
+            tooltip=[
+                "part:N",
+                "skipped_layer:O",
+                alt.Tooltip("value:Q", title="max", format=".3f"),
+                alt.Tooltip("mean:Q", title="mean over prompts", format=".3f"),
+            ],
+        )
+    )
+    chart = bars.add_params(pick).properties(
+        width=560, height=200, title=f"skip effect on the output ({variant} tokens)"
+    )
+    return _pickers(chart, frame, ("model",))
+
+
+def _token_labels(frame: pl.DataFrame) -> pl.DataFrame:
+    """``position`` → a readable label "12 ␣token" (unique per position)."""
+    return frame.with_columns(
+        pl.format(
+            "{} {}",
+            pl.col("position").cast(pl.String).str.zfill(3),
+            pl.col("token").str.replace_all(" ", "␣").str.replace_all("\n", "⏎"),
+        ).alias("token_label")
+    )
+
+
+def erasure_heatmap(erasure: pl.DataFrame) -> alt.Chart:
+    """Max change of the answer-token distributions when h_l[t] is replaced by its mean (SPEC §4);
+    answer tokens are outlined; dropdowns pick the model and the prompt."""
+    frame = _token_labels(_rounded(erasure)).select("model", "example", "layer", "token_label", "is_answer", "value")
+    chart = (
+        alt.Chart(frame)
+        .mark_rect()
+        .encode(
+            x=alt.X("token_label:O", title="token (answer tokens last)", axis=alt.Axis(labelAngle=-60)),
+            y=alt.Y("layer:O", title="layer l (h_l erased)", sort="descending"),
+            color=alt.Color("value:Q", title="effect", scale=alt.Scale(scheme="viridis", domainMin=0)),
+            stroke=alt.condition(alt.datum.is_answer, alt.value("#e07a1f"), alt.value(None)),
+            tooltip=["layer:O", "token_label:N", "is_answer:N", alt.Tooltip("value:Q", format=".3f")],
+        )
+        .properties(width=560, height=340, title="residual erasure")
+    )
+    return _pickers(chart, frame, ("model", "example"))
+
+
+def attribution_heatmap(igrad: pl.DataFrame, tokens: pl.DataFrame | None = None) -> alt.Chart:
+    """Integrated-gradient attribution of the answer probability to each layer's output at each
+    token (SPEC §5); ``tokens`` (model, example, position, token) labels the x axis, e.g. the
+    erasure frame; dropdowns pick the model and the prompt."""
+    keys = ["model", "example", "position"]
+    frame = igrad.filter(pl.col("metric") == "attribution").select(*keys, "layer", "value")
+    if tokens is not None:
+        labels = tokens.select(*keys, "token").unique(keys)
+        frame = frame.join(labels, on=keys, how="left").with_columns(pl.col("token").fill_null(""))
+    else:
+        frame = frame.with_columns(pl.lit("").alias("token"))
+    frame = _token_labels(_rounded(frame, digits=6)).select("model", "example", "layer", "token_label", "value")
+    limit = float(frame["value"].abs().max() or 1.0)
+    chart = (
+        alt.Chart(frame)
+        .mark_rect()
+        .encode(
+            x=alt.X("token_label:O", title="token", axis=alt.Axis(labelAngle=-60)),
+            y=alt.Y("layer:O", title="layer (output of)", sort="descending"),
+            color=alt.Color("value:Q", title="attribution", scale=alt.Scale(scheme="redblue", domain=[limit, -limit])),
+            tooltip=["layer:O", "token_label:N", alt.Tooltip("value:Q", format=".4f")],
+        )
+        .properties(width=560, height=340, title="integrated gradients")
+    )
+    return _pickers(chart, frame, ("model", "example"))
+
+
+def completeness_bars(igrad: pl.DataFrame) -> alt.Chart:
+    """Per layer and prompt: Σ attributions − (target(h) − target(b)), relative to the target change."""
+    wide = (
+        igrad.filter(pl.col("position").is_null())
+        .pivot(on="metric", index=["model", "example", "layer"], values="value")
+        .with_columns((pl.col("completeness_gap") / pl.col("target_delta").abs()).alias("relative_gap"))
+    )
+    chart = (
+        alt.Chart(_rounded(wide, ("relative_gap", "target_delta", "attribution_sum"), 6))
+        .mark_bar()
+        .encode(
+            x=alt.X("layer:O"),
+            xOffset="example:N",
+            y=alt.Y("relative_gap:Q", title="completeness gap / |target change|"),
+            color=alt.Color("example:N", title="prompt"),
+            tooltip=["model:N", "example:N", "layer:O", "target_delta:Q", "attribution_sum:Q", "relative_gap:Q"],
+        )
+        .properties(width=560, height=150, title="integrated-gradient completeness check")
+    )
+    return _pickers(chart, wide, ("model",))
+
+
+# --- across models -----------------------------------------------------------------------
+
+
+def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
+    """ED ratio with its bootstrap interval against depth (``n_layers``) or size (``n_params``),
+    one panel per task; click a legend entry to highlight a rule."""
+    frame = summary.filter(pl.col("ratio").is_not_null()).with_columns(
+        (pl.col("n_params") / 1e6).round(1).alias("params_m")
+    )
+    x_field = {
+        "n_layers": alt.X("n_layers:Q", title="layers L", scale=alt.Scale(zero=False)),
+        "n_params": alt.X(
+            "params_m:Q",
+            title="parameters (millions, log)",
+            scale=alt.Scale(type="log"),
+            axis=alt.Axis(values=[50, 100, 200, 500, 1000, 2000, 5000]),
+        ),
+    }[x]
+    pick = alt.selection_point(fields=["rule"], bind="legend")
+    base = alt.Chart(frame).encode(
+        x=x_field,
+        color=alt.Color("rule:N", sort=RULE_ORDER, title="ED rule"),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+    )
+    points = base.mark_point(filled=True, size=70).encode(
+        y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
+        shape=alt.Shape("model:N", title="model"),
+        tooltip=[
+            "model:N",
+            "task:N",
+            "rule:N",
+            "n_layers:Q",
+            "params_m:Q",
+            "ed:Q",
+            alt.Tooltip("ratio:Q", format=".2f"),
+            "ci_low:Q",
+            "ci_high:Q",
+        ],
+    )
+    bars = base.mark_rule().encode(y="ratio_low:Q", y2="ratio_high:Q")
+    return (
+        alt.layer(bars, points, data=frame)
+        .properties(width=220, height=220)
+        .facet(column=alt.Column("task:N", title=None, sort=frame["task"].unique(maintain_order=True).to_list()))
+        .add_params(pick)
+    )
+
+
+def relative_depth_curves(curves: pl.DataFrame, metrics: Sequence[str]) -> alt.Chart:
+    """Curves of several models on relative depth (layer / L), one panel per metric; a dropdown picks
+    the task, the legend highlights a model."""
+    frame = _rounded(
+        curves.filter(pl.col("metric").is_in(list(metrics))).select(
+            "model", "task", "metric", "layer", "rel_depth", "value"
+        ),
+        ("value", "rel_depth"),
+        4,
+    )
+    pick = alt.selection_point(fields=["model"], bind="legend")
+    chart = (
+        alt.Chart()
+        .mark_line(point=alt.OverlayMarkDef(size=15))
+        .encode(
+            x=alt.X("rel_depth:Q", title="relative depth (layer / L)", scale=alt.Scale(domain=[0, 1])),
+            y=alt.Y("value:Q", title=None),
+            color=alt.Color("model:N", title="model"),
+            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.1)),
+            tooltip=["model:N", "task:N", "metric:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
+        )
+        .add_params(pick)
+        .properties(width=260, height=200)
+    )
+    faceted = alt.FacetChart(
+        data=frame, spec=chart, facet=alt.Facet("metric:N", title=None, sort=list(metrics)), columns=3
+    ).resolve_scale(y="independent")
+    return _pickers(faceted, frame, ("task",))
+
+
+def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt.Chart:
+    """ED ratio per task (difficulty order on x) with bootstrap intervals, one colour per rule."""
+    frame = summary.filter(pl.col("ratio").is_not_null())
+    sort = list(order) if order else None
+    pick = alt.selection_point(fields=["rule"], bind="legend")
+    base = alt.Chart(frame).encode(
+        x=alt.X("task:N", sort=sort, title=None, axis=alt.Axis(labelAngle=-30)),
+        xOffset=alt.XOffset("rule:N", sort=RULE_ORDER),
+        color=alt.Color("rule:N", sort=RULE_ORDER, title="ED rule"),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+    )
+    points = base.mark_point(filled=True, size=60).encode(
+        y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
+        tooltip=[
+            "model:N",
+            "task:N",
+            "rule:N",
+            "ed:Q",
+            alt.Tooltip("ratio:Q", format=".2f"),
+            "ci_low:Q",
+            "ci_high:Q",
+            "n_examples:Q",
+        ],
+    )
+    bars = base.mark_rule().encode(y="ratio_low:Q", y2="ratio_high:Q")
+    return alt.layer(bars, points).add_params(pick).properties(width=520, height=240)
+
+
+def depth_score_bars(scores: pl.DataFrame, order: Sequence[str] | None = None) -> alt.Chart:
+    """Depth score per difficulty group as a share of the depth (score / (L − 1)), with the mean ±
+    std of the per-prompt scores."""
+    wide = scores.pivot(on="metric", index=["model", "task", "n_layers"], values="value").with_columns(
+        (pl.col("depth_score") / (pl.col("n_layers") - 1)).alias("relative"),
+        ((pl.col("depth_score_mean") - pl.col("depth_score_std").fill_nan(0)) / (pl.col("n_layers") - 1)).alias("low"),
+        ((pl.col("depth_score_mean") + pl.col("depth_score_std").fill_nan(0)) / (pl.col("n_layers") - 1)).alias("high"),
+    )
+    wide = _rounded(wide, ("depth_score", "depth_score_mean", "depth_score_std", "relative", "low", "high"), 4)
+    x = alt.X("task:N", sort=list(order) if order else None, title=None, axis=alt.Axis(labelAngle=-30))
+    bars = (
+        alt.Chart(wide)
+        .mark_bar(opacity=0.8)
+        .encode(
+            x=x,
+            y=alt.Y("relative:Q", title="depth score / (L − 1)", scale=alt.Scale(domain=[0, 1])),
+            color=alt.Color("model:N", title="model"),
+            xOffset="model:N",
+            tooltip=[
+                "model:N",
+                "task:N",
+                alt.Tooltip("depth_score:Q", format=".2f"),
+                alt.Tooltip("depth_score_mean:Q", format=".2f"),
+                alt.Tooltip("depth_score_std:Q", format=".2f"),
+            ],
+        )
+    )
+    spread = alt.Chart(wide).mark_rule(color="black").encode(x=x, xOffset="model:N", y="low:Q", y2="high:Q")
+    return alt.layer(bars, spread).properties(width=520, height=220)
+
+
+def paper_vs_ours(table: pl.DataFrame) -> alt.Chart:
+    """ED ratio per (model, task, rule): the paper's models and ours side by side; a dropdown picks
+    the rule."""
+    rules = [r for r in RULE_ORDER if r in set(table["rule"].to_list())]
+    rule = alt.param(name="rule", value=rules[0], bind=alt.binding_select(options=rules, name="rule "))
+    return (
+        alt.Chart(table.filter(pl.col("ratio").is_not_null()))
+        .transform_filter(alt.datum.rule == rule)
+        .mark_point(filled=True, size=70)
+        .encode(
+            x=alt.X("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
+            y=alt.Y("model:N", title=None, sort=alt.EncodingSortField("n_layers")),
+            color=alt.Color("source:N", title=None),
+            shape=alt.Shape("task:N"),
+            tooltip=[
+                "source:N",
+                "model:N",
+                "task:N",
+                "rule:N",
+                "ed:Q",
+                alt.Tooltip("ratio:Q", format=".2f"),
+                "n_layers:Q",
+            ],
+        )
+        .add_params(rule)
+        .properties(width=420, height=alt.Step(18))
+    )

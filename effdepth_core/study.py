@@ -1,0 +1,280 @@
+"""Grids of runs for the book: several models × several task specs, gathered into long frames.
+
+A *task spec* is a dict such as ``{"task": "math", "level": 3, "n": 5, "probes": ["cosine"]}``;
+``task_settings`` turns one into the ``RunSettings`` that ``results.run`` caches under, so the
+notebooks, the CLI and the book runner share one cache. A model that cannot be loaded (a hub id
+on an offline machine) is recorded with its reason instead of failing the whole study.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import polars as pl
+
+from .errors import EffdepthError
+from .models import LoadedModel, load_model, needs_download, quiet_libraries
+from .results import DEFAULT_PROBES, PROBES, RunResult, RunSettings, default_out_dir, parse_probes, run
+
+RULES = {"cosine": "cosine", "logit_lens_kl": "lens KL", "logit_lens_overlap": "lens overlap"}
+_SETTING_NAMES = {f.name for f in fields(RunSettings)} - {"model", "task"}
+_SPEC_ONLY = {"task", "probes", "label"}
+
+
+def task_label(spec: Mapping) -> str:
+    """How a task spec is named in tables and charts: ``gsm8k``, ``MATH level 3``, ``addition 6 digits``."""
+    if "label" in spec:
+        return str(spec["label"])
+    task = str(spec["task"])
+    if task == "math" and spec.get("level") is not None:
+        return f"MATH level {spec['level']}"
+    if task in ("addition", "multiplication"):
+        return f"{task} {spec.get('digits', 6)} digits"
+    return task
+
+
+def task_settings(model: str, spec: Mapping, defaults: Mapping | None = None) -> RunSettings:
+    """The run settings of ``model`` on one task spec; ``defaults`` (seed, device, dtype, …) fill in
+    what the spec leaves out. Unknown keys are an error, so a typo in params/ cannot pass silently."""
+    merged = {**(defaults or {}), **spec}
+    unknown = sorted(set(merged) - _SETTING_NAMES - _SPEC_ONLY - {"results_dir"})
+    if unknown:
+        raise EffdepthError(
+            f"unknown task-spec key(s) {', '.join(unknown)}; use task, probes, label or a run setting: "
+            f"{', '.join(sorted(_SETTING_NAMES))}"
+        )
+    if "task" not in merged:
+        raise EffdepthError(f"task spec {dict(spec)} has no 'task'")
+    values = {k: v for k, v in merged.items() if k in _SETTING_NAMES}
+    return RunSettings(model=model, task=str(merged["task"]), **values)
+
+
+def expand_levels(spec: Mapping, key: str, setting: str) -> list[dict]:
+    """``{"task": "math", "levels": [1, 2]}`` → one spec per level (``key`` → ``setting``)."""
+    values = spec.get(key)
+    if values is None:
+        return [dict(spec)]
+    base = {k: v for k, v in spec.items() if k != key}
+    return [{**base, setting: value} for value in values]
+
+
+@dataclass
+class RunRecord:
+    """One (model, task spec): its settings and result, or why it could not run."""
+
+    model: str
+    label: str
+    settings: RunSettings
+    probes: list[str]
+    result: RunResult | None = None
+    error: str | None = None
+
+
+@dataclass
+class Study:
+    """The runs of a grid, with long frames across all of them."""
+
+    records: list[RunRecord] = field(default_factory=list)
+
+    @property
+    def finished(self) -> list[RunRecord]:
+        return [r for r in self.records if r.result is not None]
+
+    def unavailable(self) -> dict[str, str]:
+        """Model → reason, for models that could not be run."""
+        return {r.model: r.error for r in self.records if r.error is not None}
+
+    def summary(self) -> pl.DataFrame:
+        """ED per (model, task, rule): ``ed, ratio, ci_low, ci_high, reason`` plus model facts."""
+        rows = []
+        for r in self.finished:
+            s, meta = r.result.summary, _metadata(r.result)
+            for rule, rule_label in RULES.items():
+                if rule not in s:
+                    continue
+                entry = s[rule]
+                ratio = lambda v, n=s["n_layers"]: None if v is None else (v + 1) / n  # noqa: E731
+                rows.append(
+                    {
+                        "model": r.model,
+                        "task": r.label,
+                        "rule": rule_label,
+                        "ed": entry.get("ed"),
+                        "ratio": entry.get("ratio"),
+                        "ci_low": entry.get("ci_low"),
+                        "ci_high": entry.get("ci_high"),
+                        "ratio_low": ratio(entry.get("ci_low")),
+                        "ratio_high": ratio(entry.get("ci_high")),
+                        "reason": entry.get("reason"),
+                        "n_layers": s["n_layers"],
+                        "n_params": meta.get("n_params"),
+                        "n_examples": s["n_examples"],
+                    }
+                )
+        schema = {
+            "model": pl.String,
+            "task": pl.String,
+            "rule": pl.String,
+            "ed": pl.Int64,
+            "ratio": pl.Float64,
+            "ci_low": pl.Int64,
+            "ci_high": pl.Int64,
+            "ratio_low": pl.Float64,
+            "ratio_high": pl.Float64,
+            "reason": pl.String,
+            "n_layers": pl.Int64,
+            "n_params": pl.Int64,
+            "n_examples": pl.Int64,
+        }
+        return pl.DataFrame(rows, schema=schema)
+
+    def frame(self, probe: str, per_example: bool = False) -> pl.DataFrame:
+        """A probe's saved frame (curves, or the per-example frame) of every run that has it, with
+        ``model``, ``task``, ``n_layers`` and ``rel_depth`` (layer / L) columns."""
+        parts = []
+        for r in self.finished:
+            source = r.result.per_example if per_example else r.result.curves
+            if probe not in source:
+                continue
+            n_layers = int(r.result.summary["n_layers"])
+            frame = source[probe].with_columns(
+                pl.lit(r.model).alias("model"), pl.lit(r.label).alias("task"), pl.lit(n_layers).alias("n_layers")
+            )
+            if "layer" in frame.columns:
+                frame = frame.with_columns((pl.col("layer") / n_layers).alias("rel_depth"))
+            parts.append(frame)
+        return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
+
+    def depth_scores(self) -> pl.DataFrame:
+        """Per-group depth scores (example null) of every run with the skip probe."""
+        parts = []
+        for r in self.finished:
+            path = r.result.out_dir / "depth_score.parquet"
+            if path.is_file():
+                scores = pl.read_parquet(path).filter(pl.col("example").is_null()).drop("example")
+                parts.append(
+                    scores.with_columns(
+                        pl.lit(r.model).alias("model"),
+                        pl.lit(r.label).alias("task"),
+                        pl.lit(int(r.result.summary["n_layers"])).alias("n_layers"),
+                    )
+                )
+        return pl.concat(parts) if parts else pl.DataFrame()
+
+    def examples(self, model: str, label: str) -> list[dict]:
+        """The exact prompts of one run (``examples.jsonl``)."""
+        import json
+
+        for r in self.finished:
+            if r.model == model and r.label == label:
+                lines = (r.result.out_dir / "examples.jsonl").read_text().splitlines()
+                return [json.loads(line) for line in lines if line.strip()]
+        raise KeyError(f"no finished run for {model} / {label}")
+
+
+def difficulty_specs(math: Mapping | None, arithmetic: Mapping | None, skip: Mapping | None) -> list[dict]:
+    """The difficulty section's runs: one spec per MATH level and per operand length, each with the
+    correlational probes and the skip probe (for the depth score) under the ``skip`` settings."""
+    probes = {"probes": ["cosine", "logit_lens", "skip"], **(skip or {})}
+    specs = []
+    if math:
+        specs += [{**s, "task": "math", **probes} for s in expand_levels(math, "levels", "level")]
+    if arithmetic:
+        specs += [{**s, **probes} for s in expand_levels(arithmetic, "digits", "digits")]
+    return specs
+
+
+def difficulty_trend(
+    frame: pl.DataFrame, order: Sequence[str], value: str, by: Sequence[str] = ("model",)
+) -> pl.DataFrame:
+    """Spearman correlation between difficulty rank (position in ``order``) and ``value`` per
+    ``by`` group: positive means more depth used on harder inputs. Null when a group has fewer
+    than 3 levels or a constant column."""
+    rank = {label: i for i, label in enumerate(order)}
+    ranked = frame.filter(pl.col("task").is_in(list(order)), pl.col(value).is_not_null()).with_columns(
+        pl.col("task").replace_strict(rank, return_dtype=pl.Int64).alias("difficulty")
+    )
+    out = ranked.group_by(list(by), maintain_order=True).agg(
+        pl.len().alias("levels"),
+        pl.corr("difficulty", value, method="spearman").alias("spearman"),
+    )
+    return out.with_columns(pl.when(pl.col("levels") >= 3).then(pl.col("spearman")).alias("spearman"))
+
+
+def _metadata(result: RunResult) -> dict:
+    import json
+
+    try:
+        return json.loads((result.out_dir / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _complete(settings: RunSettings, probes: Sequence[str], out_dir: Path) -> bool:
+    """Whether ``results.run`` would find everything cached (and so need no model)."""
+    import json
+
+    try:
+        metadata = json.loads((out_dir / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return metadata.get("key") == settings.key() and all(
+        (out_dir / f"{p}_by_example.parquet").is_file() for p in probes
+    )
+
+
+def run_study(
+    models: Sequence[str],
+    specs: Sequence[Mapping],
+    *,
+    defaults: Mapping | None = None,
+    results_dir: str | Path = "results",
+    n_bootstrap: int = 1000,
+    download: bool = True,
+    specs_by_model: Mapping[str, Sequence[Mapping]] | None = None,
+) -> Study:
+    """Run every task spec on every model (cached runs are only read), loading each model at most
+    once and only if some run needs it. ``defaults`` holds settings shared by all specs; with
+    ``download=False`` a hub model that is not cached locally is reported instead of fetched;
+    ``specs_by_model`` gives some models their own specs instead of ``specs``."""
+    study = Study()
+    quiet_libraries(progress=bool((defaults or {}).get("progress", True)))
+    for model in models:
+        records = []
+        for spec in (specs_by_model or {}).get(model, specs):
+            settings = task_settings(model, spec, defaults)
+            probes = parse_probes(spec.get("probes", DEFAULT_PROBES))
+            records.append(RunRecord(model, task_label(spec), settings, probes))
+        loaded: LoadedModel | None = None
+        for record in records:
+            out_dir = default_out_dir(record.settings, results_dir)
+            if loaded is None and not _complete(record.settings, record.probes, out_dir):
+                try:
+                    if not download and needs_download(model):
+                        raise EffdepthError(f"{model} is not downloaded (this profile sets download: false)")
+                    loaded = load_model(model, device=record.settings.device, dtype=record.settings.dtype)
+                except EffdepthError as exc:
+                    for r in records:
+                        if r.result is None:
+                            r.error = str(exc)
+                    break
+            record.result = run(record.settings, record.probes, out_dir, loaded=loaded, n_bootstrap=n_bootstrap)
+        study.records += records
+        del loaded
+    return study
+
+
+__all__ = [
+    "PROBES",
+    "RULES",
+    "RunRecord",
+    "Study",
+    "difficulty_specs",
+    "difficulty_trend",
+    "expand_levels",
+    "run_study",
+    "task_label",
+    "task_settings",
+]

@@ -1,0 +1,263 @@
+"""The book's machinery: parameter sets, the generated table of contents, templates, study grids,
+the paper's reference table, and the chart specs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import nbformat
+import polars as pl
+import pytest
+
+from effdepth_core import plots, reference
+from effdepth_core.book import SECTIONS, parameter_sets, toc_text
+from effdepth_core.errors import EffdepthError
+from effdepth_core.results import RunSettings, run
+from effdepth_core.study import (
+    difficulty_specs,
+    difficulty_trend,
+    expand_levels,
+    run_study,
+    task_label,
+    task_settings,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(root: Path, name: str, text: str) -> None:
+    (root / "params").mkdir(exist_ok=True)
+    (root / "params" / name).write_text(text)
+
+
+def test_parameter_sets_merge_common_section_and_set(tmp_path):
+    _write(tmp_path, "common.yml", "profiles:\n  full: {seed: 1, n: 5, results_dir: r}\n  quick: {seed: 2}\n")
+    _write(
+        tmp_path,
+        "scale.yml",
+        "title: Scale\nprofiles:\n  full:\n    defaults: {n: 7, device: cpu}\n"
+        "    sets:\n      - {name: a, models: [m1]}\n      - {name: b.c, models: [m2], n: 9, title: Custom}\n",
+    )
+    first, second = parameter_sets(tmp_path, "scale", "full")
+    assert first.parameters == {
+        "seed": 1,
+        "n": 7,
+        "results_dir": "r",
+        "device": "cpu",
+        "models": ["m1"],
+        "profile": "full",
+        "title": "Scale: a",
+    }
+    assert second.parameters["n"] == 9 and second.title == "Custom" and second.parameters["seed"] == 1
+    assert second.page == "executed/scale/b_c"  # no dot in a page name
+    with pytest.raises(EffdepthError, match="no profile 'quick'"):
+        parameter_sets(tmp_path, "scale", "quick")
+    with pytest.raises(EffdepthError, match="unknown section"):
+        parameter_sets(tmp_path, "nope")
+    _write(
+        tmp_path,
+        "long_cot.yml",
+        "profiles:\n  full:\n    defaults: {tasks: [t0], causal: c0}\n    sets:\n"
+        "      - {name: a, models: [m1], tasks: [t1]}\n      - {name: b, models: [m2, m3], causal: c2}\n"
+        "      - {name: all, models: all}\n",
+    )
+    gathered = parameter_sets(tmp_path, "long_cot", "full")[-1].parameters
+    assert gathered["models"] == ["m1", "m2", "m3"]
+    assert gathered["tasks_by_model"] == {"m1": ["t1"], "m2": ["t0"], "m3": ["t0"]}
+    assert gathered["causal_by_model"] == {"m1": ["c0"], "m2": ["c2"], "m3": ["c2"]}
+    _write(tmp_path, "difficulty.yml", "profiles:\n  full:\n    sets:\n      - {models: [m]}\n")
+    with pytest.raises(EffdepthError, match="needs a name"):
+        parameter_sets(tmp_path, "difficulty", "full")
+
+
+def test_toc_is_generated_from_params():
+    """The committed _toc.yml is exactly what params/ generates (run `effdepth book --toc-only`)."""
+    assert (ROOT / "_toc.yml").read_text() == toc_text(ROOT)
+    assert (ROOT / "book" / "_toc.yml").resolve() == (ROOT / "_toc.yml").resolve()
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_templates_are_clean_and_take_every_parameter(section):
+    notebook = nbformat.read(ROOT / "book" / "templates" / f"{section}.ipynb", as_version=4)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "templates carry no outputs"
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    namespace: dict = {}
+    exec(tagged[0].source, namespace)  # the defaults must be valid Python
+    for profile in ("quick", "full"):
+        for item in parameter_sets(ROOT, section, profile):
+            unknown = set(item.parameters) - set(namespace)
+            assert not unknown, f"{section}/{item.name} ({profile}) passes {unknown}, not in the template"
+    assert "{title}" in notebook.cells[0].source
+
+
+def test_task_specs():
+    assert task_label({"task": "math", "level": 3}) == "MATH level 3"
+    assert task_label({"task": "addition", "digits": 4}) == "addition 4 digits"
+    assert task_label({"task": "gsm8k", "label": "GSM"}) == "GSM"
+    settings = task_settings("m", {"task": "math", "level": 2, "n": 3}, {"seed": 4, "n": 10})
+    assert (settings.model, settings.task, settings.level, settings.n, settings.seed) == ("m", "math", 2, 3, 4)
+    with pytest.raises(EffdepthError, match="unknown task-spec key"):
+        task_settings("m", {"task": "gsm8k", "levle": 2})
+    assert expand_levels({"task": "math", "levels": [1, 2], "n": 3}, "levels", "level") == [
+        {"task": "math", "n": 3, "level": 1},
+        {"task": "math", "n": 3, "level": 2},
+    ]
+    specs = difficulty_specs({"levels": [1], "n": 2}, {"task": "addition", "digits": [2, 3]}, {"skip_parts": "layer"})
+    assert [task_label(s) for s in specs] == ["MATH level 1", "addition 2 digits", "addition 3 digits"]
+    assert all(s["probes"] == ["cosine", "logit_lens", "skip"] and s["skip_parts"] == "layer" for s in specs)
+
+
+def test_difficulty_trend_spearman_by_hand():
+    frame = pl.DataFrame(
+        {
+            "model": ["a"] * 3 + ["b"] * 3 + ["c"] * 2,
+            "task": ["easy", "mid", "hard", "easy", "mid", "hard", "easy", "hard"],
+            "value": [0.1, 0.5, 0.9, 0.9, 0.2, 0.1, 0.3, 0.4],
+        }
+    )
+    trend = {r["model"]: r for r in difficulty_trend(frame, ["easy", "mid", "hard"], "value").iter_rows(named=True)}
+    assert trend["a"]["spearman"] == pytest.approx(1.0)
+    assert trend["b"]["spearman"] == pytest.approx(-1.0)
+    assert trend["c"]["spearman"] is None and trend["c"]["levels"] == 2  # too few levels to say
+
+
+def test_paper_table_matches_spec():
+    table = reference.paper_table1()
+    assert table.height == 12 * 9
+    spec = (ROOT.parent / "shared" / "docs" / "SPEC.md") if (ROOT.parent / "shared").is_dir() else None
+    row = table.filter(model="Qwen2.5-32B", rule="lens KL", task="aime24").row(0, named=True)
+    assert (row["ed"], row["n_layers"]) == (59, 64) and row["ratio"] == pytest.approx(60 / 64)
+    row = table.filter(model="DeepSeek-R1-Distill-Qwen-1.5B", rule="lens KL", task="gsm8k").row(0, named=True)
+    assert row["ed"] == 1  # the paper's outlier, kept as published
+    if spec is not None:  # every "ED .ratio" cell of SPEC's table, parsed independently
+        for line in spec.read_text().splitlines():
+            if not line.startswith("| ") or "(" not in line or line.startswith("| model"):
+                continue
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            name, _ = cells[0].split(" (")
+            name = name.replace("DS-R1-Qwen", "DeepSeek-R1-Distill-Qwen")
+            ours = table.filter(model=name).sort("rule", "task")
+            expected = {}
+            for i, cell in enumerate(cells[1:]):
+                rule, task = reference.RULES[i // 3], reference.TASKS[i % 3]
+                ed, ratio = cell.split()
+                expected[(rule, task)] = (int(ed), float(ratio))
+            for r in ours.iter_rows(named=True):
+                ed, ratio = expected[(r["rule"], r["task"])]
+                assert r["ed"] == ed and round(r["ratio"], 2) == pytest.approx(ratio, abs=0.006)
+
+
+def test_pair_deltas_by_hand():
+    table = reference.paper_table1()
+    pairs = [{"base": "Qwen/Qwen2.5-Math-1.5B", "long_cot": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"}]
+    deltas = reference.pair_deltas(table, pairs)
+    assert deltas.height == 9
+    kl = deltas.filter(rule="lens KL", task="gsm8k").row(0, named=True)
+    assert (kl["ed_base"], kl["ed_long_cot"], kl["delta"]) == (22, 1, -21)
+    assert reference.pair_deltas(table, [{"base": "x/none", "long_cot": "y/none"}]).height == 0
+
+
+def test_chart_data_is_typed_csv_that_reads_back():
+    frame = pl.DataFrame({"layer": [0, 1, 2], "task": ["a,b", 'q"x', None], "value": [0.5, None, -1.25]})
+    chart = plots.alt.Chart(frame).mark_point().encode(x="layer:Q", y="value:Q", color="task:N")
+    spec = plots.themed_spec(chart)
+    ((name, text),) = spec["datasets"].items()
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert [r["task"] for r in rows] == ["a,b", 'q"x', ""]
+    assert [r["value"] for r in rows] == ["0.5", "", "-1.25"]
+    assert spec["data"] == {
+        "name": name,
+        "format": {"type": "csv", "parse": {"layer": "number", "task": "string", "value": "number"}},
+    }
+    assert spec["config"]["font"] == plots.FONT
+    html = plots.show(chart).html()
+    assert "</script" not in html.split("<script", 1)[1].split("</script>")[0]  # no early end tag
+    payload = html.split(".push([", 1)[1].rsplit("]);", 1)[0]
+    element_id, spec_text = payload.split(",", 1)
+    assert json.loads(spec_text) == spec and element_id.strip('"').startswith("effdepth-chart-")
+
+
+def _curves() -> pl.DataFrame:
+    rows = []
+    for model, n_layers in (("m1", 4), ("m2", 6)):
+        for task in ("gsm8k", "aime24"):
+            for layer in range(n_layers):
+                for metric in ("cos_attn", "cos_mlp", "cos_layer", "rel_attn", "rel_mlp", "rel_layer", "kl", "overlap"):
+                    rows.append((model, task, n_layers, layer, metric, math.sin(layer + len(metric))))
+    frame = pl.DataFrame(rows, schema=["model", "task", "n_layers", "layer", "metric", "value"], orient="row")
+    return frame.with_columns((pl.col("layer") / pl.col("n_layers")).alias("rel_depth"))
+
+
+def test_chart_builders_make_valid_specs_with_pickers():
+    curves = _curves()
+    summary = pl.DataFrame(
+        {
+            "model": ["m1", "m2"],
+            "task": ["gsm8k"] * 2,
+            "rule": ["lens KL"] * 2,
+            "ed": [2, 4],
+            "ratio": [0.75, 5 / 6],
+            "ratio_low": [0.5, 0.5],
+            "ratio_high": [1.0, 1.0],
+            "ci_low": [1, 2],
+            "ci_high": [3, 5],
+            "n_layers": [4, 6],
+            "n_params": [10**6, 3 * 10**6],
+            "n_examples": [2, 2],
+        }
+    )
+    specs = {
+        "bars": plots.themed_spec(
+            plots.contribution_bars(
+                curves.filter(pl.col("metric").str.starts_with("cos") | pl.col("metric").str.starts_with("rel"))
+            )
+        ),
+        "lens": plots.themed_spec(plots.lens_curves(curves.filter(pl.col("metric").is_in(["kl", "overlap"])), summary)),
+        "scale": plots.themed_spec(plots.ed_against_scale(summary, "n_params")),
+        "relative": plots.themed_spec(plots.relative_depth_curves(curves, ["cos_layer", "kl"])),
+        "by_task": plots.themed_spec(plots.ed_by_task(summary, ["gsm8k"])),
+    }
+    text = json.dumps(specs["bars"])
+    assert '"pick_model"' in text and '"pick_task"' in text  # two models and two tasks: two dropdowns
+    assert '"pick_model"' in json.dumps(specs["lens"]) and '"pick_task"' in json.dumps(specs["relative"])
+    for spec in specs.values():
+        assert spec["$schema"].startswith("https://vega.github.io/schema/vega-lite/v")
+        assert all(isinstance(v, str) for v in spec["datasets"].values())  # data inline, as CSV
+
+
+def test_run_study_reads_the_cache_and_reports_unloadable_models(tiny_dir, tmp_path, monkeypatch):
+    spec = {"task": "addition", "digits": 2, "n": 2}
+    defaults = {"seed": 0, "progress": False}
+    first = run_study([str(tiny_dir)], [spec], defaults=defaults, results_dir=tmp_path, n_bootstrap=50)
+    direct = run(
+        RunSettings(model=str(tiny_dir), task="addition", digits=2, n=2, progress=False),
+        out_dir=first.records[0].result.out_dir,
+        n_bootstrap=50,
+    )
+    summary = first.summary()
+    for rule, label in (("cosine", "cosine"), ("logit_lens_kl", "lens KL"), ("logit_lens_overlap", "lens overlap")):
+        row = summary.filter(rule=label).row(0, named=True)
+        assert row["ed"] == direct.summary[rule]["ed"] and row["task"] == "addition 2 digits"
+    import effdepth_core.study as study_module
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a cached study must not load the model")
+
+    monkeypatch.setattr(study_module, "load_model", no_loading)
+    again = run_study([str(tiny_dir)], [spec], defaults=defaults, results_dir=tmp_path, n_bootstrap=50)
+    assert again.summary().equals(summary)
+    frame = again.frame("cosine")
+    assert set(frame["model"]) == {str(tiny_dir)} and frame["rel_depth"].max() <= 1.0
+    monkeypatch.undo()
+    skipped = run_study(["some-org/not-a-model"], [spec], defaults=defaults, results_dir=tmp_path, download=False)
+    assert "not downloaded" in skipped.unavailable()["some-org/not-a-model"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = run_study(["some-org/not-a-model"], [spec], defaults=defaults, results_dir=tmp_path)
+    assert "some-org/not-a-model" in missing.unavailable() and missing.summary().height == 0
+    assert not (tmp_path / "some-org_not-a-model").exists()  # a run that cannot load leaves nothing
