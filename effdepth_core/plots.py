@@ -83,7 +83,8 @@ def _csv_datasets(spec: dict) -> dict:
 def themed_spec(chart: alt.TopLevelMixin) -> dict:
     """The chart's Vega-Lite spec with the effdepth theme (chart-specific config wins) and its data
     inline as typed CSV."""
-    spec = chart.to_dict()
+    with alt.data_transformers.enable("default", max_rows=None):  # data is inlined as compact CSV below
+        spec = chart.to_dict()
     spec["config"] = {**THEME, **spec.get("config", {})}
     return _csv_datasets(spec)
 
@@ -439,7 +440,7 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
     bars = base.mark_rule().encode(y="ratio_low:Q", y2="ratio_high:Q")
     return (
         alt.layer(bars, points, data=frame)
-        .properties(width=220, height=220)
+        .properties(width=170, height=200)
         .facet(column=alt.Column("task:N", title=None, sort=frame["task"].unique(maintain_order=True).to_list()))
         .add_params(pick)
     )
@@ -467,7 +468,7 @@ def relative_depth_curves(curves: pl.DataFrame, metrics: Sequence[str]) -> alt.C
             tooltip=["model:N", "task:N", "metric:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
         )
         .add_params(pick)
-        .properties(width=260, height=200)
+        .properties(width=190, height=170)
     )
     faceted = alt.FacetChart(
         data=frame, spec=chart, facet=alt.Facet("metric:N", title=None, sort=list(metrics)), columns=3

@@ -49,7 +49,15 @@ def _browser() -> str:
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("book")
     build = subprocess.run(
-        [sys.executable, "-m", "jupyter_book", "build", str(ROOT / "book"), "--path-output", str(out), "-W", "-q"],
+        [
+            str(Path(sys.executable).with_name("jupyter-book")),
+            "build",
+            str(ROOT / "book"),
+            "--path-output",
+            str(out),
+            "-W",
+            "-q",
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
