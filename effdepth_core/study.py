@@ -200,7 +200,7 @@ def difficulty_trend(
         pl.len().alias("levels"),
         pl.corr("difficulty", value, method="spearman").alias("spearman"),
     )
-    return out.with_columns(pl.when(pl.col("levels") >= 3).then(pl.col("spearman")).alias("spearman"))
+    return out.with_columns(pl.when(pl.col("levels") >= 3).then(pl.col("spearman").fill_nan(None)).alias("spearman"))
 
 
 def _metadata(result: RunResult) -> dict:

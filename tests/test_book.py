@@ -116,15 +116,16 @@ def test_task_specs():
 def test_difficulty_trend_spearman_by_hand():
     frame = pl.DataFrame(
         {
-            "model": ["a"] * 3 + ["b"] * 3 + ["c"] * 2,
-            "task": ["easy", "mid", "hard", "easy", "mid", "hard", "easy", "hard"],
-            "value": [0.1, 0.5, 0.9, 0.9, 0.2, 0.1, 0.3, 0.4],
+            "model": ["a"] * 3 + ["b"] * 3 + ["c"] * 2 + ["d"] * 3,
+            "task": ["easy", "mid", "hard", "easy", "mid", "hard", "easy", "hard", "easy", "mid", "hard"],
+            "value": [0.1, 0.5, 0.9, 0.9, 0.2, 0.1, 0.3, 0.4, 0.7, 0.7, 0.7],
         }
     )
     trend = {r["model"]: r for r in difficulty_trend(frame, ["easy", "mid", "hard"], "value").iter_rows(named=True)}
     assert trend["a"]["spearman"] == pytest.approx(1.0)
     assert trend["b"]["spearman"] == pytest.approx(-1.0)
     assert trend["c"]["spearman"] is None and trend["c"]["levels"] == 2  # too few levels to say
+    assert trend["d"]["spearman"] is None  # constant: no ranking
 
 
 def test_paper_table_matches_spec():
