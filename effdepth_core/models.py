@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from .errors import ModelNotFoundError, UnsupportedModelError
-from .zoo import ZOO, ensure_model
+from .zoo import ZOO, ensure_model, is_gguf
 
 
 @dataclass(frozen=True)
@@ -305,6 +306,51 @@ def needs_download(spec: str) -> bool:
     return spec not in ZOO and not path.exists() and not _cached_on_hub_cache(spec)
 
 
+def _looks_like_path(spec: str) -> bool:
+    return Path(spec).suffix == ".gguf" or spec.startswith((".", "/", "~")) or spec.count("/") > 1
+
+
+def preflight_model(spec: str) -> dict:
+    """Check, without loading weights, that ``spec`` can name a model; returns what is known of it
+    already (``vocab_size``, ``n_layers``, ``model_type``; None where only loading tells)."""
+    aliases = ", ".join(ZOO)
+    if spec in ZOO:
+        entry = ZOO[spec]
+        return {"vocab_size": entry.vocab_size, "n_layers": entry.n_layers, "model_type": None}
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise ModelNotFoundError(f"directory {spec!r} has no config.json; is it a Hugging Face model folder?")
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ModelNotFoundError(f"{config_path} is not a readable JSON model config ({exc})") from exc
+        if not isinstance(config, dict):
+            raise ModelNotFoundError(f"{config_path} is not a JSON object; is {spec!r} a Hugging Face model folder?")
+        model_type = str(config.get("model_type", "unknown"))
+        if model_type not in ADAPTERS or config.get("is_encoder_decoder"):
+            raise UnsupportedModelError(_unsupported_message(model_type, spec))
+        vocab, layers = config.get("vocab_size"), config.get("num_hidden_layers")
+        return {
+            "vocab_size": vocab if isinstance(vocab, int) else None,
+            "n_layers": layers if isinstance(layers, int) else None,
+            "model_type": model_type,
+        }
+    if path.is_file():
+        if not is_gguf(path):
+            raise ModelNotFoundError(
+                f"{spec!r} is a file but not a GGUF model (no GGUF header); pass a .gguf file, a Hugging Face "
+                f"model folder, an offline alias ({aliases}) or a hub id"
+            )
+        return {"vocab_size": None, "n_layers": None, "model_type": None}
+    if path.exists():
+        raise ModelNotFoundError(f"{spec!r} is neither a model file nor a model folder")
+    if _looks_like_path(spec):
+        raise ModelNotFoundError(f"no such model file or directory: {spec!r}. Offline aliases: {aliases}")
+    return {"vocab_size": None, "n_layers": None, "model_type": None}  # a hub id: only loading tells
+
+
 def load_model(
     spec: str,
     device: str = "auto",
@@ -317,20 +363,17 @@ def load_model(
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
+    preflight_model(spec)
     kwargs: dict = {}
     name = spec
     path = Path(spec).expanduser()
     if spec in ZOO:
         gguf = ensure_model(spec)
         source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
-    elif path.is_file() and path.suffix == ".gguf":
+    elif path.is_file():  # a GGUF file (preflight checked its header)
         source, kwargs = str(path.parent), {"gguf_file": path.name}
     elif path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"directory {spec!r} has no config.json; is it a Hugging Face model folder?")
         source = str(path)
-    elif path.suffix == ".gguf" or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise ModelNotFoundError(f"no such model file or directory: {spec!r}. Offline aliases: {', '.join(ZOO)}")
     else:
         source = spec  # a hub id
         if not _cached_on_hub_cache(spec) and not hub_reachable():
@@ -344,10 +387,11 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (UnsupportedModelError, ModelNotFoundError):
         raise
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # loaders raise many types for a broken file; all mean "not loadable"
         if source == spec and not path.exists():
             raise _hub_error(spec, exc) from exc
-        raise ModelNotFoundError(f"cannot load model {spec!r}: {exc}") from exc
+        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ModelNotFoundError(f"cannot load model {spec!r} ({type(exc).__name__}: {first_line})") from exc
     if device_map is None:
         model = model.to(device)
     return wrap_model(model, tokenizer, name=name)

@@ -507,10 +507,11 @@ def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt
 def depth_score_bars(scores: pl.DataFrame, order: Sequence[str] | None = None) -> alt.Chart:
     """Depth score per difficulty group as a share of the depth (score / (L − 1)), with the mean ±
     std of the per-prompt scores."""
+    std = pl.col("depth_score_std").fill_nan(0).fill_null(0)  # undefined for one example
     wide = scores.pivot(on="metric", index=["model", "task", "n_layers"], values="value").with_columns(
         (pl.col("depth_score") / (pl.col("n_layers") - 1)).alias("relative"),
-        ((pl.col("depth_score_mean") - pl.col("depth_score_std").fill_nan(0)) / (pl.col("n_layers") - 1)).alias("low"),
-        ((pl.col("depth_score_mean") + pl.col("depth_score_std").fill_nan(0)) / (pl.col("n_layers") - 1)).alias("high"),
+        ((pl.col("depth_score_mean") - std) / (pl.col("n_layers") - 1)).alias("low"),
+        ((pl.col("depth_score_mean") + std) / (pl.col("n_layers") - 1)).alias("high"),
     )
     wide = _rounded(wide, ("depth_score", "depth_score_mean", "depth_score_std", "relative", "low", "high"), 4)
     x = alt.X("task:N", sort=list(order) if order else None, title=None, axis=alt.Axis(labelAngle=-30))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .models import LoadedModel
-from .trace import first_tensor
+from .trace import first_tensor, require_finite
 
 
 @dataclass
@@ -58,6 +58,8 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     finally:
         for handle in handles:
             handle.remove()
+    for index, h in enumerate(hidden):
+        require_finite(h, "the embedding output" if index == 0 else f"the output of layer {index - 1}", loaded.name)
     return CleanRun(input_ids, [h.clone() for h in hidden], kwargs)
 
 

@@ -249,7 +249,7 @@ def run_study(
             records.append(RunRecord(model, task_label(spec), settings, probes))
         loaded: LoadedModel | None = None
         for record in records:
-            out_dir = default_out_dir(record.settings, results_dir)
+            out_dir = default_out_dir(record.settings, results_dir, hashed=False)
             if loaded is None and not _complete(record.settings, record.probes, out_dir):
                 try:
                     if not download and needs_download(model):
@@ -260,7 +260,9 @@ def run_study(
                         if r.result is None:
                             r.error = str(exc)
                     break
-            record.result = run(record.settings, record.probes, out_dir, loaded=loaded, n_bootstrap=n_bootstrap)
+            record.result = run(
+                record.settings, record.probes, out_dir, loaded=loaded, n_bootstrap=n_bootstrap, overwrite=True
+            )
         study.records += records
         del loaded
     return study

@@ -167,26 +167,50 @@ def _arithmetic(op: str, n: int, digits: int, rng: random.Random) -> list[Exampl
     return examples
 
 
+def _read_lines(path: Path) -> list[str]:
+    """The lines of a user's task file; one-line errors for unreadable or non-UTF-8 files."""
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError as exc:
+        raise TaskError(f"task {str(path)!r} is a directory; pass a .jsonl file") from exc
+    except OSError as exc:
+        raise TaskError(f"cannot read task file {path} ({exc.strerror or exc})") from exc
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TaskError(
+                f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                "save the file as UTF-8"
+            ) from exc
+    return data.decode("utf-8").split("\n")
+
+
 def _jsonl(path: Path) -> list[Example]:
     examples = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
-                raise TaskError(f"{path}:{number}: each line needs a non-empty string field 'prompt'")
-            answer = row.get("answer")
-            if answer is not None and not isinstance(answer, str):
-                raise TaskError(f"{path}:{number}: 'answer' must be a string when given")
-            meta = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
-            examples.append(Example(row["prompt"], answer, {"task": path.stem, "index": len(examples), **meta}))
+    for number, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+            raise TaskError(f"{path}:{number}: each line needs a non-empty string field 'prompt'")
+        answer = row.get("answer")
+        if answer is not None and not isinstance(answer, str):
+            raise TaskError(f"{path}:{number}: 'answer' must be a string when given")
+        meta = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
+        examples.append(Example(row["prompt"], answer, {"task": path.stem, "index": len(examples), **meta}))
     if not examples:
         raise TaskError(f"task file {path} has no examples; each line needs a JSON object with 'prompt'")
     return examples
+
+
+def count_examples(path: str | Path) -> int:
+    """The number of examples in a user's ``.jsonl`` task file (the default ``n`` for it)."""
+    return len(_jsonl(Path(path).expanduser()))
 
 
 def task_names() -> list[str]:
@@ -197,8 +221,11 @@ def check_task(name: str) -> None:
     """Fail fast (before a model is loaded) on a task that is neither known nor an existing file."""
     if name in TASKS:
         return
-    if name.endswith(".jsonl") or Path(name).expanduser().exists():
-        if not Path(name).expanduser().is_file():
+    path = Path(name).expanduser()
+    if path.is_dir():
+        raise TaskError(f"task {name!r} is a directory; pass a .jsonl file or one of {', '.join(TASKS)}")
+    if name.endswith(".jsonl") or path.exists():
+        if not path.is_file():
             raise TaskError(f"task file {name!r} does not exist")
         return
     raise TaskError(f"unknown task {name!r}; use one of {', '.join(TASKS)} or a path to a .jsonl file")
@@ -246,6 +273,9 @@ def load_task(
         if level is not None and level not in range(1, 6):
             raise TaskError(f"MATH level must be 1..5, got {level}")
         pool = _math(source, level)
+    if n > len(pool):
+        what = f"{name} (level {level})" if level is not None else name
+        raise TaskError(f"--n {n} asks for more examples than {what} has ({len(pool)}); use --n {len(pool)} or fewer")
     order = list(range(len(pool)))
     if not is_file:  # a user's file keeps its order; data sets are sampled
         rng.shuffle(order)

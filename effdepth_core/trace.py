@@ -29,7 +29,9 @@ def first_tensor(value) -> torch.Tensor:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
-def _check_finite(tensor: torch.Tensor, what: str, model: str) -> None:
+def require_finite(tensor: torch.Tensor, what: str, model: str) -> None:
+    """Raise a one-line error naming ``what`` (a layer, module or probe value) if ``tensor`` holds
+    NaN or inf: no probe reports or caches a non-finite number."""
     if not torch.isfinite(tensor).all():
         raise NonFiniteActivationError(
             f"{what} of model {model!r} contains NaN or inf; try --dtype float32 or check the weights"
@@ -51,7 +53,7 @@ def trace_layers(
         def hook(module, args, kwargs):
             h_in = args[0] if args else kwargs["hidden_states"]
             if check_finite and index == 0:
-                _check_finite(h_in, "the embedding output", loaded.name)
+                require_finite(h_in, "the embedding output", loaded.name)
             state[index] = {"h_in": h_in}
 
         return hook
@@ -66,7 +68,7 @@ def trace_layers(
         def hook(module, args, kwargs, output):
             h_out = first_tensor(output)
             if check_finite:
-                _check_finite(h_out, f"the output of layer {index}", loaded.name)
+                require_finite(h_out, f"the output of layer {index}", loaded.name)
             record = state.pop(index)
             on_layer(LayerTrace(index, record["h_in"], record.get("attn"), record.get("mlp"), h_out))
 

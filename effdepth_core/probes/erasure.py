@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from ..models import LoadedModel
 from ..replay import clean_run, run_layers
-from ..trace import LayerTrace, forward, iter_batches, tokenize, trace_layers
+from ..trace import LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
 from .answers import AnswerInput, answer_splits
 from .output_change import output_change
 
@@ -46,6 +46,7 @@ def _map_fast(loaded, ids, n_answer, baselines, max_rows) -> torch.Tensor:
     effects = torch.zeros(loaded.n_layers + 1, n_tokens)  # [layer 0..L, position]
     with torch.inference_mode():
         clean_probs = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
+        require_finite(clean_probs, "the final distribution (final norm + LM head)", loaded.name)
         for layer in range(loaded.n_layers + 1):
             base = baselines[layer].to(run.hidden[layer].device, run.hidden[layer].dtype)
             for start in range(0, n_tokens - 1, max_rows):
@@ -112,6 +113,7 @@ def erasure_map(
     splits = answer_splits(loaded, examples)
     if baselines is None:
         baselines = residual_means(loaded, [ids for ids, _ in splits])
+    require_finite(baselines, "the mean residuals (erasure baselines)", loaded.name)
     if tuple(baselines.shape) != (loaded.n_layers + 1, loaded.d_model):
         raise ValueError(f"baselines must be [{loaded.n_layers + 1}, {loaded.d_model}], got {tuple(baselines.shape)}")
     frames = []
@@ -122,6 +124,9 @@ def erasure_map(
                 if method == "fast"
                 else _map_slow(loaded, ids, n_answer, baselines)
             )
+            for layer in range(effects.shape[0]):
+                where = f"the effect of erasing layer {layer}'s residual (prompt {example})"
+                require_finite(effects[layer], where, loaded.name)
             frames.append(_frame(loaded, example, ids, n_answer, effects))
             bar.update(1)
     return pl.concat(frames)

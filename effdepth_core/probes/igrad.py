@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layers
-from ..trace import first_tensor
+from ..trace import first_tensor, require_finite
 from .answers import AnswerInput, answer_splits
 
 BASELINES = ("position-mean", "hidden-mean")
@@ -227,6 +227,8 @@ def integrated_gradients(
                 attributions = torch.cat(
                     [attributions.cpu(), torch.zeros(1, dtype=attributions.dtype)]
                 )  # last token: 0
+                where = f"the integrated gradients of layer {layer} (prompt {example})"
+                require_finite(torch.cat([attributions, ends.cpu().to(attributions.dtype)]), where, loaded.name)
                 for position, value in enumerate(attributions.tolist()):
                     add(example, layer, position, "attribution", value)
                 delta = float(ends[0] - ends[1])

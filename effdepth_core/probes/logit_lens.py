@@ -8,8 +8,9 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
+from ..errors import EffdepthError
 from ..models import LoadedModel
-from ..trace import Batch, LayerTrace, forward, iter_batches, tokenize, trace_layers
+from ..trace import Batch, LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
 from .reduce import per_example_frame
 
 LENS_METRICS = ("kl", "overlap")
@@ -69,17 +70,20 @@ def _batch_sums(
     sums = torch.zeros(len(batch.examples), n_layers + 1, len(LENS_METRICS))
     chunk = buffers[0].shape[0]
     # pass 1: the final distribution p of every real token
-    final = forward(loaded, batch).last_hidden_state[mask]  # [token, d_model], final norm applied
+    with trace_layers(loaded, lambda trace: None, sublayers=False):  # names a layer that gives NaN/inf
+        final = forward(loaded, batch).last_hidden_state[mask]  # [token, d_model], final norm applied
     final_logp = torch.empty(final.shape[0], loaded.vocab_size, device=loaded.head_device)
     with torch.inference_mode():
         for start in range(0, final.shape[0], chunk):
             logits = loaded.head_of_normed(final[start : start + chunk])
             final_logp[start : start + chunk] = torch.log_softmax(logits.float(), dim=-1)
+    require_finite(final_logp, "the final distribution (final norm + LM head on the last layer's output)", loaded.name)
     final_top = final_logp.topk(top_k, dim=-1).indices  # [token, k]
 
     # pass 2: decode each layer's input as the forward pass reaches it
     def decode(layer: int, residual: torch.Tensor) -> None:
         per_token = lens_token_metrics(loaded, residual[mask], final_logp, final_top, buffers)
+        require_finite(per_token, f"the logit-lens decode (final norm + LM head) of layer {layer}'s input", loaded.name)
         sums[:, layer].index_add_(0, owner, per_token.cpu())
 
     def on_layer(trace: LayerTrace) -> None:
@@ -108,7 +112,7 @@ def logit_lens(
     chunk of vocabulary-sized temporaries, independent of the number of layers.
     """
     if top_k < 1 or top_k > loaded.vocab_size:
-        raise ValueError(f"top_k must be in 1..{loaded.vocab_size}, got {top_k}")
+        raise EffdepthError(f"--top-k must be in 1..{loaded.vocab_size} (the vocabulary of {loaded.name}), got {top_k}")
     token_lists = tokenize(loaded, prompts)
     sums = torch.zeros(len(token_lists), loaded.n_layers + 1, len(LENS_METRICS))  # [example, layer, metric]
     counts = torch.tensor([ids.numel() for ids in token_lists])

@@ -9,7 +9,7 @@ import torch
 from tqdm import tqdm
 
 from ..models import LoadedModel
-from ..trace import Batch, LayerTrace, forward, iter_batches, tokenize, trace_layers
+from ..trace import Batch, LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
 from .reduce import per_example_frame
 
 RESIDUAL_METRICS = ("cos_attn", "cos_mlp", "cos_layer", "rel_attn", "rel_mlp", "rel_layer")
@@ -42,6 +42,7 @@ def _batch_sums(loaded: LoadedModel, batch: Batch) -> torch.Tensor:
 
     def on_layer(trace: LayerTrace) -> None:
         metrics = contribution_metrics(trace)  # [batch, token, metric]
+        require_finite(metrics, f"the residual metrics of layer {trace.layer}", loaded.name)
         sums[:, trace.layer] = (metrics * mask.to(metrics.device)[..., None]).sum(1).cpu()
 
     with trace_layers(loaded, on_layer, sublayers=True):

@@ -18,13 +18,25 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
+from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layer
-from ..trace import first_tensor, tokenize
+from ..trace import first_tensor, require_finite, tokenize
 from .output_change import output_change
 
 SKIP_PARTS = ("layer", "attn", "mlp")
 VARIANTS = ("future", "current")
+MIN_TOKENS = {"future": 13, "current": 2}  # future: range(8, T-4, 8) must not be empty
+
+
+def check_skip_options(parts: Sequence[str], variants: Sequence[str]) -> None:
+    """One-line error for an unknown or empty list of skip parts or variants."""
+    for kind, given, known in (("part", parts, SKIP_PARTS), ("variant", variants, VARIANTS)):
+        bad = [x for x in given if x not in known]
+        if bad or not given:
+            raise EffdepthError(
+                f"unknown skip {kind}(s) {', '.join(map(repr, bad)) or '(none given)'}; choose from {', '.join(known)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -187,10 +199,20 @@ def skip_effects(
     """
     if method not in ("fast", "slow"):
         raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
-    bad = [p for p in parts if p not in SKIP_PARTS] + [v for v in variants if v not in VARIANTS]
-    if bad:
-        raise ValueError(f"unknown skip part/variant {bad}; parts: {SKIP_PARTS}, variants: {VARIANTS}")
+    check_skip_options(parts, variants)
     token_lists = tokenize(loaded, prompts)
+    shortest = MIN_TOKENS["future" if "future" in variants else "current"]
+    for index, ids in enumerate(token_lists):
+        if ids.numel() < shortest:
+            raise EffdepthError(
+                f"prompt {index} has {ids.numel()} tokens; the skip probe's "
+                + (
+                    f"future-token variant needs at least {shortest} (cut positions 8, 16, … up to T−5); "
+                    "use longer prompts or --skip-variants current"
+                    if shortest == MIN_TOKENS["future"]
+                    else f"all-token variant needs at least {shortest}"
+                )
+            )
     n_layers = loaded.n_layers
     frames = []
     with tqdm(total=len(token_lists), desc=f"skip ({method})", unit="prompt", disable=not progress) as bar:
@@ -209,6 +231,7 @@ def skip_effects(
                 if key not in probs_cache:
                     with torch.inference_mode():
                         probs_cache[key] = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
+                    require_finite(probs_cache[key], "the final distribution (final norm + LM head)", loaded.name)
                 clean_probs = probs_cache[key]
                 if method == "slow":
                     for item in group:
@@ -219,6 +242,9 @@ def skip_effects(
                         chunk = group[start : start + max_rows]
                         effects, outputs = _effects_fast(loaded, run, chunk, clean_probs)
                         results += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
+            for item, effects, output in results:
+                where = f"skipping {item.part} of layer {item.layer} ({item.variant} tokens) in prompt {example}"
+                require_finite(torch.cat([effects, output.view(1)]), f"the effect of {where}", loaded.name)
             frames.append(_frame(example, results, n_layers))
             bar.update(1)
     return pl.concat(frames)

@@ -1,0 +1,67 @@
+"""No probe reports or caches a non-finite number: each fails with one line naming where."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+import torch
+from conftest import char_tokenizer, make_tiny, random_prompts
+
+from effdepth_core import results
+from effdepth_core.errors import NonFiniteActivationError
+from effdepth_core.models import wrap_model
+from effdepth_core.probes import erasure_map, integrated_gradients, logit_lens, residual_cosine, skip_effects
+from effdepth_core.tasks import Example
+
+
+def _poisoned(where: str):
+    loaded = make_tiny("llama")
+    with torch.no_grad():
+        if where == "layer 1":
+            loaded.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+        else:  # the final norm: every layer is finite, only decoding breaks
+            loaded.final_norm.weight[0] = float("inf")
+            loaded.final_norm.weight[1] = -float("inf")
+    return loaded
+
+
+PROBES = {
+    "cosine": lambda m, p, e: residual_cosine(m, p),
+    "logit_lens": lambda m, p, e: logit_lens(m, p),
+    "skip": lambda m, p, e: skip_effects(m, p, n_positions=1),
+    "skip_slow": lambda m, p, e: skip_effects(m, p, n_positions=1, method="slow"),
+    "erasure": lambda m, p, e: erasure_map(m, e),
+    "igrad": lambda m, p, e: integrated_gradients(m, e, steps=8),
+}
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES))
+def test_a_nan_inside_a_layer_is_named(probe):
+    prompts = random_prompts([16])
+    examples = [(prompts[0], 3)]
+    with pytest.raises(NonFiniteActivationError, match=r"output of layer 1 .*NaN or inf"):
+        PROBES[probe](_poisoned("layer 1"), prompts, examples)
+
+
+@pytest.mark.parametrize("probe", ["logit_lens", "skip", "erasure", "igrad"])
+def test_a_broken_final_norm_is_named(probe):
+    prompts = random_prompts([16])
+    with pytest.raises(NonFiniteActivationError, match=r"final norm|integrated gradients of layer 0"):
+        PROBES[probe](_poisoned("final norm"), prompts, [(prompts[0], 3)])
+    residual_cosine(_poisoned("final norm"), prompts)  # the residual stream itself is fine
+
+
+def test_nothing_non_finite_is_cached(tmp_path, monkeypatch):
+    loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
+    examples = [Example("1 + 2 =", " 3", {"task": "addition"})]
+    original = results.PROBES["cosine"]
+
+    def with_a_nan(*args):
+        frame = original.compute(*args)
+        return frame.with_columns(pl.when(pl.col("layer") == 2).then(float("nan")).otherwise("value").alias("value"))
+
+    monkeypatch.setitem(results.PROBES, "cosine", results.Probe(with_a_nan, original.aggregate))
+    settings = results.RunSettings(model="tiny", task="addition", n=1, progress=False)
+    with pytest.raises(NonFiniteActivationError, match="cosine probe produced 6 NaN"):
+        results.run(settings, ["cosine"], tmp_path / "run", loaded=loaded, examples=examples)
+    assert not list((tmp_path / "run").glob("cosine*.parquet"))

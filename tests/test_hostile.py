@@ -1,0 +1,189 @@
+"""A hostile-but-realistic user: every bad input is one line on stderr, exit 2, no traceback, found
+before the model loads where the input allows it, and no file beside the output is touched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from effdepth_core import results, zoo
+from effdepth_core.cli import main
+
+# (case id, argv after `effdepth`, what the one line must say, whether the model may load first)
+# "{tiny}" is a tiny local model, "{tmp}" the test's directory (files made by _files below).
+CASES = [
+    ("task not UTF-8", ["run", "--task", "{tmp}/latin1.jsonl"], "latin1.jsonl:2: not UTF-8", False),
+    ("task is a directory", ["run", "--task", "{tmp}"], "is a directory", False),
+    ("task file missing", ["run", "--task", "{tmp}/nope.jsonl"], "does not exist", False),
+    ("task not JSON", ["run", "--task", "{tmp}/bad.jsonl"], "bad.jsonl:1: not valid JSON", False),
+    ("task answer not text", ["run", "--task", "{tmp}/answer.jsonl"], "'answer' must be a string", False),
+    ("unknown task", ["run", "--task", "gsm9k"], "unknown task 'gsm9k'", False),
+    ("model is a text file", ["run", "--model", "{tmp}/notes.txt"], "is a file but not a GGUF model", False),
+    ("model is a fake .gguf", ["run", "--model", "{tmp}/fake.gguf"], "is a file but not a GGUF model", False),
+    ("model is a truncated GGUF", ["run", "--model", "{tmp}/truncated.gguf"], "cannot load model", True),
+    ("model folder without config", ["run", "--model", "{tmp}"], "has no config.json", False),
+    ("model path missing", ["run", "--model", "./no-such-model"], "no such model file or directory", False),
+    ("out is a file", ["run", "--out", "{tmp}/notes.txt"], "is a file, not a directory", False),
+    ("out under a file", ["run", "--out", "{tmp}/notes.txt/run"], "cannot create --out", False),
+    ("out holds other files", ["run", "--out", "{tmp}"], "not an effdepth run directory", False),
+    ("top-k above the vocabulary", ["run", "--top-k", "65"], "exceeds the vocabulary", False),
+    ("unknown skip part", ["run", "--probes", "skip", "--skip-parts", "layer,ffn"], "unknown skip part", False),
+    ("unknown skip variant", ["run", "--probes", "skip", "--skip-variants", "past"], "unknown skip variant", False),
+    ("too few igrad steps", ["run", "--probes", "igrad", "--igrad-steps", "3"], "too few for the adaptive", False),
+    ("slow adaptive igrad", ["run", "--probes", "igrad", "--slow"], "--slow has no adaptive quadrature", False),
+    ("level outside math", ["run", "--task", "gsm8k", "--level", "3"], "--level applies to the math task", False),
+    ("level out of range", ["run", "--task", "math", "--level", "9"], "--level must be 1..5", False),
+    ("digits outside arithmetic", ["run", "--task", "gsm8k", "--digits", "3"], "--digits applies to", False),
+    ("n above the data set", ["run", "--task", "gsm8k", "--n", "5000"], "than gsm8k has (1319)", False),
+    ("n above a file", ["run", "--task", "{tmp}/two.jsonl", "--n", "3"], "has (2); use --n 2", False),
+    ("n zero", ["run", "--n", "0"], "must be at least 1", False),
+    ("negative batch size", ["run", "--batch-size", "-1"], "must be at least 1", False),
+    ("unknown dtype", ["run", "--dtype", "float8"], "invalid choice: 'float8'", False),
+    ("unknown probe", ["run", "--probes", "cosine,lense"], "unknown probe(s) lense", False),
+    ("prompt too short to skip", ["run", "--task", "{tmp}/two.jsonl", "--probes", "skip"], "needs at least 13", True),
+    (
+        "erasure without answers",
+        ["run", "--task", "{tmp}/two.jsonl", "--probes", "erasure"],
+        "needs examples with",
+        True,
+    ),
+    ("no GPU", ["run", "--device", "cuda"], "sees no CUDA GPU", True),
+    ("unknown command", ["rnu"], "invalid choice: 'rnu'", False),
+    ("refetch unknown alias", ["models", "--refetch", "gpt5"], "unknown offline model 'gpt5'", False),
+    ("table of nothing", ["table", "{tmp}/empty"], "no effective_depth.json", False),
+    ("table of a missing folder", ["table", "{tmp}/missing"], "no such directory", False),
+]
+
+
+def _files(tmp: Path) -> None:
+    (tmp / "latin1.jsonl").write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
+    (tmp / "bad.jsonl").write_text("{prompt: 1}\n")
+    (tmp / "answer.jsonl").write_text(json.dumps({"prompt": "a", "answer": 3}) + "\n")
+    (tmp / "two.jsonl").write_text('{"prompt": "1 + 1 ="}\n{"prompt": "2 + 2 ="}\n')
+    (tmp / "notes.txt").write_text("not a model")
+    (tmp / "fake.gguf").write_bytes(b"PK\x03\x04 a zip, not GGUF")
+    (tmp / "truncated.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 3)
+    (tmp / "empty").mkdir()
+
+
+@pytest.fixture
+def hostile(tmp_path, tiny_dir, monkeypatch):
+    _files(tmp_path)
+    sentinel = tmp_path / "sentinel.txt"
+    sentinel.write_text("the user's file")
+    loads: list[str] = []
+    real_load = results.load_model
+
+    def counting_load(spec, *args, **kwargs):
+        loads.append(spec)
+        return real_load(spec, *args, **kwargs)
+
+    monkeypatch.setattr(results, "load_model", counting_load)
+    return tmp_path, tiny_dir, sentinel, loads
+
+
+def _expand(argv: list[str], tmp: Path, tiny: Path) -> list[str]:
+    argv = [a.replace("{tmp}", str(tmp)).replace("{tiny}", str(tiny)) for a in argv]
+    if argv[0] == "run":
+        defaults = {"--model": str(tiny), "--task": "addition", "--out": str(tmp / "out")}
+        for flag, value in defaults.items():
+            if flag not in argv:
+                argv += [flag, value]
+        argv.append("--no-progress")
+    return argv
+
+
+def _checksums(directory: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_exit_2(hostile, capsys, case):
+    tmp, tiny, sentinel, loads = hostile
+    _, argv, expected, may_load = case
+    argv = _expand(argv, tmp, tiny)
+    before = _checksums(tmp)
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's errors exit through SystemExit
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("effdepth: error:"), err
+    assert "Traceback" not in err and "internal error" not in err
+    assert expected in lines[0], lines[0]
+    if not may_load:
+        assert loads == [], f"{case[0]}: the model was loaded before the error was found"
+    assert sentinel.read_text() == "the user's file"
+    assert _checksums(tmp) == before  # nothing beside the output was written, moved or deleted
+    assert not (tmp / "out").exists()  # a run that could not start leaves no directory
+
+
+def test_unwritable_model_cache(hostile, capsys, monkeypatch):
+    tmp, _, sentinel, _ = hostile
+    monkeypatch.setenv(zoo.CACHE_ENV, str(sentinel))  # a file where the cache directory should be
+    entry = zoo.ZooModel("fake", ("fake==1",), ("fake.gguf",), "fake.gguf", "0" * 64, "test", 1)
+    monkeypatch.setitem(zoo.ZOO, "fake", entry)
+    code = main(["run", "--model", "fake", "--task", "addition", "--out", str(tmp / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write the model cache" in err and len(err.strip().splitlines()) == 1
+    assert sentinel.read_text() == "the user's file"
+
+
+def test_unreadable_task_file(hostile, capsys, monkeypatch):
+    tmp, _, _, loads = hostile
+    task = tmp / "two.jsonl"
+    real = Path.read_bytes
+
+    def denied(self):
+        if self == task:
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)  # root reads any file, so deny it here
+    code = main(["run", "--model", str(hostile[1]), "--task", str(task), "--out", str(tmp / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot read task file" in err and "Permission denied" in err and loads == []
+
+
+def test_table_skips_a_corrupt_or_foreign_summary(hostile, capsys):
+    tmp, tiny, _, _ = hostile
+    good = tmp / "runs" / "good"
+    assert (
+        main(["run", "--model", str(tiny), "--task", "addition", "--n", "1", "--out", str(good), "--no-progress"]) == 0
+    )
+    (tmp / "runs" / "corrupt").mkdir()
+    (tmp / "runs" / "corrupt" / "effective_depth.json").write_text('{"model": "x", "task"')
+    (tmp / "runs" / "foreign").mkdir()
+    (tmp / "runs" / "foreign" / "effective_depth.json").write_text('{"depth": 3}')
+    capsys.readouterr()
+    assert main(["table", str(tmp / "runs")]) == 0
+    out = capsys.readouterr()
+    assert "addition" in out.out
+    warnings = out.err.strip().splitlines()
+    assert len(warnings) == 2 and all(w.startswith("effdepth: warning: skipping") for w in warnings)
+    assert "corrupt" in warnings[0] and "foreign" in warnings[1]
+    assert main(["table", str(tmp / "runs" / "corrupt")]) == 2
+
+
+@pytest.mark.parametrize("argv", [["run", "--model", "README.md"], ["run", "--task", "math", "--level", "0"]])
+def test_a_real_process_exits_2_with_one_line(argv, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "effdepth_core.cli", *argv, "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+    )
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("effdepth: error:")

@@ -1,0 +1,122 @@
+"""Output directories: effdepth never deletes or overwrites a file it did not write."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from effdepth_core import results
+from effdepth_core.cli import main
+from effdepth_core.results import RunSettings, default_out_dir
+from effdepth_core.rundir import LOCK_NAME, RunDirectory
+
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def _never_load(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output directory was checked")
+
+    monkeypatch.setattr(results, "load_model", fail)
+
+
+def _user_files(directory: Path) -> dict[str, bytes]:
+    files = {"data.parquet": b"PAR1 a user's table", "examples.jsonl": b'{"mine": 1}\n', "notes.txt": b"keep me"}
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return files
+
+
+def test_a_directory_of_other_files_is_refused_before_loading(tiny_dir, tmp_path, capsys, monkeypatch):
+    own = tmp_path / "my-data"
+    files = _user_files(own)
+    _never_load(monkeypatch)
+    code, err = _run(capsys, "run", "--model", str(tiny_dir), "--task", "addition", "--out", str(own))
+    assert code == 2 and "not an effdepth run directory" in err and len(err.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in own.iterdir()} == files  # untouched, nothing added
+
+
+def test_other_parameters_need_overwrite_which_replaces_only_effdepths_files(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "2", "--out", str(out), "--no-progress"]
+    assert _run(capsys, *base)[0] == 0
+    (out / "notes.txt").write_text("my notes on this run")
+    before = (out / "cosine.parquet").read_bytes()
+    code, err = _run(capsys, *base, "--top-k", "3")
+    assert code == 2 and "top_k: 5 → 3" in err and "--overwrite" in err
+    assert (out / "cosine.parquet").read_bytes() == before
+    # --overwrite, but the model cannot load: nothing is deleted either
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    code, err = _run(capsys, *[a if a != str(tiny_dir) else str(broken) for a in base], "--overwrite")
+    assert code == 2 and (out / "cosine.parquet").read_bytes() == before
+    assert _run(capsys, *base, "--top-k", "3", "--overwrite")[0] == 0
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["settings"]["top_k"] == 3 and (out / "notes.txt").read_text() == "my notes on this run"
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_default_directories_differ_whenever_the_numbers_could(tmp_path):
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"prompt": "a"}\n')
+    base = RunSettings(model="smollm2-135m", task=str(task))
+    variants = [
+        base,
+        RunSettings(model="smollm2-135m", task=str(task), top_k=3),
+        RunSettings(model="smollm2-135m", task=str(task), dtype="bfloat16"),
+        RunSettings(model="smollm2-135m", task=str(task), max_tokens=100),
+        RunSettings(model="smollm2-135m", task=str(task), skip_variants="future"),
+    ]
+    names = {default_out_dir(s) for s in variants}
+    assert len(names) == len(variants)
+    before = default_out_dir(base)
+    task.write_text('{"prompt": "b"}\n')  # same file name, other content
+    assert default_out_dir(base) != before
+    model_a, model_b = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    model_a.mkdir(parents=True), model_b.mkdir(parents=True)
+    dirs = {default_out_dir(RunSettings(model=str(m), task="gsm8k")) for m in (model_a, model_b)}
+    assert len(dirs) == 2  # two model folders of the same name
+
+
+def test_a_directory_being_written_is_refused(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "busy"
+    held = RunDirectory.open(out, "key", {}, tuple(results.PROBES), overwrite=False)  # another run holds it
+    try:
+        code, err = _run(capsys, "run", "--model", str(tiny_dir), "--task", "addition", "--out", str(out))
+        assert code == 2 and "being written by another effdepth run" in err
+    finally:
+        held.release()
+    assert _run(capsys, "run", "--model", str(tiny_dir), "--task", "addition", "--n", "1", "--out", str(out))[0] == 0
+
+
+def test_a_killed_runs_temporaries_are_cleaned_and_a_failed_start_leaves_nothing(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "1", "--out", str(out), "--no-progress"]
+    assert _run(capsys, *argv)[0] == 0
+    leftover = out / ".logit_lens.parquet.tmp-999999"  # a run killed while writing
+    leftover.write_bytes(b"half")
+    assert _run(capsys, *argv, "--probes", "cosine,logit_lens,skip")[0] == 0
+    assert not leftover.exists()
+    nowhere = tmp_path / "new" / "deeper"
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    code, _ = _run(capsys, "run", "--model", str(broken), "--task", "addition", "--out", str(nowhere))
+    assert code == 2 and not (tmp_path / "new").exists()  # created for the run, removed when it failed
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file"])
+def test_an_out_that_is_not_a_directory_is_refused(tiny_dir, tmp_path, capsys, kind):
+    blocker = tmp_path / "results.csv"
+    blocker.write_text("a,b\n")
+    out = blocker if kind == "file" else blocker / "sub"
+    code, err = _run(capsys, "run", "--model", str(tiny_dir), "--task", "addition", "--out", str(out))
+    assert code == 2 and "--out" in err and blocker.read_text() == "a,b\n"
