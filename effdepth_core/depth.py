@@ -1,4 +1,4 @@
-"""Effective depth (ED) from probe curves (SPEC §1–2), with bootstrap intervals over prompts."""
+"""Effective depth (ED) from probe curves (method.md §1–2), with bootstrap intervals over prompts."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def _get(root: nn.Module, dotted: str) -> nn.Module:
     return module
 
 
-@dataclass
+@dataclass(repr=False)
 class LoadedModel:
     """A causal LM plus everything the probes need to read and decode its residual stream."""
 
@@ -94,6 +94,12 @@ class LoadedModel:
     logit_softcap: float | None
     parallel_residual: bool
     max_positions: int | None
+
+    def __repr__(self) -> str:
+        return (
+            f"LoadedModel({self.name!r}, {self.model_type}, {self.n_layers} layers, d_model={self.d_model}, "
+            f"vocab={self.vocab_size}, {str(self.dtype).removeprefix('torch.')} on {self.input_device})"
+        )
 
     @property
     def n_layers(self) -> int:
@@ -264,6 +270,7 @@ def quiet_libraries(progress: bool = True) -> None:
     """Keep library warnings (config checks, hub retries) out of effdepth's own messages, and
     transformers' loading bars too when ``progress`` is off."""
     import logging
+    import os
 
     from transformers.utils import logging as hf_logging
 
@@ -271,6 +278,7 @@ def quiet_libraries(progress: bool = True) -> None:
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     if not progress:
         hf_logging.disable_progress_bar()
+        os.environ["TQDM_DISABLE"] = "1"  # loaders that use tqdm directly (GGUF dequantization)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .models import LoadedModel
-from .trace import first_tensor, require_finite
+from .trace import Hook, first_tensor, intervene, require_finite
 
 
 @dataclass
@@ -34,30 +34,20 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     """Run ``ids`` ``[token]`` once and record what every decoder layer received and returned."""
     hidden: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
     kwargs: list[dict] = [{} for _ in range(loaded.n_layers)]
-    handles = []
 
-    def pre_hook(index: int):
-        def hook(module, args, call_kwargs):
-            if len(args) > 1:
-                raise RuntimeError(f"layer {index} got {len(args)} positional arguments; replay expects 1")
-            hidden[index] = args[0] if args else call_kwargs["hidden_states"]
-            kwargs[index] = {k: v for k, v in call_kwargs.items() if k != "hidden_states"}
+    def record(index: int):
+        def fn(h: torch.Tensor, call_kwargs: dict) -> None:
+            hidden[index] = h
+            if index < loaded.n_layers:
+                kwargs[index] = {k: v for k, v in call_kwargs.items() if k != "hidden_states"}
 
-        return hook
+        return fn
 
-    def last_hook(module, args, output):
-        hidden[loaded.n_layers] = first_tensor(output)
-
+    hooks = [Hook(layer, "input", record(i)) for i, layer in enumerate(loaded.layers)]
+    hooks.append(Hook(loaded.layers[-1], "output", record(loaded.n_layers)))
     input_ids = ids.view(1, -1).to(loaded.input_device)
-    try:
-        for index, layer in enumerate(loaded.layers):
-            handles.append(layer.register_forward_pre_hook(pre_hook(index), with_kwargs=True))
-        handles.append(loaded.layers[-1].register_forward_hook(last_hook))
-        with torch.no_grad():  # not inference_mode: replays may differentiate through these tensors
-            loaded.base_model()(input_ids=input_ids, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with intervene(hooks), torch.no_grad():  # not inference_mode: replays may differentiate through these
+        loaded.base_model()(input_ids=input_ids, use_cache=False)
     for index, h in enumerate(hidden):
         require_finite(h, "the embedding output" if index == 0 else f"the output of layer {index - 1}", loaded.name)
     return CleanRun(input_ids, [h.clone() for h in hidden], kwargs)

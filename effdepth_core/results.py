@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 import warnings
@@ -24,6 +23,7 @@ import polars as pl
 from . import __version__
 from .depth import KL_FRACTION, OVERLAP_THRESHOLD, DepthResult, effective_depth
 from .errors import EffdepthError, NonFiniteActivationError
+from .labels import CELL_LEGEND, DEFAULT_PROBES, PROBE_NAMES, RULE_LABELS, format_rule
 from .models import LoadedModel, load_model, preflight_model
 from .probes import (
     depth_scores,
@@ -35,10 +35,8 @@ from .probes import (
     skip_summary,
     token_weighted_mean,
 )
-from .rundir import METADATA, RunDirectory
+from .rundir import RunDirectory
 from .tasks import AIME_MAX_TOKENS, Example, check_task, load_task
-
-DEFAULT_PROBES = ("cosine", "logit_lens")
 
 
 class EffdepthWarning(UserWarning):
@@ -88,22 +86,29 @@ def _igrad(loaded: LoadedModel, examples: list[Example], settings: RunSettings) 
     )
 
 
+def _depth_score(skip: pl.DataFrame, examples: list[Example]) -> pl.DataFrame:
+    return depth_scores(skip, {i: _group_label(e) for i, e in enumerate(examples)})
+
+
 @dataclass(frozen=True)
 class Probe:
-    """How the orchestrator runs one probe: its per-example frame, and the frame that is saved as
-    ``<probe>.parquet`` (curves for the correlational probes; the full frame for the others)."""
+    """How the orchestrator runs one probe: its per-example frame, the frame saved as
+    ``<probe>.parquet`` (curves for the correlational probes; the full frame for the others), and
+    the frames derived from it (saved as ``<name>.parquet``)."""
 
     compute: Callable[[LoadedModel, list[Example], RunSettings], pl.DataFrame]
     aggregate: Callable[[pl.DataFrame], pl.DataFrame] | None = None  # None: per-example frame is the result
+    derives: dict[str, Callable[[pl.DataFrame, list[Example]], pl.DataFrame]] = field(default_factory=dict)
 
 
 PROBES: dict[str, Probe] = {
     "cosine": Probe(_cosine, token_weighted_mean),
     "logit_lens": Probe(_lens, token_weighted_mean),
-    "skip": Probe(_skip, skip_summary),
+    "skip": Probe(_skip, skip_summary, {"depth_score": _depth_score}),
     "erasure": Probe(_erasure),
     "igrad": Probe(_igrad),
 }
+assert tuple(PROBES) == PROBE_NAMES  # labels.py names them for the import-light command line
 
 
 @dataclass
@@ -162,7 +167,7 @@ class RunSettings:
 _KEY_OPTIONAL = {"skip_variants": "future,current"}
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     """What ``run`` produced: where, the curves, the per-example frames and the ED per rule."""
 
@@ -171,6 +176,31 @@ class RunResult:
     per_example: dict[str, pl.DataFrame]
     depth: dict[str, DepthResult]
     summary: dict = field(default_factory=dict)
+    metadata: dict = field(default_factory=dict)
+
+    def _cells(self) -> list[tuple[str, str]]:
+        return [(label, format_rule(self.summary.get(rule))) for rule, label in RULE_LABELS.items()]
+
+    def __repr__(self) -> str:
+        s = self.summary
+        eds = ", ".join(f"{label} {cell}" for label, cell in self._cells())
+        return (
+            f"RunResult({s.get('model')!r} on {s.get('task')!r}, L={s.get('n_layers')}, n={s.get('n_examples')}; "
+            f"ED {eds}; probes {', '.join(self.per_example)}; in {str(self.out_dir)!r})"
+        )
+
+    def _repr_html_(self) -> str:
+        import html
+
+        s = self.summary
+        head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in self._cells())
+        cells = "".join(f"<td>{html.escape(cell)}</td>" for _, cell in self._cells())
+        return (
+            f"<p><b>{html.escape(str(s.get('model')))}</b> on <b>{html.escape(str(s.get('task')))}</b>: "
+            f"L = {s.get('n_layers')}, n = {s.get('n_examples')} prompts; probes {', '.join(self.per_example)}; "
+            f"results in <code>{html.escape(str(self.out_dir))}</code></p>"
+            f"<table><tr>{head}</tr><tr>{cells}</tr></table><p><small>{html.escape(CELL_LEGEND)}</small></p>"
+        )
 
 
 def _group_label(example: Example) -> str:
@@ -198,22 +228,6 @@ def default_out_dir(settings: RunSettings, root: Path | str = "results", hashed:
     if settings.task in ("addition", "multiplication"):
         name += f"-digits{settings.digits}"
     return Path(root) / slug(settings.model) / (f"{name}-{settings.key()[:8]}" if hashed else name)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, payload: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(payload, indent=2) + "\n").encode())
-
-
-def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    frame.write_parquet(tmp)
-    os.replace(tmp, path)
 
 
 def parse_probes(probes: str | Sequence[str]) -> list[str]:
@@ -258,9 +272,7 @@ def check_settings(settings: RunSettings, probes: Sequence[str], vocab_size: int
     if settings.method not in ("fast", "slow"):
         raise EffdepthError(f"method must be 'fast' or 'slow', got {settings.method!r}")
     if vocab_size is not None and settings.top_k > vocab_size:
-        raise EffdepthError(
-            f"--top-k {settings.top_k} exceeds the vocabulary of {settings.model} ({vocab_size})"
-        )
+        raise EffdepthError(f"--top-k {settings.top_k} exceeds the vocabulary of {settings.model} ({vocab_size})")
     if "skip" in probes:
         check_skip_options(settings.skip_parts.split(","), settings.skip_variants.split(","))
     if "igrad" in probes:
@@ -299,20 +311,59 @@ def _needs_tokenizer(settings: RunSettings) -> bool:
     return settings.max_tokens is not None or settings.task == "aime24"
 
 
-def _write_probe(out: Path, name: str, per_example: pl.DataFrame, examples: list[Example]) -> None:
+@dataclass
+class _Plan:
+    """What a run needs, settled before any model loads."""
+
+    names: list[str]
+    out: Path
+    key: str
+    examples: list[Example] | None  # final unless a token-length filter needs the tokenizer
+
+
+def _plan(settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, examples) -> _Plan:
+    """Check the probes, task, model spec and options, and (where no tokenizer is needed) load the
+    examples: every user error that can be found without the model is found here."""
+    names = parse_probes(probes)
+    check_task(settings.task)
+    facts = preflight_model(settings.model) if loaded is None else {"vocab_size": loaded.vocab_size}
+    check_settings(settings, names, facts.get("vocab_size"))
+    if examples is None:
+        preview = _load_examples(settings, loaded)  # checks the task and n
+        examples = None if loaded is None and _needs_tokenizer(settings) else preview
+    out = Path(out_dir) if out_dir is not None else default_out_dir(settings)
+    return _Plan(names, out, settings.key(), examples)
+
+
+def _load(settings: RunSettings, names: list[str], loaded: LoadedModel | None, examples) -> tuple:
+    """The model (unless given) and the final examples; warns when a token filter kept fewer than asked."""
+    if loaded is None:
+        loaded = load_model(
+            settings.model, device=settings.device, dtype=settings.dtype, device_map=settings.device_map
+        )
+    check_settings(settings, names, loaded.vocab_size)
+    if examples is None or _needs_tokenizer(settings):
+        examples = _load_examples(settings, loaded)
+    if len(examples) < settings.n:
+        warnings.warn(
+            f"{settings.task}: kept {len(examples)} of the {settings.n} examples asked for; the others are "
+            f"longer than {settings.max_tokens or AIME_MAX_TOKENS} tokens for this tokenizer",
+            EffdepthWarning,
+            stacklevel=3,
+        )
+    return loaded, examples
+
+
+def _compute(directory: RunDirectory, name: str, loaded: LoadedModel, examples: list[Example], settings) -> None:
+    """Run one probe, derive what it derives, check every number is finite, and save them."""
     probe = PROBES[name]
-    result = per_example if probe.aggregate is None else probe.aggregate(per_example)
-    _require_finite_frame(per_example, name)
-    _require_finite_frame(result, name)
-    derived = {}
-    if name == "skip":
-        groups = {i: _group_label(e) for i, e in enumerate(examples)}
-        derived["depth_score"] = depth_scores(per_example, groups)
-        _require_finite_frame(derived["depth_score"], "depth score")
-    atomic_write_parquet(out / f"{name}.parquet", result)
-    for derived_name, frame in derived.items():
-        atomic_write_parquet(out / f"{derived_name}.parquet", frame)
-    atomic_write_parquet(out / f"{name}_by_example.parquet", per_example)  # last: marks the probe done
+    per_example = probe.compute(loaded, examples, settings)
+    frames = {name: per_example if probe.aggregate is None else probe.aggregate(per_example)}
+    for derived, derive in probe.derives.items():
+        frames[derived] = derive(per_example, examples)
+    for label, frame in [(name, per_example), *frames.items()]:
+        _require_finite_frame(frame, label.replace("_", " "))
+    directory.save_probe(name, per_example, frames)
 
 
 def run(
@@ -329,80 +380,55 @@ def run(
     ``loaded`` / ``examples`` may be passed to skip loading (tests, notebooks, benchmarks).
     ``out_dir`` must be new, empty, or a run directory of the same settings; ``overwrite`` lets a
     run with other settings be replaced (only effdepth's own files are deleted, and only once the
-    model has loaded).
+    model has loaded). Steps: plan (all checks), lock the directory, load what is missing, compute
+    each missing probe, summarize.
     """
-    names = parse_probes(probes)
-    check_task(settings.task)
-    facts = preflight_model(settings.model) if loaded is None else {"vocab_size": loaded.vocab_size}
-    check_settings(settings, names, facts.get("vocab_size"))
-    if examples is None and not (loaded is None and _needs_tokenizer(settings)):
-        examples = _load_examples(settings, loaded)  # checks the task and n before the model loads
-    elif examples is None:
-        _load_examples(settings, None)
-    out = Path(out_dir) if out_dir is not None else default_out_dir(settings)
-    key = settings.key()
-    directory = RunDirectory.open(out, key, settings.numbers(), tuple(PROBES), overwrite)
-    finished = 0  # probes this call completed
+    plan = _plan(settings, probes, out_dir, loaded, examples)
+    directory = RunDirectory.open(plan.out, plan.key, settings.numbers(), PROBE_NAMES, overwrite)
     try:
-        metadata = directory.metadata if directory.metadata and not directory.stale else _new_metadata(settings, key)
-        done = {p for p in PROBES if not directory.stale and (out / f"{p}_by_example.parquet").is_file()}
-        missing = [p for p in names if p not in done]
-        if missing or directory.stale or not (out / "examples.jsonl").is_file():
-            if loaded is None:
-                loaded = load_model(
-                    settings.model, device=settings.device, dtype=settings.dtype, device_map=settings.device_map
-                )
-            check_settings(settings, names, loaded.vocab_size)
-            if examples is None or _needs_tokenizer(settings):
-                examples = _load_examples(settings, loaded)
-            if len(examples) < settings.n:
-                warnings.warn(
-                    f"{settings.task}: kept {len(examples)} of the {settings.n} examples asked for; the others are "
-                    f"longer than {settings.max_tokens or AIME_MAX_TOKENS} tokens for this tokenizer",
-                    EffdepthWarning,
-                    stacklevel=2,
-                )
-            directory.clear_stale()
-            metadata.update(
-                model_name=loaded.name,
-                model_type=loaded.model_type,
-                n_layers=loaded.n_layers,
-                d_model=loaded.d_model,
-                n_params=sum(p.numel() for p in loaded.model.parameters()),
-                dtype=str(loaded.dtype).removeprefix("torch."),
-                n_examples=len(examples),
-                n_asked=settings.n,
-            )
-            atomic_write_json(out / METADATA, metadata)  # first: marks the directory as effdepth's
-            atomic_write_bytes(
-                out / "examples.jsonl", "".join(json.dumps(e.to_json()) + "\n" for e in examples).encode()
-            )
+        missing = [p for p in plan.names if not directory.has_probe(p)]
+        if missing or not directory.has_examples():
+            loaded, examples = _load(settings, plan.names, loaded, plan.examples)
+            metadata = directory.start(_new_metadata(settings, plan.key, loaded, examples), examples)
             for name in missing:
                 started = time.perf_counter()
-                _write_probe(out, name, PROBES[name].compute(loaded, examples, settings), examples)
-                finished += 1
+                _compute(directory, name, loaded, examples, settings)
                 metadata["probes"][name] = {"seconds": round(time.perf_counter() - started, 2)}
-                atomic_write_json(out / METADATA, metadata)
-        return _summarize(settings, out, metadata, n_bootstrap)
+                directory.write_metadata(metadata)
+        return _summarize(settings, directory, n_bootstrap)
     except BaseException:
-        if directory.metadata is None and not finished:  # a new run that produced nothing leaves nothing
-            for name in (METADATA, "examples.jsonl"):
-                (out / name).unlink(missing_ok=True)
-            directory.abandon()
+        directory.discard_if_empty()  # a new run that produced nothing leaves nothing
         raise
     finally:
         directory.release()
 
 
-def _new_metadata(settings: RunSettings, key: str) -> dict:
-    return {"key": key, "settings": settings.numbers(), "effdepth_version": __version__, "probes": {}}
+def _new_metadata(settings: RunSettings, key: str, loaded: LoadedModel, examples: list[Example]) -> dict:
+    from .provenance import environment, model_provenance
+
+    return {
+        "key": key,
+        "settings": settings.numbers(),
+        "effdepth_version": __version__,
+        "environment": environment(),
+        "model_name": loaded.name,
+        "model_type": loaded.model_type,
+        "model": model_provenance(settings.model, loaded),
+        "n_layers": loaded.n_layers,
+        "d_model": loaded.d_model,
+        "n_params": sum(p.numel() for p in loaded.model.parameters()),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "device": str(loaded.input_device),
+        "n_examples": len(examples),
+        "n_asked": settings.n,
+        "probes": {},
+    }
 
 
-def _summarize(settings: RunSettings, out: Path, metadata: dict, n_bootstrap: int) -> RunResult:
+def _summarize(settings: RunSettings, directory: RunDirectory, n_bootstrap: int) -> RunResult:
     """Read every finished probe of the run directory and compute ED per rule."""
-    present = [p for p in PROBES if (out / f"{p}_by_example.parquet").is_file()]  # earlier calls' too
-    per_example = {p: pl.read_parquet(out / f"{p}_by_example.parquet") for p in present}
-    curves = {p: pl.read_parquet(out / f"{p}.parquet") for p in present}  # the saved result of each probe
+    metadata = directory.read_metadata_or_fail()
+    per_example, curves = directory.read_probes()  # earlier calls' too
     n_layers = int(metadata["n_layers"])
     depth = effective_depth(
         per_example.get("cosine"),
@@ -425,10 +451,8 @@ def _summarize(settings: RunSettings, out: Path, metadata: dict, n_bootstrap: in
         summary["level"] = settings.level
     if settings.task in ("addition", "multiplication"):
         summary["digits"] = settings.digits
-    if (out / "depth_score.parquet").is_file():
-        scores = pl.read_parquet(out / "depth_score.parquet").filter(pl.col("example").is_null())
-        summary["depth_score"] = {
-            row["group"]: row["value"] for row in scores.filter(metric="depth_score").iter_rows(named=True)
-        }
-    atomic_write_json(out / "effective_depth.json", summary)
-    return RunResult(out, curves, per_example, depth, summary)
+    if "depth_score" in curves:
+        scores = curves["depth_score"].filter(pl.col("example").is_null(), metric="depth_score")
+        summary["depth_score"] = {row["group"]: row["value"] for row in scores.iter_rows(named=True)}
+    directory.write_json("effective_depth.json", summary)
+    return RunResult(directory.path, curves, per_example, depth, summary, metadata)

@@ -1,8 +1,13 @@
-"""Run directories: effdepth writes only into its own, never deletes a file it did not write, and
-lets one run at a time write into a directory.
+"""Run directories — the cache format, read and written here only — and their safety: effdepth
+writes only into its own, never deletes a file it did not write, and lets one run at a time write
+into a directory.
 
-A run directory is one whose ``metadata.json`` effdepth wrote (it carries the run's ``key`` and
-``effdepth_version``). Before any model loads, ``RunDirectory.open`` refuses an ``--out`` that is a
+Layout: ``metadata.json`` (settings, key, provenance, time per probe; written first, so it marks the
+directory as effdepth's), ``examples.jsonl``, per probe ``<probe>.parquet`` (its saved result) and
+``<probe>_by_example.parquet`` (written last: marks the probe done), derived frames such as
+``depth_score.parquet``, and ``effective_depth.json``. Every file is written to a temporary name
+and renamed. A run directory is one whose ``metadata.json`` carries a ``key`` and
+``effdepth_version``. Before any model loads, ``RunDirectory.open`` refuses an ``--out`` that is a
 file, cannot be created, is a non-empty directory of someone else's files, holds a run with other
 parameters (unless ``overwrite``), or is being written by another effdepth process (a lock file).
 """
@@ -15,12 +20,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import polars as pl
+
 from .errors import EffdepthError
 
 LOCK_NAME = ".effdepth.lock"
 METADATA = "metadata.json"
+EXAMPLES = "examples.jsonl"
 _TMP = re.compile(r"^\..+\.tmp-\d+$")  # atomic_write_* temporaries: .<name>.tmp-<pid>
-_OWN_FIXED = {METADATA, "examples.jsonl", "effective_depth.json", LOCK_NAME}
+_OWN_FIXED = {METADATA, EXAMPLES, "effective_depth.json", LOCK_NAME}
 
 
 class OutputDirectoryError(EffdepthError):
@@ -34,6 +42,33 @@ def is_own_file(name: str, probes: tuple[str, ...]) -> bool:
     stem = name.removesuffix(".parquet")
     return name.endswith(".parquet") and (
         stem in probes or stem.removesuffix("_by_example") in probes or stem == "depth_score"
+    )
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, payload: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(payload, indent=2) + "\n").encode())
+
+
+def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    frame.write_parquet(tmp)
+    os.replace(tmp, path)
+
+
+def is_complete(out: Path, key: str, probes) -> bool:
+    """Whether ``out`` holds a finished run of ``key`` with every probe in ``probes``."""
+    metadata = read_metadata(out)
+    return (
+        metadata is not None
+        and metadata["key"] == key
+        and (out / EXAMPLES).is_file()
+        and all((out / f"{p}_by_example.parquet").is_file() for p in probes)
     )
 
 
@@ -63,6 +98,9 @@ class RunDirectory:
     stale: bool = False
     metadata: dict | None = None
     created: list[Path] = field(default_factory=list)  # directories this run made, deepest last
+    opened_metadata: dict | None = None  # what the directory held when opened
+    wrote: bool = False
+    finished: int = 0  # probes finished by this process
     _lock: int | None = None
 
     @classmethod
@@ -85,7 +123,8 @@ class RunDirectory:
                     f"({_differences(metadata.get('settings', {}), settings)}); "
                     "pass --overwrite to replace its effdepth files, or choose another --out"
                 )
-        directory = cls(out, probes, stale=metadata is not None and metadata["key"] != key, metadata=metadata)
+        stale = metadata is not None and metadata["key"] != key
+        directory = cls(out, tuple(probes), stale=stale, metadata=metadata, opened_metadata=metadata)
         directory._create()
         directory._acquire()
         return directory
@@ -152,6 +191,66 @@ class RunDirectory:
             if entry.is_file() and entry.name != LOCK_NAME and is_own_file(entry.name, self.probes):
                 entry.unlink()
         self.stale, self.metadata = False, None
+
+    # --- the cache format ---------------------------------------------------------------------
+
+    def has_probe(self, name: str) -> bool:
+        return not self.stale and (self.path / f"{name}_by_example.parquet").is_file()
+
+    def has_examples(self) -> bool:
+        return not self.stale and (self.path / EXAMPLES).is_file()
+
+    def start(self, metadata: dict, examples) -> dict:
+        """Begin (or continue) writing: replace a stale run's files, then write the metadata (kept
+        from an earlier call of the same run, with its probe timings) and the examples."""
+        previous = None if self.stale else self.metadata
+        self.clear_stale()
+        if previous is not None:
+            metadata["probes"] = previous.get("probes", {})
+        self.write_metadata(metadata)  # first: marks the directory as effdepth's
+        text = "".join(json.dumps(e.to_json()) + "\n" for e in examples)
+        atomic_write_bytes(self.path / EXAMPLES, text.encode())
+        self.metadata, self.wrote = metadata, True
+        return metadata
+
+    def write_metadata(self, metadata: dict) -> None:
+        atomic_write_json(self.path / METADATA, metadata)
+
+    def write_json(self, name: str, payload: dict) -> None:
+        atomic_write_json(self.path / name, payload)
+
+    def save_probe(self, name: str, per_example: pl.DataFrame, frames: dict[str, pl.DataFrame]) -> None:
+        """A finished probe: its saved frames, then its per-example frame (which marks it done)."""
+        for frame_name, frame in frames.items():
+            atomic_write_parquet(self.path / f"{frame_name}.parquet", frame)
+        atomic_write_parquet(self.path / f"{name}_by_example.parquet", per_example)
+        self.finished += 1
+
+    def read_metadata_or_fail(self) -> dict:
+        metadata = read_metadata(self.path)
+        if metadata is None or "n_layers" not in metadata:
+            raise EffdepthError(f"{self.path / METADATA} is missing or damaged; rerun with --overwrite")
+        return metadata
+
+    def read_probes(self) -> tuple[dict[str, pl.DataFrame], dict[str, pl.DataFrame]]:
+        """Per-example frames and saved frames (derived ones included) of every finished probe."""
+        done = [p for p in self.probes if (self.path / f"{p}_by_example.parquet").is_file()]
+        per_example = {p: pl.read_parquet(self.path / f"{p}_by_example.parquet") for p in done}
+        saved = {p: pl.read_parquet(self.path / f"{p}.parquet") for p in done}
+        for derived in ("depth_score",):
+            if (self.path / f"{derived}.parquet").is_file():
+                saved[derived] = pl.read_parquet(self.path / f"{derived}.parquet")
+        return per_example, saved
+
+    def discard_if_empty(self) -> None:
+        """After a failure: a new run directory in which no probe finished is removed again (only
+        the files this run wrote, and the directories it created)."""
+        if self.opened_metadata is not None or self.finished:
+            return
+        if self.wrote:
+            for name in (METADATA, EXAMPLES):
+                (self.path / name).unlink(missing_ok=True)
+        self.abandon()
 
     def release(self) -> None:
         """Drop the lock (the lock file goes with it)."""

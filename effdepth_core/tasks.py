@@ -56,7 +56,9 @@ def _vendored(relative: str) -> Iterable[dict]:
 def _hub(path: str, split: str, name: str | None = None) -> list[dict]:
     try:
         from datasets import load_dataset
-
+    except ImportError as exc:
+        raise TaskError("--source hub needs the datasets package: pip install 'effdepth[hub]'") from exc
+    try:
         return [dict(row) for row in load_dataset(path, name, split=split)]
     except Exception as exc:  # datasets raises many types for "offline"
         raise TaskError(
@@ -65,7 +67,7 @@ def _hub(path: str, split: str, name: str | None = None) -> list[dict]:
         ) from exc
 
 
-# --- formats (SPEC.md) -------------------------------------------------------------------
+# --- formats (docs/method.md) -------------------------------------------------------------------
 
 
 def gsm8k_example(question: str, worked_answer: str, index: int) -> Example:

@@ -1,12 +1,15 @@
-"""Hooks that read the residual stream of a decoder stack, always removed afterwards."""
+"""Hooks on a decoder stack — the one mechanism every probe uses to read or change a module's
+input or output (``intervene``) — plus tokenizing and batching prompts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from .errors import EffdepthError, NonFiniteActivationError
 from .models import LoadedModel
@@ -38,6 +41,71 @@ def require_finite(tensor: torch.Tensor, what: str, model: str) -> None:
         )
 
 
+# --- interventions: the one way effdepth reads or changes a module's input or output -------------
+
+HookFn = Callable[[torch.Tensor, dict], "torch.Tensor | None"]
+
+
+class Hook(NamedTuple):
+    """Call ``fn(hidden, kwargs)`` on ``module``'s hidden-state input (``where="input"``) or output
+    (``"output"``; the tensor, whatever tuple the module wraps it in). ``kwargs`` are the keyword
+    arguments of the call. ``fn`` returns a replacement tensor, or None to leave it (a read)."""
+
+    module: nn.Module
+    where: str
+    fn: HookFn
+
+
+def _input_hook(fn: HookFn):
+    def hook(module, args, kwargs):
+        if len(args) > 1:
+            raise RuntimeError(f"{type(module).__name__} got {len(args)} positional arguments; effdepth expects 1")
+        hidden = args[0] if args else kwargs["hidden_states"]
+        new = fn(hidden, kwargs)
+        if new is None:
+            return None
+        return ((new,), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+
+    return hook
+
+
+def _output_hook(fn: HookFn):
+    def hook(module, args, kwargs, output):
+        new = fn(first_tensor(output), kwargs)
+        if new is None:
+            return None
+        return (new, *output[1:]) if isinstance(output, tuple) else new
+
+    return hook
+
+
+@contextmanager
+def intervene(hooks: Sequence[Hook]) -> Iterator[None]:
+    """While active, every hook runs on each forward pass (hooks on one module run in the order
+    given); all are removed on exit, also after an error."""
+    handles = []
+    try:
+        for module, where, fn in hooks:
+            if where == "input":
+                handles.append(module.register_forward_pre_hook(_input_hook(fn), with_kwargs=True))
+            elif where == "output":
+                handles.append(module.register_forward_hook(_output_hook(fn), with_kwargs=True))
+            else:
+                raise ValueError(f"where must be 'input' or 'output', got {where!r}")
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def replace_positions(hidden: torch.Tensor, rows: torch.Tensor, positions: slice, value: torch.Tensor) -> torch.Tensor:
+    """``hidden`` ``[batch, token, d]`` with ``value`` (broadcastable) at ``positions`` of the batch
+    rows where ``rows`` (bool ``[batch]``) is true, elsewhere unchanged."""
+    mask = torch.zeros((*hidden.shape[:2], 1), dtype=torch.bool, device=hidden.device)
+    mask[rows.to(hidden.device), positions] = True
+    return torch.where(mask, value.to(hidden.device, hidden.dtype), hidden)
+
+
 @contextmanager
 def trace_layers(
     loaded: LoadedModel,
@@ -46,46 +114,38 @@ def trace_layers(
     check_finite: bool = True,
 ) -> Iterator[None]:
     """Call ``on_layer`` once per decoder layer during every forward pass inside the block."""
-    handles = []
     state: dict[int, dict[str, torch.Tensor]] = {}
 
-    def pre_hook(index: int):
-        def hook(module, args, kwargs):
-            h_in = args[0] if args else kwargs["hidden_states"]
-            if check_finite and index == 0:
-                require_finite(h_in, "the embedding output", loaded.name)
-            state[index] = {"h_in": h_in}
+    def record(index: int, key: str) -> HookFn:
+        def fn(hidden: torch.Tensor, kwargs: dict) -> None:
+            if key == "h_in":
+                if check_finite and index == 0:
+                    require_finite(hidden, "the embedding output", loaded.name)
+                state[index] = {}
+            state[index][key] = hidden
 
-        return hook
+        return fn
 
-    def sub_hook(index: int, key: str):
-        def hook(module, args, output):
-            state[index][key] = first_tensor(output)
-
-        return hook
-
-    def post_hook(index: int):
-        def hook(module, args, kwargs, output):
-            h_out = first_tensor(output)
+    def emit(index: int) -> HookFn:
+        def fn(h_out: torch.Tensor, kwargs: dict) -> None:
             if check_finite:
                 require_finite(h_out, f"the output of layer {index}", loaded.name)
             record = state.pop(index)
             on_layer(LayerTrace(index, record["h_in"], record.get("attn"), record.get("mlp"), h_out))
 
-        return hook
+        return fn
 
+    hooks = []
+    for index, layer in enumerate(loaded.layers):
+        hooks.append(Hook(layer, "input", record(index, "h_in")))
+        if sublayers:
+            attn, mlp = loaded.sublayers(index)
+            hooks += [Hook(attn, "output", record(index, "attn")), Hook(mlp, "output", record(index, "mlp"))]
+        hooks.append(Hook(layer, "output", emit(index)))
     try:
-        for index, layer in enumerate(loaded.layers):
-            handles.append(layer.register_forward_pre_hook(pre_hook(index), with_kwargs=True))
-            if sublayers:
-                attn, mlp = loaded.sublayers(index)
-                handles.append(attn.register_forward_hook(sub_hook(index, "attn")))
-                handles.append(mlp.register_forward_hook(sub_hook(index, "mlp")))
-            handles.append(layer.register_forward_hook(post_hook(index), with_kwargs=True))
-        yield
+        with intervene(hooks):
+            yield
     finally:
-        for handle in handles:
-            handle.remove()
         state.clear()
 
 

@@ -22,8 +22,6 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from .errors import EffdepthError
 
 CACHE_ENV = "EFFDEPTH_CACHE"
@@ -366,6 +364,8 @@ def ensure_model(alias: str, progress: bool = True) -> Path:
             f"cannot write the model cache {cache_dir()} ({exc.strerror or exc}); "
             f"set {CACHE_ENV} to a writable directory"
         ) from exc
+    from tqdm.auto import tqdm
+
     with workdir_cm as tmp:
         workdir = Path(tmp)
         partial = workdir / (entry.filename + ".partial")

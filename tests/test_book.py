@@ -13,11 +13,9 @@ import nbformat
 import polars as pl
 import pytest
 
-from effdepth_core import plots, reference
-from effdepth_core.book import SECTIONS, parameter_sets, toc_text
-from effdepth_core.errors import EffdepthError
-from effdepth_core.results import RunSettings, run
-from effdepth_core.study import (
+from effdepth_core.book import plots, reference
+from effdepth_core.book.runner import SECTIONS, parameter_sets, toc_text
+from effdepth_core.book.study import (
     difficulty_specs,
     difficulty_trend,
     expand_levels,
@@ -25,6 +23,8 @@ from effdepth_core.study import (
     task_label,
     task_settings,
 )
+from effdepth_core.errors import EffdepthError
+from effdepth_core.results import RunSettings, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -245,7 +245,7 @@ def test_run_study_reads_the_cache_and_reports_unloadable_models(tiny_dir, tmp_p
     for rule, label in (("cosine", "cosine"), ("logit_lens_kl", "lens KL"), ("logit_lens_overlap", "lens overlap")):
         row = summary.filter(rule=label).row(0, named=True)
         assert row["ed"] == direct.summary[rule]["ed"] and row["task"] == "addition 2 digits"
-    import effdepth_core.study as study_module
+    import effdepth_core.book.study as study_module
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a cached study must not load the model")

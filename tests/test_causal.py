@@ -15,7 +15,7 @@ from conftest import ARCHS, make_tiny, random_prompts
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
 from effdepth_core.probes import depth_score, depth_scores, erasure_map, integrated_gradients, skip_effects
-from effdepth_core.probes.answers import answer_split
+from effdepth_core.probes.answers import AnswerSplit, answer_split
 from effdepth_core.probes.erasure import _map_fast
 from effdepth_core.probes.igrad import make_baseline, quadrature_rule
 from effdepth_core.probes.skip import Intervention, _effects_fast, sample_positions
@@ -104,7 +104,7 @@ def test_erasing_with_the_true_residual_changes_nothing(arch):
     run = clean_run(loaded, ids)
     position = 5
     truth = torch.stack([h[0, position] for h in run.hidden])  # [L+1, d]: h_l at that position
-    effects = _map_fast(loaded, ids, 4, truth, max_rows=4)
+    effects = _map_fast(loaded, AnswerSplit(ids, 4), truth, max_rows=4)
     assert effects[:, position].abs().max() < 1e-6
     # other positions change the answer where the architecture lets them reach a position that
     # predicts an answer token (7..10 of the 11 run), and only there: with 4-token sliding windows

@@ -43,7 +43,7 @@ def _capture(loaded, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
 
 
 def naive_residual(loaded, prompts) -> dict[tuple[int, str], float]:
-    """Token-weighted means of the six SPEC §1 metrics, token by token in float64."""
+    """Token-weighted means of the six method.md §1 metrics, token by token in float64."""
     sums: dict[tuple[int, str], float] = {}
     total = 0
     for ids in prompts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -10,10 +11,41 @@ from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..tasks import Example
 
-AnswerInput = Example | tuple[torch.Tensor, int]
+
+class AnswerSplit(NamedTuple):
+    """A prompt's token ids whose last ``n_answer`` tokens are the answer (unpacks as ``ids, n_answer``)."""
+
+    ids: torch.Tensor  # [token]
+    n_answer: int
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.ids.numel())
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """The answer's token ids ``[n_answer]``."""
+        return self.ids[self.n_tokens - self.n_answer :]
+
+    @property
+    def measured(self) -> slice:
+        """The positions whose next-token distributions predict the answer tokens."""
+        return slice(self.n_tokens - 1 - self.n_answer, self.n_tokens - 1)
+
+    @property
+    def is_answer(self) -> torch.Tensor:
+        """Bool ``[token]``: which positions hold answer tokens."""
+        return torch.arange(self.n_tokens) >= self.n_tokens - self.n_answer
+
+    def without_last(self) -> torch.Tensor:
+        """The ids the answer probes run (by causality the last token predicts nothing measured)."""
+        return self.ids[:-1]
 
 
-def answer_split(loaded: LoadedModel, item: AnswerInput) -> tuple[torch.Tensor, int]:
+AnswerInput = Example | AnswerSplit | tuple[torch.Tensor, int]
+
+
+def answer_split(loaded: LoadedModel, item: AnswerInput) -> AnswerSplit:
     """Token ids of question + answer and the number A of trailing answer tokens.
 
     A is the part of the full tokenization past its longest common prefix with the question's
@@ -42,10 +74,10 @@ def answer_split(loaded: LoadedModel, item: AnswerInput) -> tuple[torch.Tensor, 
         raise EffdepthError(
             f"an example has {ids.numel()} tokens; model {loaded.name!r} takes at most {loaded.max_positions}"
         )
-    return ids, n_answer
+    return AnswerSplit(ids, n_answer)
 
 
-def answer_splits(loaded: LoadedModel, items: Sequence[AnswerInput]) -> list[tuple[torch.Tensor, int]]:
+def answer_splits(loaded: LoadedModel, items: Sequence[AnswerInput]) -> list[AnswerSplit]:
     if len(items) == 0:
         raise EffdepthError("no examples to probe: the task gave 0 examples")
     return [answer_split(loaded, item) for item in items]

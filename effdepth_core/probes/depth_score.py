@@ -1,4 +1,4 @@
-"""Depth score (SPEC §6, Csordás): d = Σ_l l·e_l / Σ_m e_m, with e_l a layer's importance — the
+"""Depth score (method.md §6, Csordás): d = Σ_l l·e_l / Σ_m e_m, with e_l a layer's importance — the
 effect on the output of skipping it (future tokens, whole layer, max over positions)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def depth_scores(
     """Depth score per example and per group (``groups``: example → label, e.g. a MATH level).
 
     Long frame ``group, example, metric, value``: ``depth_score`` per example; per group (example
-    null) ``depth_score`` of the group's importance (max over its prompts, as SPEC §3 reduces),
+    null) ``depth_score`` of the group's importance (max over its prompts, as method.md §3 reduces),
     and ``depth_score_mean`` / ``depth_score_std`` over its examples. A value that is not defined
     (no layer matters; the std of one example) is null.
     """

@@ -1,4 +1,4 @@
-"""Residual erasure (SPEC §4, Csordás Fig. 4b): replace one position's residual at one depth by the
+"""Residual erasure (method.md §4, Csordás Fig. 4b): replace one position's residual at one depth by the
 dataset mean and record the largest change in the distributions that predict the answer tokens.
 
 - ``method="slow"``: one full forward pass per (layer, position), as the published loop;
@@ -16,8 +16,18 @@ from tqdm import tqdm
 
 from ..models import LoadedModel
 from ..replay import clean_run, run_layers
-from ..trace import LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
-from .answers import AnswerInput, answer_splits
+from ..trace import (
+    Hook,
+    LayerTrace,
+    forward,
+    intervene,
+    iter_batches,
+    replace_positions,
+    require_finite,
+    tokenize,
+    trace_layers,
+)
+from .answers import AnswerInput, AnswerSplit, answer_splits
 from .output_change import output_change
 
 
@@ -39,18 +49,18 @@ def residual_means(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], b
     return (sums / count).float()
 
 
-def _map_fast(loaded, ids, n_answer, baselines, max_rows) -> torch.Tensor:
-    n_tokens = ids.numel()
-    run = clean_run(loaded, ids[:-1])  # the last token predicts nothing inside the prompt
-    measure = slice(n_tokens - 1 - n_answer, n_tokens - 1)  # positions predicting the answer tokens
-    effects = torch.zeros(loaded.n_layers + 1, n_tokens)  # [layer 0..L, position]
+def _map_fast(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int) -> torch.Tensor:
+    """The ``[layer 0..L, position]`` map: per layer, erased positions as batch rows replayed from it."""
+    run = clean_run(loaded, split.without_last())
+    measure = split.measured
+    effects = torch.zeros(loaded.n_layers + 1, split.n_tokens)  # [layer 0..L, position]
     with torch.inference_mode():
         clean_probs = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
         require_finite(clean_probs, "the final distribution (final norm + LM head)", loaded.name)
         for layer in range(loaded.n_layers + 1):
             base = baselines[layer].to(run.hidden[layer].device, run.hidden[layer].dtype)
-            for start in range(0, n_tokens - 1, max_rows):
-                positions = torch.arange(start, min(start + max_rows, n_tokens - 1))
+            for start in range(0, split.n_tokens - 1, max_rows):
+                positions = torch.arange(start, min(start + max_rows, split.n_tokens - 1))
                 hidden = run.hidden[layer].expand(len(positions), -1, -1).clone()  # [rows, token, d]
                 hidden[torch.arange(len(positions)), positions] = base
                 final = run_layers(loaded, run, layer, hidden)
@@ -58,37 +68,24 @@ def _map_fast(loaded, ids, n_answer, baselines, max_rows) -> torch.Tensor:
     return effects
 
 
-def _map_slow(loaded, ids, n_answer, baselines) -> torch.Tensor:
-    n_tokens = ids.numel()
-    measure = slice(n_tokens - 1 - n_answer, n_tokens - 1)
-    input_ids = ids.view(1, -1).to(loaded.input_device)
+def _map_slow(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor) -> torch.Tensor:
+    """The oracle: one full forward pass per (layer, position), the residual replaced through a hook
+    on the input of layer l (l < L) or the output of the last layer (l = L)."""
+    measure = split.measured
+    input_ids = split.ids.view(1, -1).to(loaded.input_device)
     with torch.inference_mode():
         clean_probs = torch.softmax(loaded.model(input_ids=input_ids).logits[0, measure].float(), dim=-1)
-    effects = torch.zeros(loaded.n_layers + 1, n_tokens)
+    effects = torch.zeros(loaded.n_layers + 1, split.n_tokens)
+    row = torch.ones(1, dtype=torch.bool)
     for layer in range(loaded.n_layers + 1):
-        for position in range(n_tokens):
-
-            def erase(tensor: torch.Tensor, layer: int = layer, position: int = position) -> torch.Tensor:
-                tensor = tensor.clone()
-                tensor[:, position] = baselines[layer].to(tensor.device, tensor.dtype)
-                return tensor
-
-            if layer < loaded.n_layers:  # replace the input of layer `layer`
-                hook = loaded.layers[layer].register_forward_pre_hook(
-                    lambda m, a, k, erase=erase: (
-                        ((erase(a[0]), *a[1:]), k) if a else (a, {**k, "hidden_states": erase(k["hidden_states"])})
-                    ),
-                    with_kwargs=True,
-                )
-            else:  # replace the final residual h_L
-                hook = loaded.layers[-1].register_forward_hook(
-                    lambda m, a, o, erase=erase: (erase(o[0]), *o[1:]) if isinstance(o, tuple) else erase(o)
-                )
-            try:
-                with torch.inference_mode():
-                    logits = loaded.model(input_ids=input_ids, use_cache=False).logits[0, measure]
-            finally:
-                hook.remove()
+        module, where = (loaded.layers[layer], "input") if layer < loaded.n_layers else (loaded.layers[-1], "output")
+        for position in range(split.n_tokens):
+            site = slice(position, position + 1)
+            hook = Hook(
+                module, where, lambda h, _, site=site, layer=layer: replace_positions(h, row, site, baselines[layer])
+            )
+            with intervene([hook]), torch.inference_mode():
+                logits = loaded.model(input_ids=input_ids, use_cache=False).logits[0, measure]
             probs = torch.softmax(logits.float(), dim=-1)
             effects[layer, position] = (probs - clean_probs).norm(dim=-1).amax().cpu()
     return effects
@@ -112,28 +109,29 @@ def erasure_map(
         raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
     splits = answer_splits(loaded, examples)
     if baselines is None:
-        baselines = residual_means(loaded, [ids for ids, _ in splits])
+        baselines = residual_means(loaded, [split.ids for split in splits])
     require_finite(baselines, "the mean residuals (erasure baselines)", loaded.name)
     if tuple(baselines.shape) != (loaded.n_layers + 1, loaded.d_model):
         raise ValueError(f"baselines must be [{loaded.n_layers + 1}, {loaded.d_model}], got {tuple(baselines.shape)}")
     frames = []
     with tqdm(total=len(splits), desc=f"erasure ({method})", unit="prompt", disable=not progress) as bar:
-        for example, (ids, n_answer) in enumerate(splits):
+        for example, split in enumerate(splits):
             effects = (
-                _map_fast(loaded, ids, n_answer, baselines, max_rows)
+                _map_fast(loaded, split, baselines, max_rows)
                 if method == "fast"
-                else _map_slow(loaded, ids, n_answer, baselines)
+                else _map_slow(loaded, split, baselines)
             )
             for layer in range(effects.shape[0]):
                 where = f"the effect of erasing layer {layer}'s residual (prompt {example})"
                 require_finite(effects[layer], where, loaded.name)
-            frames.append(_frame(loaded, example, ids, n_answer, effects))
+            frames.append(_frame(loaded, example, split, effects))
             bar.update(1)
     return pl.concat(frames)
 
 
-def _frame(loaded: LoadedModel, example: int, ids: torch.Tensor, n_answer: int, effects: torch.Tensor) -> pl.DataFrame:
+def _frame(loaded: LoadedModel, example: int, split: AnswerSplit, effects: torch.Tensor) -> pl.DataFrame:
     n_layers_plus, n_tokens = effects.shape
+    ids = split.ids
     tokens = [loaded.tokenizer.decode([i]) if loaded.tokenizer is not None else str(i) for i in ids.tolist()]
     layer = torch.arange(n_layers_plus).repeat_interleave(n_tokens)
     position = torch.arange(n_tokens).repeat(n_layers_plus)
@@ -143,7 +141,7 @@ def _frame(loaded: LoadedModel, example: int, ids: torch.Tensor, n_answer: int, 
             "layer": layer.numpy(),
             "position": position.numpy(),
             "token": [tokens[p] for p in position.tolist()],
-            "is_answer": (position >= n_tokens - n_answer).numpy(),
+            "is_answer": split.is_answer[position].numpy(),
             "metric": ["erasure_effect"] * (n_layers_plus * n_tokens),
             "value": effects.reshape(-1).double().numpy(),
         },

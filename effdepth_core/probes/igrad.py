@@ -1,4 +1,4 @@
-"""Integrated gradients per layer (SPEC §5, Csordás Fig. 4a).
+"""Integrated gradients per layer (method.md §5, Csordás Fig. 4a).
 
 For layer l, its output h = h_{l+1} is interpolated from a baseline b, x(α) = b + α(h − b), and
 Attribution[l, t] = Σ_d (h − b)[t, d] · ∫₀¹ ∂target/∂x(α)[t, d] dα, where the target is the summed
@@ -21,6 +21,7 @@ Baselines: ``"position-mean"`` (the layer's output averaged over positions; Csor
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -29,8 +30,8 @@ from tqdm import tqdm
 
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layers
-from ..trace import first_tensor, require_finite
-from .answers import AnswerInput, answer_splits
+from ..trace import Hook, intervene, require_finite
+from .answers import AnswerInput, AnswerSplit, answer_splits
 
 BASELINES = ("position-mean", "hidden-mean")
 QUADRATURES = ("riemann", "gauss", "adaptive")
@@ -60,116 +61,135 @@ def make_baseline(h: torch.Tensor, kind: str) -> torch.Tensor:
     raise ValueError(f"baseline must be one of {BASELINES}, got {kind!r}")
 
 
-def _target(loaded: LoadedModel, final: torch.Tensor, targets: torch.Tensor, measure: slice) -> torch.Tensor:
-    """Summed probability of the answer tokens ``targets`` ``[A]`` predicted at ``measure``: ``[rows]``."""
-    probs = torch.softmax(loaded.head(final[:, measure]).float(), dim=-1)  # [rows, A, vocab]
-    index = targets.to(probs.device).view(1, -1, 1).expand(probs.shape[0], -1, 1)
+def _target(loaded: LoadedModel, final: torch.Tensor, split: AnswerSplit) -> torch.Tensor:
+    """Summed probability of the answer tokens at the positions that predict them: ``[rows]``."""
+    probs = torch.softmax(loaded.head(final[:, split.measured]).float(), dim=-1)  # [rows, A, vocab]
+    index = split.targets.to(probs.device).view(1, -1, 1).expand(probs.shape[0], -1, 1)
     return probs.gather(-1, index).squeeze(-1).sum(-1)
 
 
-def _node_attributions(loaded, run: CleanRun, layer, baseline, targets, measure, nodes, max_rows) -> torch.Tensor:
-    """Σ_d (h − b)·∂target/∂x(α) per node and position, ``[node, token]`` float64 (rows batched)."""
-    h = run.hidden[layer + 1]
-    diff = h - baseline  # [1, token, d]
-    out = []
-    for start in range(0, len(nodes), max_rows):
-        alphas = nodes[start : start + max_rows].to(h.device, h.dtype).view(-1, 1, 1)
-        x = (baseline + alphas * diff).detach().requires_grad_(True)  # [rows, token, d]
-        with torch.enable_grad():
-            target = _target(loaded, run_layers(loaded, run, layer + 1, x), targets, measure)
-            (grad,) = torch.autograd.grad(target.sum(), x)
-        out.append((grad.double() * diff.double()).sum(-1).cpu())
-    return torch.cat(out)
+@dataclass
+class LayerPath:
+    """The straight path x(α) = b + α(h − b) from the baseline to layer ``layer``'s output, with the
+    target evaluated by replaying the layers above it (the fast path): nodes are batch rows."""
+
+    loaded: LoadedModel
+    run: CleanRun
+    split: AnswerSplit
+    layer: int
+    baseline: torch.Tensor  # [1, token, d]
+    max_rows: int = 16
+
+    @property
+    def h(self) -> torch.Tensor:
+        return self.run.hidden[self.layer + 1]
+
+    def _points(self, alphas: torch.Tensor) -> torch.Tensor:
+        a = alphas.to(self.h.device, self.h.dtype).view(-1, 1, 1)
+        return self.baseline + a * (self.h - self.baseline)  # [rows, token, d]
+
+    def targets_at(self, alphas: torch.Tensor) -> torch.Tensor:
+        """target(x(α)) for each α (forward passes only), ``[len(alphas)]`` float64."""
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(alphas), self.max_rows):
+                final = run_layers(
+                    self.loaded, self.run, self.layer + 1, self._points(alphas[start : start + self.max_rows])
+                )
+                out.append(_target(self.loaded, final, self.split).double().cpu())
+        return torch.cat(out)
+
+    def node_attributions(self, nodes: torch.Tensor) -> torch.Tensor:
+        """Σ_d (h − b)·∂target/∂x(α) per node and position, ``[node, token]`` float64."""
+        diff = self.h - self.baseline
+        out = []
+        for start in range(0, len(nodes), self.max_rows):
+            x = self._points(nodes[start : start + self.max_rows]).detach().requires_grad_(True)
+            with torch.enable_grad():
+                target = _target(self.loaded, run_layers(self.loaded, self.run, self.layer + 1, x), self.split)
+                (grad,) = torch.autograd.grad(target.sum(), x)
+            out.append((grad.double() * diff.double()).sum(-1).cpu())
+        return torch.cat(out)
+
+    def ends(self) -> torch.Tensor:
+        """[target(h), target(b)]."""
+        return self.targets_at(torch.tensor([1.0, 0.0]))
+
+    def fixed_rule(self, nodes: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attributions ``[token]`` under a fixed quadrature rule, and the path's ends."""
+        return (self.node_attributions(nodes) * weights.view(-1, 1)).sum(0), self.ends()
+
+    def adaptive(self, budget: int, rel_tol: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gauss panels refined where completeness fails: on a panel [a, b] the attributions must
+        sum to target(b) − target(a), so each panel's gap is an exact, free error indicator of the
+        path integral there. The panel with the largest gap is halved until the gaps add up to at
+        most ``rel_tol`` of the target change, or the budget of gradient evaluations is spent."""
+        base_nodes, base_weights = quadrature_rule("gauss", _PANEL_ORDER)
+        n_start = max(1, min(8, budget // _PANEL_ORDER))
+        edges = torch.linspace(0, 1, n_start + 1, dtype=torch.float64)
+        f_edges = self.targets_at(edges)
+
+        def panel_attributions(bounds: list[tuple[float, float]]) -> list[torch.Tensor]:
+            nodes = torch.cat([a + base_nodes * (b - a) for a, b in bounds])
+            per_node = self.node_attributions(nodes).view(len(bounds), _PANEL_ORDER, -1)
+            return [(per_node[i] * (base_weights * (b - a)).view(-1, 1)).sum(0) for i, (a, b) in enumerate(bounds)]
+
+        bounds = [(float(edges[i]), float(edges[i + 1])) for i in range(n_start)]
+        ends = {bound: (float(f_edges[i]), float(f_edges[i + 1])) for i, bound in enumerate(bounds)}
+        attributions = dict(zip(bounds, panel_attributions(bounds), strict=True))
+        used = n_start * _PANEL_ORDER
+        total_change = abs(float(f_edges[-1] - f_edges[0]))
+
+        def gap(bound: tuple[float, float]) -> float:
+            return abs(float(attributions[bound].sum()) - (ends[bound][1] - ends[bound][0]))
+
+        while used + 2 * _PANEL_ORDER <= budget and sum(map(gap, attributions)) > rel_tol * total_change + 1e-9:
+            worst = max(attributions, key=gap)
+            a, b = worst
+            middle = (a + b) / 2
+            f_middle = float(self.targets_at(torch.tensor([middle]))[0])
+            halves = [(a, middle), (middle, b)]
+            for half, value in zip(halves, panel_attributions(halves), strict=True):
+                attributions[half] = value
+            ends[halves[0]], ends[halves[1]] = (ends[worst][0], f_middle), (f_middle, ends[worst][1])
+            del attributions[worst], ends[worst]
+            used += 2 * _PANEL_ORDER
+        return sum(attributions.values()), torch.tensor([float(f_edges[-1]), float(f_edges[0])])
 
 
-def _targets_at(loaded, run: CleanRun, layer, baseline, targets, measure, alphas, max_rows) -> torch.Tensor:
-    """target(x(α)) for each α (forward passes only), ``[len(alphas)]`` float64."""
-    h = run.hidden[layer + 1]
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(alphas), max_rows):
-            a = alphas[start : start + max_rows].to(h.device, h.dtype).view(-1, 1, 1)
-            x = baseline + a * (h - baseline)
-            out.append(_target(loaded, run_layers(loaded, run, layer + 1, x), targets, measure).double().cpu())
-    return torch.cat(out)
-
-
-def _layer_fast(loaded, run: CleanRun, layer, baseline, targets, measure, nodes, weights, max_rows):
-    per_node = _node_attributions(loaded, run, layer, baseline, targets, measure, nodes, max_rows)
-    ends = _targets_at(loaded, run, layer, baseline, targets, measure, torch.tensor([1.0, 0.0]), max_rows)
-    return (per_node * weights.view(-1, 1)).sum(0), ends
-
-
-def _layer_adaptive(loaded, run: CleanRun, layer, baseline, targets, measure, budget, max_rows, rel_tol=1e-3):
-    """Gauss panels refined where completeness fails: on a panel [a, b] the attributions must sum
-    to target(b) − target(a), so each panel's gap is an exact, free error indicator of the path
-    integral there. The panel with the largest gap is halved until the gaps add up to at most
-    ``rel_tol`` of the target change, or the budget of gradient evaluations is spent."""
-    base_nodes, base_weights = quadrature_rule("gauss", _PANEL_ORDER)
-    n_start = max(1, min(8, budget // _PANEL_ORDER))
-    edges = torch.linspace(0, 1, n_start + 1, dtype=torch.float64)
-    f_edges = _targets_at(loaded, run, layer, baseline, targets, measure, edges, max_rows)
-
-    def panel_attributions(bounds: list[tuple[float, float]]) -> list[torch.Tensor]:
-        nodes = torch.cat([a + base_nodes * (b - a) for a, b in bounds])
-        per_node = _node_attributions(loaded, run, layer, baseline, targets, measure, nodes, max_rows)
-        per_node = per_node.view(len(bounds), _PANEL_ORDER, -1)
-        return [(per_node[i] * (base_weights * (b - a)).view(-1, 1)).sum(0) for i, (a, b) in enumerate(bounds)]
-
-    bounds = [(float(edges[i]), float(edges[i + 1])) for i in range(n_start)]
-    ends = {bound: (float(f_edges[i]), float(f_edges[i + 1])) for i, bound in enumerate(bounds)}
-    attributions = dict(zip(bounds, panel_attributions(bounds), strict=True))
-    used = n_start * _PANEL_ORDER
-    total_change = abs(float(f_edges[-1] - f_edges[0]))
-
-    def gap(bound: tuple[float, float]) -> float:
-        return abs(float(attributions[bound].sum()) - (ends[bound][1] - ends[bound][0]))
-
-    while used + 2 * _PANEL_ORDER <= budget and sum(map(gap, attributions)) > rel_tol * total_change + 1e-9:
-        worst = max(attributions, key=gap)
-        a, b = worst
-        middle = (a + b) / 2
-        f_middle = float(
-            _targets_at(loaded, run, layer, baseline, targets, measure, torch.tensor([middle]), max_rows)[0]
-        )
-        halves = [(a, middle), (middle, b)]
-        for half, value in zip(halves, panel_attributions(halves), strict=True):
-            attributions[half] = value
-        ends[halves[0]], ends[halves[1]] = (ends[worst][0], f_middle), (f_middle, ends[worst][1])
-        del attributions[worst], ends[worst]
-        used += 2 * _PANEL_ORDER
-    return sum(attributions.values()), torch.tensor([float(f_edges[-1]), float(f_edges[0])])
-
-
-def _layer_slow(loaded, ids, layer, baseline, targets, measure, nodes, weights):
-    """One full forward + backward of the whole model per step, the output of layer ``layer``
-    replaced by x(α) through a hook."""
-    input_ids = ids.view(1, -1).to(loaded.input_device)
+def _layer_slow(
+    loaded: LoadedModel,
+    split: AnswerSplit,
+    layer: int,
+    baseline: torch.Tensor,
+    nodes: torch.Tensor,
+    weights: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle: one full forward + backward of the whole model per step, the output of layer
+    ``layer`` replaced by x(α) through a hook."""
+    input_ids = split.without_last().view(1, -1).to(loaded.input_device)
     state: dict[str, torch.Tensor] = {}
 
-    def replace(module, args, output):
-        h = first_tensor(output)
-        x = (baseline.to(h.device) + state["alpha"] * (h - baseline.to(h.device))).detach().requires_grad_(True)
-        state["x"], state["diff"] = x, (h - baseline.to(h.device)).detach()
-        return (x, *output[1:]) if isinstance(output, tuple) else x
+    def replace(h: torch.Tensor, _) -> torch.Tensor:
+        b = baseline.to(h.device)
+        state["diff"] = (h - b).detach()
+        state["x"] = (b + state["alpha"] * state["diff"]).requires_grad_(True)
+        return state["x"]
 
-    def target_of(alpha: float, grad: bool):
+    def target_of(alpha: float, grad: bool) -> torch.Tensor:
         state["alpha"] = alpha
         with torch.enable_grad() if grad else torch.no_grad():
-            logits = loaded.model(input_ids=input_ids, use_cache=False).logits[0, measure]
+            logits = loaded.model(input_ids=input_ids, use_cache=False).logits[0, split.measured]
             probs = torch.softmax(logits.float(), dim=-1)
-            return probs.gather(-1, targets.view(-1, 1).to(probs.device)).sum()
+            return probs.gather(-1, split.targets.view(-1, 1).to(probs.device)).sum()
 
-    hook = loaded.layers[layer].register_forward_hook(replace)
-    try:
+    with intervene([Hook(loaded.layers[layer], "output", replace)]):
         grad_sum = 0.0
         for alpha, weight in zip(nodes.tolist(), weights.tolist(), strict=True):
             target = target_of(alpha, grad=True)
             (grad,) = torch.autograd.grad(target, state["x"])
             grad_sum = grad_sum + grad.double() * weight
         ends = torch.stack([target_of(1.0, grad=False), target_of(0.0, grad=False)])
-    finally:
-        hook.remove()
     return (state["diff"].double() * grad_sum).sum(-1)[0], ends
 
 
@@ -209,21 +229,17 @@ def integrated_gradients(
             rows[key].append(v)
 
     with tqdm(total=len(splits) * len(chosen), desc=f"igrad ({method})", unit="layer", disable=not progress) as bar:
-        for example, (ids, n_answer) in enumerate(splits):
-            n_tokens = ids.numel()
-            targets = ids[n_tokens - n_answer :]
-            measure = slice(n_tokens - 1 - n_answer, n_tokens - 1)
-            run = clean_run(loaded, ids[:-1])  # by causality the last token cannot matter
+        for example, split in enumerate(splits):
+            run = clean_run(loaded, split.without_last())  # by causality the last token cannot matter
             for layer in chosen:
                 base = make_baseline(run.hidden[layer + 1], baseline)
+                path = LayerPath(loaded, run, split, layer, base, max_rows)
                 if quadrature == "adaptive":
-                    attributions, ends = _layer_adaptive(loaded, run, layer, base, targets, measure, steps, max_rows)
+                    attributions, ends = path.adaptive(steps)
                 elif method == "fast":
-                    attributions, ends = _layer_fast(
-                        loaded, run, layer, base, targets, measure, nodes, weights, max_rows
-                    )
+                    attributions, ends = path.fixed_rule(nodes, weights)
                 else:
-                    attributions, ends = _layer_slow(loaded, ids[:-1], layer, base, targets, measure, nodes, weights)
+                    attributions, ends = _layer_slow(loaded, split, layer, base, nodes, weights)
                 attributions = torch.cat(
                     [attributions.cpu(), torch.zeros(1, dtype=attributions.dtype)]
                 )  # last token: 0

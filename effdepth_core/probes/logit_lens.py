@@ -1,4 +1,4 @@
-"""Logit lens: decode each layer's input with the model's own head (SPEC §2), streamed."""
+"""Logit lens: decode each layer's input with the model's own head (method.md §2), streamed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Residual contributions and their cosine similarity with the residual stream (SPEC §1)."""
+"""Residual contributions and their cosine similarity with the residual stream (method.md §1)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def residual_cosine(
     """Per-example, per-layer mean of cos/rel of attention, MLP and whole-layer contributions.
 
     Returns columns ``example, layer, metric, value, n_tokens``; collapse with
-    ``token_weighted_mean`` for the curves of SPEC §1. One forward pass; nothing per layer is kept.
+    ``token_weighted_mean`` for the curves of method.md §1. One forward pass; nothing per layer is kept.
     """
     token_lists = tokenize(loaded, prompts)
     sums = torch.zeros(len(token_lists), loaded.n_layers, len(RESIDUAL_METRICS))  # [example, layer, metric]

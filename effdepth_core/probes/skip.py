@@ -1,5 +1,5 @@
 """Layer skipping: the effect of skipping a layer (or its attention / MLP) on later layers'
-contributions and on the output distribution (SPEC §3, Csordás Fig. 3).
+contributions and on the output distribution (method.md §3, Csordás Fig. 3).
 
 Two paths give the same numbers:
 - ``method="slow"``: one full forward pass per intervention, as the published loops do (the oracle);
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import polars as pl
@@ -21,7 +20,7 @@ from tqdm import tqdm
 from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layer
-from ..trace import first_tensor, require_finite, tokenize
+from ..trace import Hook, intervene, replace_positions, require_finite, tokenize
 from .output_change import output_change
 
 SKIP_PARTS = ("layer", "attn", "mlp")
@@ -73,39 +72,23 @@ def interventions_for(
     return out
 
 
-@contextmanager
-def skip_hooks(loaded: LoadedModel, part: str, layer: int, rows: torch.Tensor, positions: slice):
-    """While active, layer ``layer`` (or its attention / MLP contribution) is skipped for batch rows
-    ``rows`` (bool ``[batch]``) at ``positions``: a skipped layer's output is its input; a skipped
-    sublayer adds nothing to the residual."""
-    block = loaded.layers[layer]
-    handles = []
-
-    def drop(module, args, output):
-        tensor = first_tensor(output)
-        mask = torch.zeros((*tensor.shape[:2], 1), dtype=torch.bool, device=tensor.device)
-        mask[rows.to(tensor.device), positions] = True
-        tensor = tensor.masked_fill(mask, 0.0)
-        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
-
-    def keep_input(module, args, kwargs, output):
-        h_in = args[0] if args else kwargs["hidden_states"]
-        tensor = first_tensor(output)
-        mask = torch.zeros((*tensor.shape[:2], 1), dtype=torch.bool, device=tensor.device)
-        mask[rows.to(tensor.device), positions] = True
-        tensor = torch.where(mask, h_in, tensor)
-        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
-
-    try:
-        if part == "layer":
-            handles.append(block.register_forward_hook(keep_input, with_kwargs=True))
-        else:
-            attn, mlp = loaded.sublayers(layer)
-            handles.append((attn if part == "attn" else mlp).register_forward_hook(drop))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+def skip_hooks(loaded: LoadedModel, part: str, layer: int, rows: torch.Tensor, positions: slice) -> list[Hook]:
+    """Hooks (for ``intervene``) that skip layer ``layer`` (or its attention / MLP contribution)
+    for batch rows ``rows`` (bool ``[batch]``) at ``positions``: a skipped layer's output is its
+    input; a skipped sublayer adds nothing to the residual."""
+    if part != "layer":
+        attn, mlp = loaded.sublayers(layer)
+        zero = torch.zeros(())
+        return [
+            Hook(
+                attn if part == "attn" else mlp, "output", lambda out, _: replace_positions(out, rows, positions, zero)
+            )
+        ]
+    block, seen = loaded.layers[layer], {}
+    return [
+        Hook(block, "input", lambda h_in, _: seen.__setitem__("h_in", h_in)),
+        Hook(block, "output", lambda out, _: replace_positions(out, rows, positions, seen["h_in"])),
+    ]
 
 
 def _relative_change(clean: torch.Tensor, changed: torch.Tensor) -> torch.Tensor:
@@ -134,7 +117,7 @@ def _effects_fast(
                 active += joining
             rows = torch.zeros(active, dtype=torch.bool)
             rows[active - joining : active] = True
-            with skip_hooks(loaded, part, layer, rows, group[0].skip):
+            with intervene(skip_hooks(loaded, part, layer, rows, group[0].skip)):
                 out = run_layer(loaded, run, layer, hidden)
             clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, measure]
             effects[:active, layer] = _relative_change(clean_delta, (out - hidden)[:, measure]).cpu()
@@ -150,25 +133,16 @@ def _effects_slow(
     n_layers = loaded.n_layers
     hidden: list[torch.Tensor | None] = [None] * (n_layers + 1)
 
-    def record_input(index: int):
-        return lambda module, args, kwargs: hidden.__setitem__(index, args[0] if args else kwargs["hidden_states"])
-
-    def record_last(module, args, output):
-        hidden[n_layers] = first_tensor(output)
+    def record(index: int):
+        return lambda h, _: hidden.__setitem__(index, h)
 
     rows = torch.ones(1, dtype=torch.bool)
     # the skip hooks go first: hooks run in registration order, and the recorders must see their effect
-    with skip_hooks(loaded, intervention.part, intervention.layer, rows, intervention.skip):
-        handles = [
-            layer.register_forward_pre_hook(record_input(i), with_kwargs=True) for i, layer in enumerate(loaded.layers)
-        ]
-        handles.append(loaded.layers[-1].register_forward_hook(record_last))
-        try:
-            with torch.inference_mode():
-                logits = loaded.model(input_ids=run.input_ids, use_cache=False).logits
-        finally:
-            for handle in handles:
-                handle.remove()
+    hooks = skip_hooks(loaded, intervention.part, intervention.layer, rows, intervention.skip)
+    hooks += [Hook(layer, "input", record(i)) for i, layer in enumerate(loaded.layers)]
+    hooks.append(Hook(loaded.layers[-1], "output", record(n_layers)))
+    with intervene(hooks), torch.inference_mode():
+        logits = loaded.model(input_ids=run.input_ids, use_cache=False).logits
     measure = intervention.measure
     effects = torch.zeros(1, n_layers)
     for layer in range(n_layers):
@@ -195,7 +169,7 @@ def skip_effects(
 
     Long frame: ``example, variant, position, part, skipped_layer, layer, metric, value`` with
     metric ``layer_effect`` (``layer`` = the layer measured) or ``output_effect`` (``layer`` null).
-    Reduce with ``skip_summary`` (max over positions and prompts, as SPEC §3).
+    Reduce with ``skip_summary`` (max over positions and prompts, as method.md §3).
     """
     if method not in ("fast", "slow"):
         raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")

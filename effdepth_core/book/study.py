@@ -14,11 +14,13 @@ from pathlib import Path
 
 import polars as pl
 
-from .errors import EffdepthError
-from .models import LoadedModel, load_model, needs_download, quiet_libraries
-from .results import DEFAULT_PROBES, PROBES, RunResult, RunSettings, default_out_dir, parse_probes, run
+from ..errors import EffdepthError
+from ..labels import RULE_LABELS
+from ..models import LoadedModel, load_model, needs_download, quiet_libraries
+from ..results import DEFAULT_PROBES, PROBES, RunResult, RunSettings, default_out_dir, parse_probes, run
+from ..rundir import is_complete
 
-RULES = {"cosine": "cosine", "logit_lens_kl": "lens KL", "logit_lens_overlap": "lens overlap"}
+RULES = RULE_LABELS
 _SETTING_NAMES = {f.name for f in fields(RunSettings)} - {"model", "task"}
 _SPEC_ONLY = {"task", "probes", "label"}
 
@@ -60,7 +62,7 @@ def expand_levels(spec: Mapping, key: str, setting: str) -> list[dict]:
     return [{**base, setting: value} for value in values]
 
 
-@dataclass
+@dataclass(repr=False)
 class RunRecord:
     """One (model, task spec): its settings and result, or why it could not run."""
 
@@ -71,12 +73,25 @@ class RunRecord:
     result: RunResult | None = None
     error: str | None = None
 
+    def __repr__(self) -> str:
+        state = "finished" if self.result is not None else f"failed: {self.error}" if self.error else "not run"
+        return f"RunRecord({self.model!r}, {self.label!r}, probes {', '.join(self.probes)}, {state})"
 
-@dataclass
+
+@dataclass(repr=False)
 class Study:
     """The runs of a grid, with long frames across all of them."""
 
     records: list[RunRecord] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        models = sorted({r.model for r in self.records})
+        failed = self.unavailable()
+        return (
+            f"Study({len(self.finished)} of {len(self.records)} runs finished, models {', '.join(models)}"
+            + (f"; could not run: {', '.join(failed)}" if failed else "")
+            + ")"
+        )
 
     @property
     def finished(self) -> list[RunRecord]:
@@ -90,7 +105,7 @@ class Study:
         """ED per (model, task, rule): ``ed, ratio, ci_low, ci_high, reason`` plus model facts."""
         rows = []
         for r in self.finished:
-            s, meta = r.result.summary, _metadata(r.result)
+            s, meta = r.result.summary, r.result.metadata
             for rule, rule_label in RULES.items():
                 if rule not in s:
                     continue
@@ -151,9 +166,8 @@ class Study:
         """Per-group depth scores (example null) of every run with the skip probe."""
         parts = []
         for r in self.finished:
-            path = r.result.out_dir / "depth_score.parquet"
-            if path.is_file():
-                scores = pl.read_parquet(path).filter(pl.col("example").is_null()).drop("example")
+            if "depth_score" in r.result.curves:
+                scores = r.result.curves["depth_score"].filter(pl.col("example").is_null()).drop("example")
                 parts.append(
                     scores.with_columns(
                         pl.lit(r.model).alias("model"),
@@ -203,28 +217,6 @@ def difficulty_trend(
     return out.with_columns(pl.when(pl.col("levels") >= 3).then(pl.col("spearman").fill_nan(None)).alias("spearman"))
 
 
-def _metadata(result: RunResult) -> dict:
-    import json
-
-    try:
-        return json.loads((result.out_dir / "metadata.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _complete(settings: RunSettings, probes: Sequence[str], out_dir: Path) -> bool:
-    """Whether ``results.run`` would find everything cached (and so need no model)."""
-    import json
-
-    try:
-        metadata = json.loads((out_dir / "metadata.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return metadata.get("key") == settings.key() and all(
-        (out_dir / f"{p}_by_example.parquet").is_file() for p in probes
-    )
-
-
 def run_study(
     models: Sequence[str],
     specs: Sequence[Mapping],
@@ -250,7 +242,7 @@ def run_study(
         loaded: LoadedModel | None = None
         for record in records:
             out_dir = default_out_dir(record.settings, results_dir, hashed=False)
-            if loaded is None and not _complete(record.settings, record.probes, out_dir):
+            if loaded is None and not is_complete(out_dir, record.settings.key(), record.probes):
                 try:
                     if not download and needs_download(model):
                         raise EffdepthError(f"{model} is not downloaded (this profile sets download: false)")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import polars as pl
 
+from ..labels import RULE_LABELS, format_ed
+
 PAPER = "paper (bf16 hub weights)"
 TASKS = ("hellaswag", "gsm8k", "aime24")
-RULES = ("cosine", "lens KL", "lens overlap")
+RULES = tuple(RULE_LABELS.values())
 # model (L) | cos H G A | KL H G A | overlap H G A — ED only; the ratio is (ED + 1) / L
 _TABLE1 = """
 DeepSeek-R1-Distill-Qwen-1.5B 28 | 17 16 17 | 20 1 24 | 23 23 24
@@ -65,9 +67,8 @@ def paper_model(hub_id: str) -> str | None:
 def wide_table(long: pl.DataFrame) -> pl.DataFrame:
     """Table-1 layout: one row per (source, model), a column per (rule, task) holding "ED (.ratio)"."""
     cells = long.with_columns(
-        pl.when(pl.col("ed").is_null())
-        .then(pl.lit("—"))
-        .otherwise(pl.format("{} ({})", pl.col("ed"), pl.col("ratio").round(2)))
+        pl.struct("ed", "ratio")
+        .map_elements(lambda c: format_ed(c["ed"], c["ratio"]), return_dtype=pl.String)
         .alias("cell"),
         pl.format("{} · {}", pl.col("rule"), pl.col("task")).alias("column"),
     )

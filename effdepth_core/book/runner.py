@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import EffdepthError
+from ..errors import EffdepthError
 
 SECTIONS = ("scale", "difficulty", "long_cot")
 PROFILES = ("quick", "full")

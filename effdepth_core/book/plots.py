@@ -3,12 +3,13 @@
 Every builder takes the long frames of ``study.Study`` and returns an ``alt.Chart`` (or a compound
 chart); ``show`` turns one into notebook output. That output is an HTML container plus a script
 that hands the Vega-Lite spec to the page's one copy of Vega (``effdepth-vega.js``, written into
-the site by the ``effdepth_core.sphinx_vega`` extension). No chart loads anything from a CDN. In
+the site by the ``effdepth_core.book.sphinx_vega`` extension). No chart loads anything from a CDN. In
 JupyterLab, display the chart itself (``chart``) instead.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import itertools
@@ -17,6 +18,9 @@ from collections.abc import Sequence
 
 import altair as alt
 import polars as pl
+
+from ..labels import RULE_LABELS
+from ..probes import skip_summary, token_weighted_mean
 
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 PALETTE = ["#1f6f8b", "#e07a1f", "#4c9a2a", "#b23a48", "#7a5195", "#8c8c8c"]
@@ -30,7 +34,7 @@ THEME = {
     "title": {"fontSize": 14, "anchor": "start", "fontWeight": "normal"},
     "range": {"category": PALETTE},
 }
-RULE_ORDER = ["cosine", "lens KL", "lens overlap"]
+RULE_ORDER = list(RULE_LABELS.values())
 SUBLAYERS = {"attn": "attention", "mlp": "MLP", "layer": "whole layer"}
 QUANTIZED_NOTE = "quantized GGUF weights, dequantized to float32"
 _counter = itertools.count()
@@ -186,6 +190,31 @@ def _pickers(chart: alt.Chart, frame: pl.DataFrame, fields: Sequence[str] = ("mo
 # --- one model ---------------------------------------------------------------------------
 
 
+def as_plot_frame(frame: pl.DataFrame, model: str | None = None, task: str | None = None) -> pl.DataFrame:
+    """A probe function's frame made plottable: per-example curves of the correlational probes are
+    collapsed (token-weighted mean), per-example skip frames reduced as ``skip_summary`` does, and
+    ``model`` / ``task`` columns added where missing (``model`` / ``task`` label them)."""
+    if "n_tokens" in frame.columns:
+        frame = token_weighted_mean(frame)
+    elif "skipped_layer" in frame.columns and "position" in frame.columns and "mean" not in frame.columns:
+        frame = skip_summary(frame)
+    labels = {"model": model, "task": task}
+    return frame.with_columns(
+        pl.lit(label or column).alias(column) for column, label in labels.items() if column not in frame.columns
+    )
+
+
+def _accepts_probe_frames(builder):
+    """Let a chart builder take what the probe functions return, with ``model=`` / ``task=`` labels."""
+
+    @functools.wraps(builder)
+    def wrapper(frame: pl.DataFrame, *args, model: str | None = None, task: str | None = None, **kwargs):
+        return builder(as_plot_frame(frame, model, task), *args, **kwargs)
+
+    return wrapper
+
+
+@_accepts_probe_frames
 def contribution_bars(cosine: pl.DataFrame, width: int = 560) -> alt.Chart:
     """Per layer: cosine of each sublayer's write with the residual it reads (top) and its size
     relative to that residual (bottom); dropdowns pick the model and task, the legend highlights a
@@ -214,6 +243,7 @@ def contribution_bars(cosine: pl.DataFrame, width: int = 560) -> alt.Chart:
     return _pickers(alt.vconcat(cos.add_params(pick), rel, data=frame), frame)
 
 
+@_accepts_probe_frames
 def lens_curves(
     lens: pl.DataFrame, summary: pl.DataFrame | None = None, overlap_threshold: float = 0.3
 ) -> alt.HConcatChart:
@@ -260,8 +290,9 @@ def lens_curves(
     )
 
 
+@_accepts_probe_frames
 def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
-    """Max relative change of each later layer's contribution when one layer is skipped (SPEC §3);
+    """Max relative change of each later layer's contribution when one layer is skipped (method.md §3);
     a dropdown picks what is skipped (whole layer, attention, MLP)."""
     frame = _rounded(
         skip.filter(pl.col("metric") == "layer_effect", pl.col("variant") == variant).select(
@@ -286,6 +317,7 @@ def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
     return _pickers(chart, frame, ("model",))
 
 
+@_accepts_probe_frames
 def output_effect_bars(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
     """Max change of the output distribution (L2) when one layer / sublayer is skipped, with the
     mean over prompts as a tick."""
@@ -330,8 +362,9 @@ def _token_labels(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+@_accepts_probe_frames
 def erasure_heatmap(erasure: pl.DataFrame) -> alt.Chart:
-    """Max change of the answer-token distributions when h_l[t] is replaced by its mean (SPEC §4);
+    """Max change of the answer-token distributions when h_l[t] is replaced by its mean (method.md §4);
     answer tokens are outlined; dropdowns pick the model and the prompt."""
     frame = _token_labels(_rounded(erasure)).select("model", "example", "layer", "token_label", "is_answer", "value")
     chart = (
@@ -349,9 +382,10 @@ def erasure_heatmap(erasure: pl.DataFrame) -> alt.Chart:
     return _pickers(chart, frame, ("model", "example"))
 
 
+@_accepts_probe_frames
 def attribution_heatmap(igrad: pl.DataFrame, tokens: pl.DataFrame | None = None) -> alt.Chart:
     """Integrated-gradient attribution of the answer probability to each layer's output at each
-    token (SPEC §5); ``tokens`` (model, example, position, token) labels the x axis, e.g. the
+    token (method.md §5); ``tokens`` (model, example, position, token) labels the x axis, e.g. the
     erasure frame; dropdowns pick the model and the prompt."""
     keys = ["model", "example", "position"]
     frame = igrad.filter(pl.col("metric") == "attribution").select(*keys, "layer", "value")
@@ -376,6 +410,7 @@ def attribution_heatmap(igrad: pl.DataFrame, tokens: pl.DataFrame | None = None)
     return _pickers(chart, frame, ("model", "example"))
 
 
+@_accepts_probe_frames
 def completeness_bars(igrad: pl.DataFrame) -> alt.Chart:
     """Per layer and prompt: Σ attributions − (target(h) − target(b)), relative to the target change."""
     wide = (

@@ -3,7 +3,7 @@ with no network.
 
 It writes ``_static/effdepth-vega.js`` (the libraries bundled by ``vl-convert-python``, plus the
 code that renders every chart container ``plots.show`` emitted) and adds it to every page. Enable
-it in ``book/_config.yml``: ``sphinx: extra_extensions: [effdepth_core.sphinx_vega]``.
+it in ``book/_config.yml``: ``sphinx: extra_extensions: [effdepth_core.book.sphinx_vega]``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""The reproduction book's layer: study grids, Altair charts, the paper's Table 1, the papermill
+runner and the Sphinx extension. Needs the ``[book]`` extra; the measurement core never imports it."""

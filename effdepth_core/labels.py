@@ -1,0 +1,34 @@
+"""Names and formats shown to people, defined once: probes, ED rules and their labels, and the
+"ED (ratio) [interval]" cell. Import-light (no torch), so the command line starts fast."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+PROBE_NAMES = ("cosine", "logit_lens", "skip", "erasure", "igrad")
+DEFAULT_PROBES = ("cosine", "logit_lens")
+
+# ED rule key (as in effective_depth.json) → label (tables, charts); method.md §1–§2 define them
+RULE_LABELS: dict[str, str] = {"cosine": "cosine", "logit_lens_kl": "lens KL", "logit_lens_overlap": "lens overlap"}
+
+CELL_LEGEND = "each cell: ED (ratio (ED+1)/L) [95 % bootstrap interval of ED over prompts]"
+
+
+def format_ed(ed: int | None, ratio: float | None, ci_low: int | None = None, ci_high: int | None = None) -> str:
+    """``"20 (0.70) [16–20]"``: ED, its ratio with two decimals, and the bootstrap interval when known;
+    ``"—"`` when the rule found no layer."""
+    if ed is None or ratio is None:
+        return "—"
+    text = f"{ed} ({ratio:.2f})"
+    if ci_low is not None and ci_high is not None:
+        text += f" [{ci_low}–{ci_high}]"
+    return text
+
+
+def format_rule(entry: Mapping | None) -> str:
+    """One rule's entry of ``effective_depth.json`` as a cell (``undefined`` when ED is null)."""
+    if not entry:
+        return "—"
+    if entry.get("ed") is None:
+        return "undefined"
+    return format_ed(entry["ed"], entry["ratio"], entry.get("ci_low"), entry.get("ci_high"))

@@ -1,0 +1,108 @@
+"""The design, checked: imports run one way (models → trace/replay → probes → results → cli/book),
+the core never imports the book layer, and the command line starts without torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "effdepth_core"
+
+# lower layers never import higher ones (modules of one layer may import each other)
+LAYERS = {
+    "errors": 0,
+    "labels": 0,
+    "zoo": 1,
+    "tasks": 1,
+    "models": 2,
+    "trace": 3,
+    "replay": 4,
+    "probes": 5,
+    "depth": 5,
+    "provenance": 5,
+    "rundir": 5,
+    "results": 6,
+    "cli": 7,
+    "book": 7,
+}
+# The one door from the core to the book layer: `effdepth book` imports the papermill runner inside
+# its command function, after checking that the [book] extra is installed.
+BOOK_ENTRY = ("effdepth_core.cli", "effdepth_core.book.runner")
+
+
+def _layer(module: str) -> int:
+    """Layer of ``effdepth_core.x.y`` (by its first part below the package)."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1].startswith("__"):  # the package itself (lazy exports, __version__)
+        return -1
+    return LAYERS[parts[1]]  # a KeyError: a new module needs its layer in LAYERS
+
+
+def _imports(path: Path) -> set[str]:
+    """effdepth_core modules imported anywhere in ``path`` (function-level imports included)."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+                names = [f"{target}.{a.name}" for a in node.names] if not node.module else [target]
+            else:
+                names = [node.module or ""]
+            found.update(n for n in names if n.startswith("effdepth_core"))
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("effdepth_core"))
+    return found
+
+
+def test_every_module_has_a_layer_and_imports_only_downwards():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        if module == "effdepth_core":
+            continue
+        own = _layer(module)
+        for target in _imports(path):
+            if target == "effdepth_core":  # `from . import __version__`
+                continue
+            assert _layer(target) <= own, f"{module} (layer {own}) imports {target} (layer {_layer(target)})"
+
+
+def test_the_core_never_imports_the_book_layer():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "book" in path.relative_to(PACKAGE).parts:
+            continue
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        book = [t for t in _imports(path) if t.startswith("effdepth_core.book") and (module, t) != BOOK_ENTRY]
+        assert not book, f"{module} imports the book layer: {book}"
+    tree = ast.parse((PACKAGE / "cli.py").read_text())
+    top_level = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in top_level if m and m.startswith("book")}  # the door is inside a function
+
+
+def test_a_higher_import_is_caught(tmp_path):
+    bad = tmp_path / "effdepth_core" / "trace.py"
+    bad.parent.mkdir()
+    bad.write_text("from .results import run\n")
+    assert "effdepth_core.results" in _imports_of(bad, tmp_path)
+
+
+def _imports_of(path: Path, root: Path) -> set[str]:
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, root / "effdepth_core"
+    try:
+        return _imports(path)
+    finally:
+        PACKAGE = saved
+
+
+def test_the_command_line_starts_without_torch():
+    code = (
+        "import sys; from effdepth_core.cli import build_parser; build_parser().format_help(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'polars', 'altair', 'papermill') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
