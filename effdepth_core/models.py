@@ -224,8 +224,20 @@ def truncate_layers(loaded: LoadedModel, n_layers: int) -> LoadedModel:
     return wrap_model(model, loaded.tokenizer, name=f"{loaded.name}[:{n_layers}]")
 
 
+def check_device(device: str) -> None:
+    """One-line error for a device torch cannot name (before anything loads)."""
+    import re
+
+    if device in ("auto", "cpu", "mps") or re.fullmatch(r"cuda(:\d+)?", device):
+        if device == "mps" and not torch.backends.mps.is_available():
+            raise ModelNotFoundError("--device mps was asked for but this torch has no MPS backend; use --device cpu")
+        return
+    raise ModelNotFoundError(f"unknown --device {device!r}; use auto, cpu, cuda, cuda:N or mps")
+
+
 def resolve_device(device: str) -> str:
     """``auto`` → cuda when available, else cpu."""
+    check_device(device)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -364,6 +376,7 @@ def load_model(
     device: str = "auto",
     dtype: str | torch.dtype = "auto",
     device_map: str | None = None,
+    progress: bool = True,
 ) -> LoadedModel:
     """Load ``spec``: an offline alias (see ``effdepth models``), a local HF directory, a ``.gguf``
     file, or a Hugging Face hub id. ``device_map="auto"`` spreads a large model over devices."""
@@ -376,7 +389,7 @@ def load_model(
     name = spec
     path = Path(spec).expanduser()
     if spec in ZOO:
-        gguf = ensure_model(spec)
+        gguf = ensure_model(spec, progress=progress)
         source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
     elif path.is_file():  # a GGUF file (preflight checked its header)
         source, kwargs = str(path.parent), {"gguf_file": path.name}

@@ -62,8 +62,8 @@ def _skip(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -
         loaded,
         _prompts(examples),
         n_positions=settings.skip_positions,
-        parts=settings.skip_parts.split(","),
-        variants=settings.skip_variants.split(","),
+        parts=names_of(settings.skip_parts),
+        variants=names_of(settings.skip_variants),
         seed=settings.seed,
         method=settings.method,
         progress=settings.progress,
@@ -86,7 +86,10 @@ def _igrad(loaded: LoadedModel, examples: list[Example], settings: RunSettings) 
     )
 
 
-def _depth_score(skip: pl.DataFrame, examples: list[Example]) -> pl.DataFrame:
+def _depth_score(skip: pl.DataFrame, examples: list[Example]) -> pl.DataFrame | None:
+    """The depth score needs the future-token, whole-layer skips (None when they were not run)."""
+    if skip.filter(variant="future", part="layer", metric="output_effect").is_empty():
+        return None
     return depth_scores(skip, {i: _group_label(e) for i, e in enumerate(examples)})
 
 
@@ -98,7 +101,7 @@ class Probe:
 
     compute: Callable[[LoadedModel, list[Example], RunSettings], pl.DataFrame]
     aggregate: Callable[[pl.DataFrame], pl.DataFrame] | None = None  # None: per-example frame is the result
-    derives: dict[str, Callable[[pl.DataFrame, list[Example]], pl.DataFrame]] = field(default_factory=dict)
+    derives: dict[str, Callable[[pl.DataFrame, list[Example]], pl.DataFrame | None]] = field(default_factory=dict)
 
 
 PROBES: dict[str, Probe] = {
@@ -156,6 +159,15 @@ class RunSettings:
         model_path = Path(self.model).expanduser()
         if model_path.exists():  # a path: the same spelling elsewhere is another model
             fields["model_path"] = str(model_path.resolve())
+        if self.dtype == "auto":  # the dtype it resolves to changes the numbers (bf16 on a GPU)
+            from .models import resolve_device, resolve_dtype
+
+            try:
+                resolved = str(resolve_dtype("auto", resolve_device(self.device))).removeprefix("torch.")
+            except EffdepthError:
+                resolved = "float32"  # an unusable device is refused before the run starts
+            if resolved != "float32":  # float32 keeps the key results cached before this was added
+                fields["dtype"] = f"auto:{resolved}"
         fields["version"] = __version__
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -214,7 +226,9 @@ def _group_label(example: Example) -> str:
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(text).stem if text.endswith((".jsonl", ".gguf")) else text).strip("_")
+    """A file-name-safe form of a model or task spec (never hidden: no leading dot)."""
+    name = Path(text).stem if text.endswith((".jsonl", ".gguf")) else text
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "model"
 
 
 def default_out_dir(settings: RunSettings, root: Path | str = "results", hashed: bool = True) -> Path:
@@ -228,6 +242,11 @@ def default_out_dir(settings: RunSettings, root: Path | str = "results", hashed:
     if settings.task in ("addition", "multiplication"):
         name += f"-digits{settings.digits}"
     return Path(root) / slug(settings.model) / (f"{name}-{settings.key()[:8]}" if hashed else name)
+
+
+def names_of(text: str) -> list[str]:
+    """The names in a comma list (spaces around them ignored)."""
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def parse_probes(probes: str | Sequence[str]) -> list[str]:
@@ -262,6 +281,11 @@ def check_settings(settings: RunSettings, probes: Sequence[str], vocab_size: int
             raise EffdepthError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(settings, name)}")
     if settings.max_tokens is not None and settings.max_tokens < 1:
         raise EffdepthError(f"--max-tokens must be at least 1, got {settings.max_tokens}")
+    from .models import check_device
+
+    check_device(settings.device)
+    if settings.max_tokens is not None and settings.task in ("addition", "multiplication"):
+        raise EffdepthError(f"--max-tokens applies to data-set tasks, not {settings.task} (its prompts are short)")
     if settings.level is not None:
         if settings.task != "math":
             raise EffdepthError(f"--level applies to the math task only, not {settings.task!r}")
@@ -274,7 +298,7 @@ def check_settings(settings: RunSettings, probes: Sequence[str], vocab_size: int
     if vocab_size is not None and settings.top_k > vocab_size:
         raise EffdepthError(f"--top-k {settings.top_k} exceeds the vocabulary of {settings.model} ({vocab_size})")
     if "skip" in probes:
-        check_skip_options(settings.skip_parts.split(","), settings.skip_variants.split(","))
+        check_skip_options(names_of(settings.skip_parts), names_of(settings.skip_variants))
     if "igrad" in probes:
         if settings.igrad_quadrature not in QUADRATURES:
             raise EffdepthError(f"--igrad-quadrature must be one of {', '.join(QUADRATURES)}")
@@ -331,7 +355,7 @@ def _plan(settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, ex
     if examples is None:
         preview = _load_examples(settings, loaded)  # checks the task and n
         examples = None if loaded is None and _needs_tokenizer(settings) else preview
-    out = Path(out_dir) if out_dir is not None else default_out_dir(settings)
+    out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(settings)
     return _Plan(names, out, settings.key(), examples)
 
 
@@ -339,7 +363,11 @@ def _load(settings: RunSettings, names: list[str], loaded: LoadedModel | None, e
     """The model (unless given) and the final examples; warns when a token filter kept fewer than asked."""
     if loaded is None:
         loaded = load_model(
-            settings.model, device=settings.device, dtype=settings.dtype, device_map=settings.device_map
+            settings.model,
+            device=settings.device,
+            dtype=settings.dtype,
+            device_map=settings.device_map,
+            progress=settings.progress,
         )
     check_settings(settings, names, loaded.vocab_size)
     if examples is None or _needs_tokenizer(settings):
@@ -354,16 +382,19 @@ def _load(settings: RunSettings, names: list[str], loaded: LoadedModel | None, e
     return loaded, examples
 
 
-def _compute(directory: RunDirectory, name: str, loaded: LoadedModel, examples: list[Example], settings) -> None:
-    """Run one probe, derive what it derives, check every number is finite, and save them."""
+def _compute(name: str, loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> dict[str, pl.DataFrame]:
+    """Run one probe and derive what it derives; every number checked finite. Returns the frames to
+    save: ``<name>_by_example`` (per example), ``<name>`` and the derived ones."""
     probe = PROBES[name]
     per_example = probe.compute(loaded, examples, settings)
     frames = {name: per_example if probe.aggregate is None else probe.aggregate(per_example)}
     for derived, derive in probe.derives.items():
-        frames[derived] = derive(per_example, examples)
+        frame = derive(per_example, examples)
+        if frame is not None:
+            frames[derived] = frame
     for label, frame in [(name, per_example), *frames.items()]:
         _require_finite_frame(frame, label.replace("_", " "))
-    directory.save_probe(name, per_example, frames)
+    return {f"{name}_by_example": per_example, **frames}
 
 
 def run(
@@ -389,12 +420,17 @@ def run(
         missing = [p for p in plan.names if not directory.has_probe(p)]
         if missing or not directory.has_examples():
             loaded, examples = _load(settings, plan.names, loaded, plan.examples)
-            metadata = directory.start(_new_metadata(settings, plan.key, loaded, examples), examples)
-            for name in missing:
+            metadata = None
+            for name in missing or [None]:
                 started = time.perf_counter()
-                _compute(directory, name, loaded, examples, settings)
-                metadata["probes"][name] = {"seconds": round(time.perf_counter() - started, 2)}
-                directory.write_metadata(metadata)
+                frames = _compute(name, loaded, examples, settings) if name else {}
+                if metadata is None:  # only once the first probe succeeded: --overwrite replaces a run here
+                    metadata = directory.start(_new_metadata(settings, plan.key, loaded, examples), examples)
+                if name:
+                    directory.save_probe(name, frames)
+                    metadata["probes"][name] = {"seconds": round(time.perf_counter() - started, 2)}
+                    directory.write_metadata(metadata)
+                    directory.metadata = metadata
         return _summarize(settings, directory, n_bootstrap)
     except BaseException:
         directory.discard_if_empty()  # a new run that produced nothing leaves nothing
@@ -428,7 +464,7 @@ def _new_metadata(settings: RunSettings, key: str, loaded: LoadedModel, examples
 def _summarize(settings: RunSettings, directory: RunDirectory, n_bootstrap: int) -> RunResult:
     """Read every finished probe of the run directory and compute ED per rule."""
     metadata = directory.read_metadata_or_fail()
-    per_example, curves = directory.read_probes()  # earlier calls' too
+    per_example, curves = directory.read_probes(metadata)  # earlier calls' too
     n_layers = int(metadata["n_layers"])
     depth = effective_depth(
         per_example.get("cosine"),

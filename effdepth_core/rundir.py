@@ -27,8 +27,10 @@ from .errors import EffdepthError
 LOCK_NAME = ".effdepth.lock"
 METADATA = "metadata.json"
 EXAMPLES = "examples.jsonl"
-_TMP = re.compile(r"^\..+\.tmp-\d+$")  # atomic_write_* temporaries: .<name>.tmp-<pid>
-_OWN_FIXED = {METADATA, EXAMPLES, "effective_depth.json", LOCK_NAME}
+SUMMARY = "effective_depth.json"
+DERIVED = ("depth_score",)  # frames derived from a probe's (skip → depth_score)
+_OWN_FIXED = {METADATA, EXAMPLES, SUMMARY, LOCK_NAME}
+_TMP = re.compile(r"^\.(?P<name>.+)\.effdepth-tmp-\d+$")  # atomic_write_*: .<own file name>.effdepth-tmp-<pid>
 
 
 class OutputDirectoryError(EffdepthError):
@@ -36,17 +38,27 @@ class OutputDirectoryError(EffdepthError):
 
 
 def is_own_file(name: str, probes: tuple[str, ...]) -> bool:
-    """Whether effdepth writes files of this name into a run directory."""
-    if name in _OWN_FIXED or _TMP.match(name):
+    """Whether effdepth writes files of this name into a run directory (for ``probes``)."""
+    if name in _OWN_FIXED:
         return True
     stem = name.removesuffix(".parquet")
     return name.endswith(".parquet") and (
-        stem in probes or stem.removesuffix("_by_example") in probes or stem == "depth_score"
+        stem in probes or stem.removesuffix("_by_example") in probes or (stem in DERIVED and "skip" in probes)
     )
 
 
+def is_own_temporary(path: Path, probes: tuple[str, ...]) -> bool:
+    """A temporary file of effdepth's atomic writes (a file, named after one of its own files)."""
+    match = _TMP.match(path.name)
+    return bool(match) and is_own_file(match["name"], probes) and path.is_file() and not path.is_symlink()
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.effdepth-tmp-{os.getpid()}")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = _temporary(path)
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
@@ -56,7 +68,7 @@ def atomic_write_json(path: Path, payload: dict) -> None:
 
 
 def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = _temporary(path)
     frame.write_parquet(tmp)
     os.replace(tmp, path)
 
@@ -73,19 +85,28 @@ def is_complete(out: Path, key: str, probes) -> bool:
 
 
 def read_metadata(out: Path) -> dict | None:
-    """The run directory's metadata, or None when ``out`` holds no effdepth metadata."""
+    """The run directory's metadata, or None when ``out`` holds no effdepth metadata (a missing,
+    unreadable or hand-damaged file is not effdepth's)."""
     try:
         metadata = json.loads((out / METADATA).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(metadata, dict) or "key" not in metadata or "effdepth_version" not in metadata:
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("key"), str) or "effdepth_version" not in metadata:
+        return None
+    if not isinstance(metadata.get("settings", {}), dict) or not isinstance(metadata.get("probes", {}), dict):
         return None
     return metadata
 
 
+def describes_a_run(metadata: dict) -> bool:
+    """Whether the metadata holds the model facts a finished start wrote (n_layers, n_examples)."""
+    return all(isinstance(metadata.get(k), int) and metadata[k] > 0 for k in ("n_layers", "n_examples"))
+
+
 def _differences(old: dict, new: dict) -> str:
     names = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in ("progress",))
-    return ", ".join(f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in names[:4]) or "the task file's content"
+    listed = ", ".join(f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in names[:4])
+    return listed or "the same options, but another task file content, model path or effdepth version"
 
 
 @dataclass
@@ -112,9 +133,15 @@ class RunDirectory:
             if not out.is_dir():
                 raise OutputDirectoryError(f"--out {out} is a file, not a directory; choose a directory")
             metadata = read_metadata(out)
-            if metadata is None and any(p.name != LOCK_NAME and not _TMP.match(p.name) for p in out.iterdir()):
+            others = [p for p in out.iterdir() if p.name != LOCK_NAME and not is_own_temporary(p, probes)]
+            if metadata is None and others:
+                what = (
+                    f"its {METADATA} is not effdepth's or is damaged"
+                    if (out / METADATA).exists()
+                    else (f"no effdepth {METADATA}")
+                )
                 raise OutputDirectoryError(
-                    f"--out {out} is not empty and is not an effdepth run directory (no effdepth {METADATA}); "
+                    f"--out {out} is not empty and is not an effdepth run directory ({what}); "
                     "effdepth never writes among other files: choose a new or empty directory"
                 )
             if metadata is not None and metadata["key"] != key and not overwrite:
@@ -179,7 +206,7 @@ class RunDirectory:
         os.write(fd, f"pid {os.getpid()}".encode())
         self._lock = fd
         for leftover in self.path.iterdir():  # temporaries of a killed run: we hold the lock, so none is live
-            if _TMP.match(leftover.name):
+            if is_own_temporary(leftover, self.probes):
                 leftover.unlink(missing_ok=True)
 
     def clear_stale(self) -> None:
@@ -187,15 +214,18 @@ class RunDirectory:
         only those: files effdepth did not write stay."""
         if not self.stale:
             return
+        written = tuple(p for p in (self.metadata or {}).get("probes", {}) if p in self.probes)  # by the old run
         for entry in self.path.iterdir():
-            if entry.is_file() and entry.name != LOCK_NAME and is_own_file(entry.name, self.probes):
+            if entry.is_file() and entry.name != LOCK_NAME and is_own_file(entry.name, written):
                 entry.unlink()
         self.stale, self.metadata = False, None
 
     # --- the cache format ---------------------------------------------------------------------
 
     def has_probe(self, name: str) -> bool:
-        return not self.stale and (self.path / f"{name}_by_example.parquet").is_file()
+        """Finished here: recorded in the metadata, and its marker file is present."""
+        recorded = name in (self.metadata or {}).get("probes", {})
+        return not self.stale and recorded and (self.path / f"{name}_by_example.parquet").is_file()
 
     def has_examples(self) -> bool:
         return not self.stale and (self.path / EXAMPLES).is_file()
@@ -206,7 +236,7 @@ class RunDirectory:
         previous = None if self.stale else self.metadata
         self.clear_stale()
         if previous is not None:
-            metadata["probes"] = previous.get("probes", {})
+            metadata["probes"] = dict(previous.get("probes", {}))
         self.write_metadata(metadata)  # first: marks the directory as effdepth's
         text = "".join(json.dumps(e.to_json()) + "\n" for e in examples)
         atomic_write_bytes(self.path / EXAMPLES, text.encode())
@@ -219,27 +249,43 @@ class RunDirectory:
     def write_json(self, name: str, payload: dict) -> None:
         atomic_write_json(self.path / name, payload)
 
-    def save_probe(self, name: str, per_example: pl.DataFrame, frames: dict[str, pl.DataFrame]) -> None:
-        """A finished probe: its saved frames, then its per-example frame (which marks it done)."""
+    def save_probe(self, name: str, frames: dict[str, pl.DataFrame]) -> None:
+        """A finished probe's frames, its per-example frame last (that one marks the probe done)."""
+        marker = f"{name}_by_example"
         for frame_name, frame in frames.items():
-            atomic_write_parquet(self.path / f"{frame_name}.parquet", frame)
-        atomic_write_parquet(self.path / f"{name}_by_example.parquet", per_example)
+            if frame_name != marker:
+                atomic_write_parquet(self.path / f"{frame_name}.parquet", frame)
+        atomic_write_parquet(self.path / f"{marker}.parquet", frames[marker])
         self.finished += 1
 
     def read_metadata_or_fail(self) -> dict:
         metadata = read_metadata(self.path)
-        if metadata is None or "n_layers" not in metadata:
-            raise EffdepthError(f"{self.path / METADATA} is missing or damaged; rerun with --overwrite")
+        if metadata is None or not describes_a_run(metadata):
+            raise EffdepthError(
+                f"{self.path / METADATA} is damaged (it lacks the run's model facts); delete the directory's effdepth "
+                "files or choose another --out"
+            )
         return metadata
 
-    def read_probes(self) -> tuple[dict[str, pl.DataFrame], dict[str, pl.DataFrame]]:
-        """Per-example frames and saved frames (derived ones included) of every finished probe."""
-        done = [p for p in self.probes if (self.path / f"{p}_by_example.parquet").is_file()]
-        per_example = {p: pl.read_parquet(self.path / f"{p}_by_example.parquet") for p in done}
-        saved = {p: pl.read_parquet(self.path / f"{p}.parquet") for p in done}
-        for derived in ("depth_score",):
-            if (self.path / f"{derived}.parquet").is_file():
-                saved[derived] = pl.read_parquet(self.path / f"{derived}.parquet")
+    def _read(self, name: str) -> pl.DataFrame:
+        path = self.path / name
+        try:
+            return pl.read_parquet(path)
+        except Exception as exc:  # polars raises several types for a damaged file
+            raise EffdepthError(
+                f"the cached {path} is damaged ({type(exc).__name__}); delete it and rerun to compute it again"
+            ) from exc
+
+    def read_probes(self, metadata: dict) -> tuple[dict[str, pl.DataFrame], dict[str, pl.DataFrame]]:
+        """Per-example frames and saved frames (derived ones included) of every probe the run's
+        metadata records as finished (a file of a probe's name that no run wrote is not read)."""
+        recorded = metadata.get("probes", {})
+        done = [p for p in self.probes if p in recorded and (self.path / f"{p}_by_example.parquet").is_file()]
+        per_example = {p: self._read(f"{p}_by_example.parquet") for p in done}
+        saved = {p: self._read(f"{p}.parquet") for p in done}
+        for derived in DERIVED:
+            if "skip" in done and (self.path / f"{derived}.parquet").is_file():
+                saved[derived] = self._read(f"{derived}.parquet")
         return per_example, saved
 
     def discard_if_empty(self) -> None:

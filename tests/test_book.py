@@ -93,7 +93,11 @@ def test_templates_are_clean_and_take_every_parameter(section):
         for item in parameter_sets(ROOT, section, profile):
             unknown = set(item.parameters) - set(namespace)
             assert not unknown, f"{section}/{item.name} ({profile}) passes {unknown}, not in the template"
-    assert "{title}" in notebook.cells[0].source
+    # the title is rendered from the `title` parameter (glued for the book), never a literal placeholder
+    heading = next(c for c in notebook.cells if c.cell_type == "markdown")
+    assert heading.source.startswith("# {glue:text}`page_title`")
+    assert any('glue("page_title", title' in c.source for c in code)
+    assert not any("{title}" in c.source for c in notebook.cells if c.cell_type == "markdown")
 
 
 def test_task_specs():

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")  # Debian's, or GitHub's Chrome
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -108,3 +108,120 @@ def test_every_chart_renders_offline(site: Path, tmp_path: Path) -> None:
         assert not errors, f"{name}: script errors:\n" + "\n".join(errors[:10])
         assert "data-effdepth-errors" not in dom, f"{name}: the page recorded a script error"
     assert charts_seen >= 10, f"only {charts_seen} charts in the whole book"
+
+
+# --- interaction and layout, checked inside the page ---------------------------------------
+# A script injected into a copy of a page waits until every chart is drawn, then records, as JSON
+# on <html data-effdepth-check>: each chart's drawn width against its output area's width; for
+# each chart with a model dropdown, the number of drawn marks before and after picking another
+# model; and how many marks carry the answer-token outline colour.
+CHECK_JS = """
+(function () {
+  function marks(chart) { return chart.querySelectorAll("svg g.role-mark path, svg g.role-mark line").length; }
+  function report(result) { document.documentElement.setAttribute("data-effdepth-check", JSON.stringify(result)); }
+  async function check() {
+    const result = {widths: [], picks: [], outlines: []};
+    for (const chart of document.querySelectorAll(".effdepth-chart")) {
+      const svg = chart.querySelector("svg");
+      const area = chart.closest(".cell_output") || chart.parentElement;
+      result.widths.push([chart.id, svg.getBoundingClientRect().width, area.getBoundingClientRect().width]);
+      result.outlines.push([chart.id, svg.querySelectorAll('[stroke="#111111"]').length]);
+      const select = chart.querySelector('select[name="pick_model"]');
+      if (select && select.options.length > 1) {
+        const before = marks(chart);
+        select.value = select.options[select.options.length - 1].value;
+        select.dispatchEvent(new Event("change", {bubbles: true}));
+        select.dispatchEvent(new Event("input", {bubbles: true}));
+        await new Promise(function (r) { setTimeout(r, 1500); });
+        result.picks.push([chart.id, before, marks(chart)]);
+      }
+    }
+    for (const table of document.querySelectorAll("table.gt_table")) {  // great_tables' tables
+      const area = table.closest(".cell_output") || table.parentElement;
+      result.widths.push(["table " + (table.closest("div[id]") || {}).id, table.getBoundingClientRect().width,
+                          area.getBoundingClientRect().width]);
+    }
+    report(result);
+  }
+  function wait(tries) {
+    const charts = Array.from(document.querySelectorAll(".effdepth-chart"));
+    if (charts.length && charts.every(function (c) { return c.getAttribute("data-effdepth-rendered") === "1"; })) {
+      check();
+    } else if (tries > 0) {
+      setTimeout(function () { wait(tries - 1); }, 250);
+    } else {
+      report({error: "charts did not render"});
+    }
+  }
+  window.addEventListener("load", function () { wait(80); });
+})();
+"""
+
+
+def _checked(site: Path, page: str, tmp_path: Path) -> dict:
+    import json
+
+    original = site / "executed" / f"{page}.html"
+    copy = original.with_name(f"{original.stem}-checked.html")
+    (site / "_static" / "effdepth-check.js").write_text(CHECK_JS)
+    html = original.read_text().replace("</body>", '<script src="../../_static/effdepth-check.js"></script></body>')
+    copy.write_text(html)
+    done = subprocess.run(
+        [
+            _browser(),
+            *FLAGS,
+            "--window-size=1400,1000",
+            f"--user-data-dir={tmp_path / page.replace('/', '-')}",
+            copy.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    found = re.search(r'data-effdepth-check="([^"]*)"', done.stdout)
+    assert found, f"{page}: the check script did not report: {done.stderr[-1500:]}"
+    return json.loads(found.group(1).replace("&quot;", '"'))
+
+
+def test_charts_fit_the_column_dropdowns_filter_and_answer_tokens_are_outlined(site: Path, tmp_path: Path) -> None:
+    import polars as pl
+
+    comparison = _checked(site, "scale/comparison", tmp_path)
+    assert "error" not in comparison, comparison
+    for chart, drawn, area in comparison["widths"]:
+        assert drawn <= area + 1, f"comparison: chart {chart} is {drawn:.0f} px wide in a {area:.0f} px column"
+    assert comparison["picks"], "the comparison page has charts with a model dropdown"
+    for chart, before, after in comparison["picks"]:
+        assert before != after, f"comparison: picking another model left chart {chart} with {before} marks"
+    smollm2 = _checked(site, "scale/smollm2-135m", tmp_path)
+    for chart, drawn, area in smollm2["widths"]:
+        assert drawn <= area + 1, f"smollm2: {chart} is {drawn:.0f} px wide in a {area:.0f} px column"
+    # the erasure heatmap shows the first prompt: each answer token is outlined once per layer 0..L
+    erasure = pl.read_parquet(ROOT / "book/results/smollm2-135m/addition-n2-seed0-digits6/erasure_by_example.parquet")
+    first = erasure.filter(example=0)
+    expected = first.filter(pl.col("is_answer")).height
+    outlined = [count for _, count in smollm2["outlines"] if count]
+    assert outlined == [expected], f"answer-token outlines {outlined}, expected [{expected}] (answer tokens × layers)"
+
+
+def test_readme_papermill_command_reruns_a_page_from_the_committed_cache(tmp_path: Path) -> None:
+    import nbformat
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- papermill-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0].strip()
+    command = block.replace("smollm2-scale.", f"{tmp_path}/smollm2-scale.")  # outputs outside the checkout
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-c", command.replace(".venv/bin/", f"{bin_dir}/")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    notebook = nbformat.read(tmp_path / "smollm2-scale.ipynb", as_version=4)
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("Model scale: smollm2-135m" in json_text for json_text in map(str, outputs))  # the rendered title

@@ -53,6 +53,9 @@ CASES = [
         True,
     ),
     ("no GPU", ["run", "--device", "cuda"], "sees no CUDA GPU", True),
+    ("unknown device", ["run", "--device", "gpu"], "unknown --device 'gpu'", False),
+    ("max-tokens on arithmetic", ["run", "--max-tokens", "5"], "--max-tokens applies to data-set tasks", False),
+    ("not a whole number", ["run", "--n", "abc"], "must be a whole number, got 'abc'", False),
     ("unknown command", ["rnu"], "invalid choice: 'rnu'", False),
     ("refetch unknown alias", ["models", "--refetch", "gpt5"], "unknown offline model 'gpt5'", False),
     ("table of nothing", ["table", "{tmp}/empty"], "no effective_depth.json", False),
@@ -63,6 +66,7 @@ CASES = [
 def _files(tmp: Path) -> None:
     (tmp / "latin1.jsonl").write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
     (tmp / "bad.jsonl").write_text("{prompt: 1}\n")
+    (tmp / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "1 + 1 ="}\n')
     (tmp / "answer.jsonl").write_text(json.dumps({"prompt": "a", "answer": 3}) + "\n")
     (tmp / "two.jsonl").write_text('{"prompt": "1 + 1 ="}\n{"prompt": "2 + 2 ="}\n')
     (tmp / "notes.txt").write_text("not a model")
@@ -141,6 +145,12 @@ def test_unwritable_model_cache(hostile, capsys, monkeypatch):
     assert sentinel.read_text() == "the user's file"
 
 
+def test_a_byte_order_mark_is_accepted(hostile, capsys):
+    tmp, tiny, _, _ = hostile
+    argv = ["run", "--model", str(tiny), "--task", str(tmp / "bom.jsonl"), "--out", str(tmp / "bom"), "--no-progress"]
+    assert main(argv) == 0
+
+
 def test_unreadable_task_file(hostile, capsys, monkeypatch):
     tmp, _, _, loads = hostile
     task = tmp / "two.jsonl"
@@ -175,6 +185,14 @@ def test_table_skips_a_corrupt_or_foreign_summary(hostile, capsys):
     assert len(warnings) == 2 and all(w.startswith("effdepth: warning: skipping") for w in warnings)
     assert "corrupt" in warnings[0] and "foreign" in warnings[1]
     assert main(["table", str(tmp / "runs" / "corrupt")]) == 2
+    for bad in ('"ratio": "0.3"', '"ratio": NaN'):  # hand-edited types are skipped, NaN never shown
+        damaged = tmp / "runs" / "good" / "effective_depth.json"
+        text = json.loads(damaged.read_text())
+        text["logit_lens_kl"] = {"ed": 1, "ratio": 0.5}
+        damaged.write_text(json.dumps(text).replace('"ratio": 0.5', bad, 1))
+        capsys.readouterr()
+        assert main(["table", str(damaged)]) == 2
+        assert "nan" not in capsys.readouterr().out.lower()
 
 
 @pytest.mark.parametrize("argv", [["run", "--model", "README.md"], ["run", "--task", "math", "--level", "0"]])

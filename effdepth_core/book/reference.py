@@ -11,6 +11,7 @@ import polars as pl
 from ..labels import RULE_LABELS, format_ed
 
 PAPER = "paper (bf16 hub weights)"
+OURS = "ours (quantized GGUF, fp32)"
 TASKS = ("hellaswag", "gsm8k", "aime24")
 RULES = tuple(RULE_LABELS.values())
 # model (L) | cos H G A | KL H G A | overlap H G A — ED only; the ratio is (ED + 1) / L

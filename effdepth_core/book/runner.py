@@ -147,24 +147,26 @@ def execute(
         template = root / "book" / "templates" / f"{item.section}.ipynb"
         if not template.is_file():
             raise EffdepthError(f"missing notebook template {template}")
-        notebook = nbformat.read(template, as_version=4)
-        for cell in notebook.cells:  # the page title is the first heading (Jupyter Book's page name)
-            if cell.cell_type == "markdown" and "{title}" in cell.source:
-                cell.source = cell.source.replace("{title}", item.title)
-                break
+        notebook = nbformat.read(template, as_version=4)  # the page renders its title from `title`
         output = root / "book" / f"{item.page}.ipynb"
         output.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         print(f"effdepth book: {item.section}/{item.name} → {output.relative_to(root)}", flush=True)
-        papermill.execute_notebook(
-            notebook,
-            str(output),
-            parameters={**item.parameters, **(extra or {})},
-            cwd=str(root),
-            kernel_name=kernel_name,
-            progress_bar=progress,
-            log_output=False,
-        )
+        try:
+            papermill.execute_notebook(
+                notebook,
+                str(output),
+                parameters={**item.parameters, **(extra or {})},
+                cwd=str(root),
+                kernel_name=kernel_name,
+                progress_bar=progress,
+                log_output=False,
+            )
+        except papermill.PapermillExecutionError as exc:
+            raise EffdepthError(
+                f"page {item.section}/{item.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} "
+                f"(the notebook with the traceback: {output.relative_to(root)})"
+            ) from exc
         executed = nbformat.read(output, as_version=4)
         for cell in executed.cells:  # the injected parameters: folded on the page, one click away
             tags = cell.metadata.get("tags", [])
@@ -173,3 +175,84 @@ def execute(
         nbformat.write(executed, output)
         timings.append((item, time.perf_counter() - started))
     return timings
+
+
+def find_set(root: Path, spec: str, profile: str = "full") -> ParameterSet:
+    """The parameter set ``SECTION/NAME`` (as ``effdepth book --print-params`` names it)."""
+    section, _, name = spec.partition("/")
+    if section not in SECTIONS or not name:
+        raise EffdepthError(
+            f"name a parameter set as SECTION/NAME, e.g. scale/smollm2-135m (sections: {', '.join(SECTIONS)})"
+        )
+    sets = parameter_sets(root, section, profile)
+    for item in sets:
+        if item.name == name:
+            return item
+    raise EffdepthError(f"no parameter set {name!r} in {section} ({profile}); sets: {', '.join(s.name for s in sets)}")
+
+
+def parameters_yaml(item: ParameterSet) -> str:
+    """The set's resolved parameters as YAML, for ``papermill -f``."""
+    header = (
+        f"# {item.section}/{item.name}: papermill book/templates/{item.section}.ipynb OUT.ipynb --cwd . -f THIS.yml\n"
+    )
+    return header + yaml.safe_dump(item.parameters, sort_keys=False, allow_unicode=True)
+
+
+FINDINGS_PAGE = "book/_findings.md"
+
+
+def findings_markdown(root: Path, profile: str = "full") -> str:
+    """The three findings paragraphs from the cached results of every section (no model loads)."""
+    import polars as pl
+
+    from .findings import difficulty_finding, long_cot_finding, scale_finding
+    from .reference import paper_table1
+    from .study import run_study
+
+    def study(item: ParameterSet, key: str = "tasks"):
+        p = item.parameters
+        return run_study(
+            p.get("models") or [],
+            p.get(key) or [],
+            defaults={
+                "seed": p.get("seed", 0),
+                "device": p.get("device", "auto"),
+                "dtype": p.get("dtype", "auto"),
+                "progress": False,
+            },
+            results_dir=root / p["results_dir"],
+            specs_by_model=p.get(f"{key}_by_model"),
+            cached_only=True,
+            n_bootstrap=1000,
+        )
+
+    paper = paper_table1()
+    scale_sets = parameter_sets(root, "scale", profile)
+    widest = max(scale_sets, key=lambda s: len(s.parameters.get("models") or []))
+    paragraphs = [scale_finding(study(widest).summary(), paper)]
+    pairs, summaries, unavailable = [], [], {}
+    for item in parameter_sets(root, "long_cot", profile):
+        these = item.parameters.get("pairs") or []
+        models = list(dict.fromkeys(m for pair in these for m in (pair["base"], pair["long_cot"])))
+        result = study(ParameterSet(item.section, item.name, item.title, {**item.parameters, "models": models}))
+        pairs += [p for p in these if p not in pairs]
+        summaries.append(result.summary())
+        unavailable.update(result.unavailable())
+    if pairs:
+        names = {m.rsplit("/", 1)[-1] for pair in pairs for m in pair.values()}
+        paper_pairs = paper.filter(paper["model"].is_in(sorted(names)))
+        paragraphs.append(long_cot_finding(pl.concat(summaries), pairs, unavailable, paper_pairs))
+    for item in parameter_sets(root, "difficulty", profile):
+        paragraphs.append(difficulty_finding(study(item).summary()))
+    header = (
+        "<!-- Generated by `effdepth book` from the cached results (effdepth_core.book.findings); "
+        "do not edit by hand. -->\n\n"
+    )
+    return header + "\n\n".join(paragraphs) + "\n"
+
+
+def write_findings(root: Path, profile: str = "full") -> Path:
+    path = root / FINDINGS_PAGE
+    path.write_text(findings_markdown(root, profile), encoding="utf-8")
+    return path

@@ -22,7 +22,10 @@ function effdepthRender(item) {
   const element = document.getElementById(item[0]);
   if (!element) { console.error("effdepth: no chart container " + item[0]); return; }
   vegaEmbed(element, item[1], {renderer: "svg", actions: {export: true, source: false, compiled: false, editor: false}})
-    .then(function () { element.setAttribute("data-effdepth-rendered", "1"); })
+    .then(function () {
+      element.querySelectorAll(".effdepth-fallback").forEach(function (image) { image.remove(); });
+      element.setAttribute("data-effdepth-rendered", "1");
+    })
     .catch(function (error) {
       console.error("effdepth: chart " + item[0] + " failed: " + error);
       document.documentElement.setAttribute("data-effdepth-errors", "chart " + item[0] + ": " + error);

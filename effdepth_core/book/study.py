@@ -226,11 +226,13 @@ def run_study(
     n_bootstrap: int = 1000,
     download: bool = True,
     specs_by_model: Mapping[str, Sequence[Mapping]] | None = None,
+    cached_only: bool = False,
 ) -> Study:
     """Run every task spec on every model (cached runs are only read), loading each model at most
     once and only if some run needs it. ``defaults`` holds settings shared by all specs; with
     ``download=False`` a hub model that is not cached locally is reported instead of fetched;
-    ``specs_by_model`` gives some models their own specs instead of ``specs``."""
+    ``specs_by_model`` gives some models their own specs instead of ``specs``; with ``cached_only``
+    no model is loaded at all (what is not cached is reported as not computed)."""
     study = Study()
     quiet_libraries(progress=bool((defaults or {}).get("progress", True)))
     for model in models:
@@ -244,6 +246,10 @@ def run_study(
             out_dir = default_out_dir(record.settings, results_dir, hashed=False)
             if loaded is None and not is_complete(out_dir, record.settings.key(), record.probes):
                 try:
+                    if cached_only and needs_download(model):
+                        raise EffdepthError("a hub model that is not downloaded here (needs internet)")
+                    if cached_only:
+                        raise EffdepthError("not computed yet (run `effdepth book` for its page)")
                     if not download and needs_download(model):
                         raise EffdepthError(f"{model} is not downloaded (this profile sets download: false)")
                     loaded = load_model(model, device=record.settings.device, dtype=record.settings.dtype)

@@ -1,0 +1,148 @@
+"""The book's tables, built with great_tables (Polars' ``DataFrame.style``): column groups, row
+groups, two decimals throughout, notes as footnotes. Each function returns a ``GT`` object, which
+shows itself as HTML in the book, JupyterLab, VS Code and on GitHub."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import polars as pl
+from great_tables import GT, loc, style
+
+from ..labels import CELL_LEGEND, RULE_LABELS, format_ed
+from .findings import TASK_NAMES, TASK_ORDER
+from .reference import OURS, PAPER
+
+QUANTIZED = "Ours: quantized GGUF checkpoints dequantized to float32; the paper: bf16 hub weights of other models."
+HIGHLIGHT = "#fff3cd"
+# our model → the paper's model of the same architecture (both Qwen2.5, 28 layers, 12/2 heads)
+COMPARABLE = {"qwen2.5-coder-1.5b": "Qwen2.5-1.5B-Instruct"}
+
+
+def _compact(gt: GT) -> GT:
+    """Small type and padding, so that a wide table fits the book's content column."""
+    return gt.tab_options(
+        table_font_size="12px",
+        data_row_padding="2px",
+        column_labels_padding="2px",
+        row_group_padding="2px",
+        heading_padding="2px",
+        source_notes_font_size="11px",
+        table_width="100%",
+    )
+
+
+def _cell_column(rule: str, task: str) -> str:
+    return f"{rule}|{task}"
+
+
+def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str] = COMPARABLE) -> GT:
+    """Table 1 beside ours: rows grouped by source (ours, the paper), a column group per ED rule
+    with one column per data set, each cell "ED (ratio)"; the like-for-like pair highlighted."""
+    keep = ["model", "n_layers", "task", "rule", "ed", "ratio"]
+    long = pl.concat(
+        [
+            ours.select(keep).with_columns(pl.lit(OURS).alias("source")),
+            paper.select(keep).with_columns(pl.lit(PAPER).alias("source")),
+        ]
+    ).filter(pl.col("task").is_in(TASK_ORDER))
+    cell = pl.struct("ed", "ratio").map_elements(lambda c: format_ed(c["ed"], c["ratio"]), return_dtype=pl.String)
+    long = long.with_columns(cell.alias("cell"), pl.concat_str("rule", pl.lit("|"), "task").alias("column"))
+    columns = [_cell_column(r, t) for r in RULE_LABELS.values() for t in TASK_ORDER]
+    wide = long.pivot(on="column", index=["source", "model", "n_layers"], values="cell", aggregate_function="first")
+    present = [c for c in columns if c in wide.columns]
+    wide = wide.select("source", "model", pl.col("n_layers").alias("L"), *present)
+    gt = (
+        GT(wide, rowname_col="model", groupname_col="source")
+        .cols_label(**{c: TASK_NAMES[c.split("|")[1]] for c in present}, L="L")
+        .sub_missing(missing_text="—")
+    )
+    for rule in RULE_LABELS.values():
+        group = [c for c in present if c.startswith(f"{rule}|")]
+        if group:
+            gt = gt.tab_spanner(label=rule, columns=group)
+    rows = wide.with_row_index()
+    pair_rows = rows.filter(pl.col("model").is_in([*comparable, *comparable.values()]))["index"].to_list()
+    if pair_rows:
+        gt = gt.tab_style(style=style.fill(color=HIGHLIGHT), locations=loc.body(rows=pair_rows))
+        pairs = "; ".join(f"{a} (ours) and {b} (the paper)" for a, b in comparable.items())
+        gt = gt.tab_footnote(
+            f"Highlighted: the like-for-like pair, same architecture and depth — {pairs}.",
+            locations=loc.stub(rows=pair_rows[:1]),
+        )
+    outliers = rows.filter(pl.col("source") == PAPER)
+    for column in present:
+        low = outliers.filter(pl.col(column).str.starts_with("1 ("))["index"].to_list()
+        if low:
+            gt = gt.tab_footnote(
+                "ED 1: the KL half-maximum rule fires at the first layers; read it as an outlier of the rule, not "
+                "as a shallow model.",
+                locations=loc.body(columns=column, rows=low),
+            )
+    gt = gt.tab_style(style=style.css("white-space: nowrap"), locations=loc.body())
+    return _compact(gt.tab_source_note(f"Each cell: ED (ratio (ED + 1) / L). {QUANTIZED}"))
+
+
+def ed_summary(summary: pl.DataFrame) -> GT:
+    """Our ED per model and data set: a column per rule, "ED (ratio) [95 % interval]", the number of
+    prompts kept, and the reason where a rule found no layer."""
+    rows = []
+    keys = ["model", "task", "n_layers", "n_examples"]
+    for (model, task, n_layers, n_examples), frame in summary.group_by(keys, maintain_order=True):
+        row = {"model": model, "task": task, "L": n_layers, "n": n_examples}
+        reasons = []
+        for r in frame.iter_rows(named=True):
+            row[r["rule"]] = format_ed(r["ed"], r["ratio"], r["ci_low"], r["ci_high"])
+            if r["ed"] is None and r.get("reason"):
+                reasons.append(f"{r['rule']}: {r['reason']}")
+        row["note"] = "; ".join(reasons)
+        rows.append(row)
+    frame = pl.DataFrame(rows)
+    columns = [c for c in RULE_LABELS.values() if c in frame.columns]
+    gt = GT(frame, rowname_col="task", groupname_col="model").sub_missing(missing_text="—")
+    gt = gt.tab_spanner(label="effective depth", columns=columns).cols_label(n="prompts")
+    if not frame["note"].str.len_chars().sum():
+        gt = gt.cols_hide("note")
+    return _compact(gt.tab_source_note(CELL_LEGEND))
+
+
+def status(models: Sequence[str], unavailable: Mapping[str, str]) -> GT:
+    """Which models were measured here, and why the others were not."""
+    frame = pl.DataFrame(
+        {
+            "model": list(models),
+            "status": ["not measured" if m in unavailable else "measured" for m in models],
+            "why": [unavailable.get(m, "") for m in models],
+        }
+    )
+    gt = GT(frame, rowname_col="model")
+    missing = frame.with_row_index().filter(pl.col("status") == "not measured")["index"].to_list()
+    if missing:
+        gt = gt.tab_style(style=style.text(color="#b23a48"), locations=loc.body(columns="status", rows=missing))
+    return gt
+
+
+def frame_table(frame: pl.DataFrame, caption: str | None = None, decimals: int = 2) -> GT:
+    """Any small frame: floats with ``decimals`` decimals, nulls as —."""
+    gt = GT(frame).sub_missing(missing_text="—")
+    floats = [c for c, t in frame.schema.items() if t.is_float()]
+    if floats:
+        gt = gt.fmt_number(columns=floats, decimals=decimals)
+    return gt.tab_header(title=caption) if caption else gt
+
+
+def deltas(frame: pl.DataFrame) -> GT:
+    """ED(long-CoT) − ED(base) per pair, source, data set and rule (``reference.pair_deltas``), with a
+    footnote on changes beyond ±10 layers (the paper's single lens-KL value of 1)."""
+    gt = GT(frame.with_columns(pl.col("task").replace(TASK_NAMES)), groupname_col="source").sub_missing(
+        missing_text="—"
+    )
+    gt = gt.cols_label(ed_base="ED base", ed_long_cot="ED long-CoT", delta="long-CoT − base")
+    big = frame.with_row_index().filter(pl.col("delta").abs() > 10)["index"].to_list()
+    if big:
+        gt = gt.tab_footnote(
+            "Beyond ±10 layers: the paper's lens-KL ED of 1 for one long-CoT model, where the half-maximum rule "
+            "fires at the first layers — an outlier of the rule, not a shallower model.",
+            locations=loc.body(columns="delta", rows=big),
+        )
+    return gt

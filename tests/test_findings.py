@@ -1,0 +1,145 @@
+"""The book's findings text and tables are generated from the numbers: change the numbers and the
+words change; the chart bugs readers met stay fixed."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import polars as pl
+
+from effdepth_core.book import findings, plots, reference, tables
+
+
+def _summary(rows: list[tuple]) -> pl.DataFrame:
+    """(model, L, task, rule, ed, ci_low, ci_high) → a Study.summary()-like frame."""
+    out = []
+    for model, n_layers, task, rule, ed, low, high in rows:
+        out.append(
+            {
+                "model": model,
+                "task": task,
+                "rule": rule,
+                "ed": ed,
+                "ratio": (ed + 1) / n_layers,
+                "ci_low": low,
+                "ci_high": high,
+                "ratio_low": (low + 1) / n_layers,
+                "ratio_high": (high + 1) / n_layers,
+                "reason": None,
+                "n_layers": n_layers,
+                "n_params": n_layers * 10**6,
+                "n_examples": 10,
+            }
+        )
+    return pl.DataFrame(out)
+
+
+def _difficulty(eds: tuple[int, int, int], width: int = 0) -> pl.DataFrame:
+    tasks = ("hellaswag", "gsm8k", "aime24")
+    return _summary([("m", 30, t, "cosine", e, e - width, e + width) for t, e in zip(tasks, eds, strict=True)])
+
+
+def test_difficulty_finding_follows_the_numbers():
+    flat = findings.difficulty_finding(_difficulty((20, 20, 21), width=1))
+    rising = findings.difficulty_finding(_difficulty((12, 20, 26)))
+    assert "we agree" in flat and "we disagree" not in flat
+    assert "rises with difficulty" in rising and "we disagree" in rising
+    assert "HellaSwag 12 (0.43) [12–12] → GSM8K 20 (0.70) [20–20] → AIME24 26 (0.90) [26–26]" in rising
+    assert flat != rising
+
+
+def test_scale_finding_follows_the_numbers():
+    stable = _summary(
+        [
+            (m, n, t, "cosine", round(0.6 * n), round(0.6 * n) - 2, round(0.6 * n) + 2)
+            for m, n in (("a", 20), ("b", 40))
+            for t in ("hellaswag", "gsm8k", "aime24")
+        ]
+    )
+    apart = _summary(
+        [(m, n, t, "cosine", e, e, e) for m, n, e in (("a", 20, 5), ("b", 40, 35)) for t in ("hellaswag", "gsm8k")]
+    )
+    paper = reference.paper_table1()
+    assert "**we agree** on a stable ratio" in findings.scale_finding(stable, paper)
+    text = findings.scale_finding(apart, paper)
+    assert "we disagree" in text and "a 0.30, b 0.90" in text and "grows with L" in text
+    single = findings.scale_finding(stable.filter(model="a"), paper)
+    assert "cannot tell" in single and "the paper's 0.43–0.75" in single
+
+
+def test_long_cot_finding_uses_ours_when_measured_and_says_so_when_not():
+    pairs = [{"base": "Qwen/Qwen2.5-Math-1.5B", "long_cot": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"}]
+    paper = reference.paper_table1()
+    offline = findings.long_cot_finding(
+        _summary([]) if False else pl.DataFrame(schema=_difficulty((1, 1, 1)).schema),
+        pairs,
+        {"Qwen/Qwen2.5-Math-1.5B": "the hub cannot be reached"},
+        paper,
+    )
+    assert "we cannot tell" in offline and "the hub cannot be reached" in offline
+    assert "lens KL GSM8K -21" in offline and "outlier" in offline and "at most 1 layer" in offline
+    ours = _summary(
+        [
+            (m, 28, "gsm8k", "cosine", e, e - 1, e + 1)
+            for m, e in (("Qwen/Qwen2.5-Math-1.5B", 16), ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 19))
+        ]
+    )
+    measured = findings.long_cot_finding(ours, pairs, {}, paper)
+    assert "Ours, deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B − Qwen/Qwen2.5-Math-1.5B: cosine GSM8K +3" in measured
+    assert "we cannot tell" not in measured
+
+
+def test_table1_groups_columns_and_rows_and_marks_the_comparable_pair():
+    ours = _summary(
+        [
+            ("qwen2.5-coder-1.5b", 28, t, r, 16, 15, 17)
+            for t in ("hellaswag", "gsm8k", "aime24")
+            for r in ("cosine", "lens KL", "lens overlap")
+        ]
+    )
+    html = tables.table1(ours, reference.paper_table1()).as_raw_html()
+    for group in ("cosine", "lens KL", "lens overlap", reference.OURS, reference.PAPER):
+        assert group in html
+    assert "16 (0.61)" in html and "1 (0.07)" in html and "0.7)" not in html  # two decimals throughout
+    assert tables.HIGHLIGHT in html and "like-for-like pair" in html and "outlier of the rule" in html
+
+
+def test_erasure_answer_flags_read_back_as_booleans():
+    frame = pl.DataFrame({"layer": [0, 0], "position": [0, 1], "is_answer": [False, True], "value": [0.1, 0.2]})
+    spec = plots.themed_spec(plots.alt.Chart(frame).mark_rect().encode(x="position:O", y="layer:O"))
+    ((_, text),) = spec["datasets"].items()
+    assert [r["is_answer"] for r in csv.DictReader(io.StringIO(text))] == ["false", "true"]  # Vega: "False" is true
+
+
+def test_the_model_dropdown_filters_every_layer_of_the_lens_chart():
+    rows = [
+        (m, "gsm8k", layer, metric, 0.1 * layer)
+        for m in ("m1", "m2")
+        for layer in range(4)
+        for metric in ("kl", "overlap")
+    ]
+    lens = pl.DataFrame(rows, schema=["model", "task", "layer", "metric", "value"], orient="row")
+    summary = pl.DataFrame({"model": ["m1", "m2"], "task": ["gsm8k"] * 2, "rule": ["lens KL"] * 2, "ed": [1, 2]})
+    spec = plots.lens_curves(lens, summary).to_dict()
+    for panel in spec["vconcat"]:
+        for layer in panel["layer"]:
+            if "data" in layer and layer.get("mark", {}) != {"type": "rule", "strokeDash": [4, 4], "color": "#888"}:
+                filters = json.dumps(layer.get("transform", []))
+                assert "pick_model" in filters, layer  # each child carries its own data: each is filtered
+
+
+def test_effdepth_plot_saves_a_chart_and_never_overwrites(tiny_dir, tmp_path, capsys):
+    from effdepth_core.cli import main
+
+    run = tmp_path / "run"
+    argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "2", "--out", str(run), "--no-progress"]
+    assert main(argv) == 0
+    svg = tmp_path / "lens.svg"
+    assert main(["plot", str(run), "--chart", "lens", "--out", str(svg)]) == 0
+    assert svg.read_text().startswith("<svg") and "layer whose input is decoded" in svg.read_text()
+    capsys.readouterr()
+    assert main(["plot", str(run), "--chart", "lens", "--out", str(svg)]) == 2  # exists: refused
+    assert main(["plot", str(run), "--chart", "erasure", "--out", str(tmp_path / "e.png")]) == 2  # not run
+    assert "no erasure results" in capsys.readouterr().err
