@@ -281,9 +281,9 @@ def check_settings(settings: RunSettings, probes: Sequence[str], vocab_size: int
             raise EffdepthError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(settings, name)}")
     if settings.max_tokens is not None and settings.max_tokens < 1:
         raise EffdepthError(f"--max-tokens must be at least 1, got {settings.max_tokens}")
-    from .models import check_device
+    from .models import resolve_device
 
-    check_device(settings.device)
+    resolve_device(settings.device)  # a device torch cannot name or does not have
     if settings.max_tokens is not None and settings.task in ("addition", "multiplication"):
         raise EffdepthError(f"--max-tokens applies to data-set tasks, not {settings.task} (its prompts are short)")
     if settings.level is not None:

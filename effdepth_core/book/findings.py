@@ -2,15 +2,21 @@
 typed by hand), one per question of the paper — scale, long-CoT training, task difficulty.
 
 Each function takes the long ED summary (``Study.summary()``: model, task, rule, ed, ratio,
-ci_low, ci_high, ratio_low, ratio_high, n_layers, n_examples) and returns Markdown that states our
-numbers with their intervals beside the paper's claim, and says plainly whether they agree,
-disagree, or cannot tell. "Differ" always means: bootstrap intervals that do not overlap.
+ci_low, ci_high, ratio_low, ratio_high, n_layers, n_params, n_examples) and returns Markdown that
+states our numbers beside the paper's claim and says plainly whether they agree, disagree, or
+cannot tell. The yardsticks are written here once:
+
+- a ratio is *stable* across models or data sets when its spread (max − min) is within the
+  paper's own spread for that rule plus ``SAMPLING_SLACK`` (our samples are small); beyond twice
+  that it is not; in between, unclear;
+- a lens-KL ED of at most ``KL_ARTEFACT`` layers is the half-maximum rule firing at the first
+  layers (the paper's own table has one: 1 for DeepSeek-R1-Distill-Qwen-1.5B on GSM8K); such
+  cells are named and left out of the verdicts, for the paper's numbers and ours alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import combinations
 
 import polars as pl
 
@@ -23,133 +29,175 @@ CLAIMS = {
     "long_cot": "long-CoT (R1-distilled) models show no increase in effective depth over their base models",
     "difficulty": "effective depth stays consistent from HellaSwag to GSM8K to AIME24",
 }
-CAVEAT = (
-    "Our models are quantized GGUF checkpoints of other families than the paper's Qwen2.5 series, "
-    "probed on few prompts, so agreement is about direction and size of effects, not exact layers."
-)
-
-
-def _cell(row: Mapping) -> str:
-    return format_ed(row["ed"], row["ratio"], row.get("ci_low"), row.get("ci_high"))
-
-
-def _ratio_range(row: Mapping) -> tuple[float, float]:
-    low, high = row.get("ratio_low"), row.get("ratio_high")
-    return (row["ratio"], row["ratio"]) if low is None or high is None else (low, high)
-
-
-def _overlap(a: Mapping, b: Mapping) -> bool:
-    (a_low, a_high), (b_low, b_high) = _ratio_range(a), _ratio_range(b)
-    return a_low <= b_high and b_low <= a_high
-
-
-def _defined(summary: pl.DataFrame) -> pl.DataFrame:
-    return summary.filter(pl.col("ed").is_not_null())
+SAMPLING_SLACK = 0.05
+KL_ARTEFACT = 2
+MINUS = "−"
 
 
 def _name(task: str) -> str:
     return TASK_NAMES.get(task, task)
 
 
+def _signed(value: int) -> str:
+    return f"+{value}" if value > 0 else f"{MINUS}{-value}" if value < 0 else "±0"
+
+
+def _artefact() -> pl.Expr:
+    return (pl.col("rule") == RULE_LABELS["logit_lens_kl"]) & (pl.col("ed") <= KL_ARTEFACT)
+
+
+def _defined(summary: pl.DataFrame) -> pl.DataFrame:
+    return summary.filter(pl.col("ed").is_not_null())
+
+
+def paper_spread(paper: pl.DataFrame, rule: str, by: str) -> float:
+    """The paper's own spread of the ratio for ``rule``: across its models (``by="model"``, each
+    model's mean over the data sets) or across the data sets (``by="task"``, the largest within
+    one model). Rule artefacts are left out."""
+    rows = paper.filter(pl.col("rule") == rule).filter(~_artefact())
+    if by == "model":
+        means = rows.group_by("model").agg(pl.col("ratio").mean())["ratio"]
+        return float(means.max() - means.min())
+    spreads = rows.group_by("model").agg((pl.col("ratio").max() - pl.col("ratio").min()).alias("s"))["s"]
+    return float(spreads.max())
+
+
+def _verdict(spread: float, tolerance: float) -> str:
+    if spread <= tolerance:
+        return "**we agree**"
+    return "**we disagree**" if spread > 2 * tolerance else "**unclear**"
+
+
+def _range_words(low: float, high: float, p_low: float, p_high: float) -> str:
+    if p_low - 1e-9 <= low and high <= p_high + 1e-9:
+        return "inside"
+    return "outside" if high < p_low or low > p_high else "partly inside"
+
+
 def scale_finding(summary: pl.DataFrame, paper: pl.DataFrame | None = None) -> str:
-    """Does the ED ratio stay stable across our models (ordered by depth L), and does absolute ED
-    grow with L? With one model: where its ratio falls against the paper's range."""
+    """Is the ED ratio stable across our models (ordered by size), and does absolute ED grow? With
+    one model: where its ratios fall against the paper's."""
     rows = _defined(summary).filter(pl.col("task").is_in(TASK_ORDER))
-    models = rows.select("model", "n_layers").unique().sort("n_layers", "model")
+    artefacts = rows.filter(_artefact())
+    rows = rows.filter(~_artefact())
     text = [f"**Model scale.** The paper finds that {CLAIMS['scale']}."]
+    models = rows.select("model", "n_params", "n_layers").unique().sort("n_params", "model")
     if models.height == 0:
         return text[0] + " We have no defined ED to compare: **cannot tell**."
-    paper_ranges = {}
-    if paper is not None:
-        for rule in RULE_LABELS.values():
-            values = paper.filter(pl.col("rule") == rule)["ratio"]
-            paper_ranges[rule] = (float(values.min()), float(values.max()))
+    clean_paper = paper.filter(~_artefact()) if paper is not None else None
     if models.height == 1:
-        model, n_layers = models.row(0)
+        model, _, n_layers = models.row(0)
         parts = []
         for rule in RULE_LABELS.values():
-            mine = rows.filter(pl.col("rule") == rule).sort("task")
-            if not mine.height:
+            mine = rows.filter(pl.col("rule") == rule)["ratio"]
+            if not mine.len():
                 continue
-            low, high = float(mine["ratio"].min()), float(mine["ratio"].max())
+            low, high = float(mine.min()), float(mine.max())
             where = ""
-            if rule in paper_ranges:
-                p_low, p_high = paper_ranges[rule]
-                inside = p_low - 1e-9 <= low and high <= p_high + 1e-9
-                where = f" ({'inside' if inside else 'outside'} the paper's {p_low:.2f}–{p_high:.2f})"
+            if clean_paper is not None:
+                theirs = clean_paper.filter(pl.col("rule") == rule)["ratio"]
+                p_low, p_high = float(theirs.min()), float(theirs.max())
+                where = f", {_range_words(low, high, p_low, p_high)} the paper's {p_low:.2f}–{p_high:.2f}"
             parts.append(f"{rule} {low:.2f}–{high:.2f}{where}")
         text.append(
-            f"One model cannot test a trend: {model} (L = {n_layers}) has ED ratios {'; '.join(parts)} across "
-            f"the three data sets — **cannot tell** from this page; the comparison page puts the four models side by "
-            "side."
+            f"One model cannot show a trend: {model} (L = {n_layers}) has ED ratios {'; '.join(parts)}. "
+            "**Cannot tell** from this page; the comparison page sets the four models side by side."
         )
-        return " ".join([*text, CAVEAT])
-    verdicts = []
-    for rule in RULE_LABELS.values():
-        per_model = rows.filter(pl.col("rule") == rule)
-        if per_model["model"].n_unique() < 2:
-            continue
-        means = per_model.group_by("model", "n_layers").agg(pl.col("ratio").mean(), pl.col("ed").mean())
-        means = means.sort("n_layers", "model")
-        differing = [
-            f"{a['model']} vs {b['model']} on {_name(a['task'])}"
-            for task in TASK_ORDER
-            for a, b in combinations(per_model.filter(pl.col("task") == task).iter_rows(named=True), 2)
-            if not _overlap(a, b)
-        ]
-        spread = float(means["ratio"].max() - means["ratio"].min())
-        listing = ", ".join(f"{m} {r:.2f}" for m, r in zip(means["model"], means["ratio"], strict=True))
-        trend = pl.DataFrame({"L": means["n_layers"], "ed": means["ed"]}).select(pl.corr("L", "ed", method="spearman"))
-        rho = trend.item()
-        grows = "grows" if rho is not None and rho > 0.5 else "does not grow consistently"
-        verdict = "agree" if not differing else "disagree"
-        paper_note = ""
-        if rule in paper_ranges:
-            p_low, p_high = paper_ranges[rule]
-            paper_note = f"; the paper's ratios span {p_low:.2f}–{p_high:.2f}"
-        verdicts.append(
-            f"{rule}: mean ratio over the data sets {listing} (spread {spread:.2f}{paper_note}); absolute ED {grows} "
-            f"with L (Spearman {rho:.2f})"
-            + (
-                f"; intervals do not overlap for {len(differing)} pair(s), e.g. {differing[0]} — **we disagree**"
-                if differing
-                else " — every pair's intervals overlap: **we agree** on a stable ratio"
+    else:
+        parts = []
+        for rule in RULE_LABELS.values():
+            per_model = rows.filter(pl.col("rule") == rule)
+            if per_model["model"].n_unique() < 2:
+                continue
+            means = (
+                per_model.group_by("model", "n_params", "n_layers")
+                .agg(pl.col("ratio").mean(), pl.col("ed").mean())
+                .sort("n_params", "model")
             )
-            if rho is not None
-            else f"{rule}: {listing} — **{verdict}**"
-        )
-    return " ".join([*text, "By rule (models ordered by depth L): " + "; ".join(verdicts) + ".", CAVEAT])
+            spread = float(means["ratio"].max() - means["ratio"].min())
+            tolerance = (paper_spread(paper, rule, "model") if paper is not None else 0.0) + SAMPLING_SLACK
+            rho = (
+                pl.DataFrame({"size": means["n_params"], "ed": means["ed"]})
+                .select(pl.corr("size", "ed", method="spearman"))
+                .item()
+            )
+            listing = ", ".join(f"{m} {r:.2f}" for m, r in zip(means["model"], means["ratio"], strict=True))
+            grows = "grows" if rho is not None and rho >= 0.8 else "does not grow steadily"
+            rho_text = "n/a" if rho is None else f"{rho:.2f}"
+            parts.append(
+                f"{rule}: ratios {listing} (spread {spread:.2f} against a tolerance of {tolerance:.2f}) — "
+                f"{_verdict(spread, tolerance)} on a stable ratio; absolute ED {grows} with size (Spearman {rho_text})"
+            )
+        text.append("Our models by size, mean over the data sets: " + "; ".join(parts) + ".")
+    if artefacts.height:
+        cells = ", ".join(f"{r['model']} {_name(r['task'])} ({r['ed']})" for r in artefacts.iter_rows(named=True))
+        text.append(f"Left out as a rule artefact (lens-KL ED ≤ {KL_ARTEFACT}): {cells}.")
+    return " ".join(text)
 
 
-def difficulty_finding(summary: pl.DataFrame, order: Sequence[str] = TASK_ORDER) -> str:
-    """Does ED rise with the difficulty of the data set (in ``order``), per model and rule?"""
-    rows = _defined(summary).filter(pl.col("task").is_in(list(order)))
+def _trend(by_task: Mapping[str, Mapping], order: Sequence[str], tolerance: float) -> str:
+    present = [t for t in order if t in by_task]
+    ratios = [by_task[t]["ratio"] for t in present]
+    spread = max(ratios) - min(ratios)
+    if spread <= tolerance:
+        return f"spread {spread:.2f}: consistent — **we agree**"
+    if ratios == sorted(ratios) and spread > 2 * tolerance:
+        return f"spread {spread:.2f}: rises with difficulty — **we disagree**"
+    if ratios == sorted(ratios, reverse=True) and spread > 2 * tolerance:
+        return f"spread {spread:.2f}: falls with difficulty — **we disagree**"
+    return f"spread {spread:.2f}, no clear trend — **unclear**"
+
+
+def difficulty_finding(
+    summary: pl.DataFrame,
+    order: Sequence[str] = TASK_ORDER,
+    paper: pl.DataFrame | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
+) -> str:
+    """Does ED rise with the difficulty of the data set (in ``order``), per model and rule? ``groups``
+    (name → ordered task labels, e.g. MATH levels) are summarized too."""
+    rows = _defined(summary)
     text = [f"**Task difficulty.** The paper finds that {CLAIMS['difficulty']}."]
-    if rows.height == 0:
+    if rows.filter(pl.col("task").is_in(list(order))).is_empty():
         return text[0] + " We have no defined ED on these data sets: **cannot tell**."
     for model in sorted(rows["model"].unique().to_list()):
-        parts = []
+        parts, artefacts = [], []
         for rule in RULE_LABELS.values():
             mine = rows.filter(pl.col("model") == model, pl.col("rule") == rule)
             by_task = {r["task"]: r for r in mine.iter_rows(named=True)}
-            present = [t for t in order if t in by_task]
+            kept = {
+                t: r
+                for t, r in by_task.items()
+                if not (rule == RULE_LABELS["logit_lens_kl"] and r["ed"] <= KL_ARTEFACT)
+            }
+            artefacts += [f"{_name(t)} ({by_task[t]['ed']})" for t in order if t in by_task and t not in kept]
+            present = [t for t in order if t in kept]
             if len(present) < 2:
                 continue
-            cells = " → ".join(f"{_name(t)} {_cell(by_task[t])}" for t in present)
-            first, last = by_task[present[0]], by_task[present[-1]]
-            eds = [by_task[t]["ed"] for t in present]
-            if all(_overlap(by_task[a], by_task[b]) for a, b in combinations(present, 2)):
-                verdict = "intervals overlap: consistent — **we agree**"
-            elif eds == sorted(eds) and last["ed"] > first["ed"]:
-                verdict = "rises with difficulty, intervals apart — **we disagree**"
-            elif eds == sorted(eds, reverse=True) and last["ed"] < first["ed"]:
-                verdict = "falls with difficulty, intervals apart — **we disagree**"
-            else:
-                verdict = "changes without a monotone trend — **unclear**"
-            parts.append(f"{rule} {cells} ({verdict})")
-        n = rows.filter(pl.col("model") == model)["n_examples"]
-        text.append(f"{model} (n = {n.min()}–{n.max()} prompts per data set): " + "; ".join(parts) + ".")
-    return " ".join([*text, CAVEAT])
+            tolerance = (paper_spread(paper, rule, "task") if paper is not None else 0.0) + SAMPLING_SLACK
+            cells = " → ".join(
+                f"{_name(t)} {format_ed(kept[t]['ed'], kept[t]['ratio'], kept[t]['ci_low'], kept[t]['ci_high'])}"
+                for t in present
+            )
+            line = f"{rule} {cells} ({_trend(kept, present, tolerance)})"
+            for name, levels in (groups or {}).items():
+                within = {r["task"]: r for r in mine.iter_rows(named=True) if r["task"] in levels}
+                ratios = [within[t]["ratio"] for t in levels if t in within]
+                if len(ratios) >= 2:
+                    line += f"; by {name} {min(ratios):.2f}–{max(ratios):.2f}"
+            parts.append(line)
+        n = rows.filter(pl.col("model") == model, pl.col("task").is_in(list(order)))["n_examples"]
+        sentence = f"{model} (n = {n.min()}–{n.max()} prompts per data set): " + "; ".join(parts) + "."
+        if artefacts:
+            sentence += f" Left out as a rule artefact (lens-KL ED ≤ {KL_ARTEFACT}): {', '.join(artefacts)}."
+        text.append(sentence)
+    return " ".join(text)
+
+
+def _reason(text: str) -> str:
+    """The gist of a load error: its first clause after the model name."""
+    core = text.split(": ", 1)[-1] if text.startswith("cannot load model") else text
+    return core.split(". ")[0].rstrip(".")
 
 
 def long_cot_finding(
@@ -158,19 +206,20 @@ def long_cot_finding(
     unavailable: Mapping[str, str] | None = None,
     paper: pl.DataFrame | None = None,
 ) -> str:
-    """ED(long-CoT) − ED(base) per pair, rule and data set, ours where measured, else the paper's."""
+    """ED(long-CoT) − ED(base) per pair, rule and data set: ours where measured, the paper's always."""
     text = [f"**Long-CoT training.** The paper finds that {CLAIMS['long_cot']}."]
     unavailable = dict(unavailable or {})
     rows = _defined(summary)
     measured_any = False
     not_measured: dict[str, list[str]] = {}  # reason → models
+    order = " / ".join(_name(t) for t in TASK_ORDER)
     for pair in pairs:
         base, long_cot = str(pair["base"]), str(pair["long_cot"])
         missing = [m for m in (base, long_cot) if m in unavailable or rows.filter(pl.col("model") == m).is_empty()]
+        for m in missing:
+            models = not_measured.setdefault(_reason(unavailable.get(m, "no results")), [])
+            models += [m] if m not in models else []
         if missing:
-            for m in missing:
-                models = not_measured.setdefault(unavailable.get(m, "no results"), [])
-                models += [m] if m not in models else []
             continue
         measured_any = True
         parts = []
@@ -180,38 +229,45 @@ def long_cot_finding(
                 b = rows.filter(pl.col("model") == base, pl.col("rule") == rule, pl.col("task") == task)
                 c = rows.filter(pl.col("model") == long_cot, pl.col("rule") == rule, pl.col("task") == task)
                 if b.height and c.height:
-                    b_row, c_row = b.row(0, named=True), c.row(0, named=True)
-                    apart = "" if _overlap(b_row, c_row) else " (intervals apart)"
-                    deltas.append(f"{_name(task)} {c_row['ed'] - b_row['ed']:+d}{apart}")
+                    deltas.append(_signed(c.row(0, named=True)["ed"] - b.row(0, named=True)["ed"]))
             if deltas:
-                parts.append(f"{rule} {', '.join(deltas)}")
-        text.append(f"Ours, {long_cot} − {base}: " + "; ".join(parts) + ".")
+                parts.append(f"{rule} {'/'.join(deltas)}")
+        text.append(f"Ours, {long_cot} − {base} ({order}): " + "; ".join(parts) + ".")
     for reason, models in not_measured.items():
-        text.append(f"Not measured here: {', '.join(models)} — {reason}.")
+        text.append(f"Not measured here ({len(models)} model(s): {reason}).")
     largest = None
     if paper is not None and pairs:
         from .reference import pair_deltas
 
-        deltas = pair_deltas(paper, list(pairs)).with_columns(
-            pl.col("task").replace_strict({t: i for i, t in enumerate(TASK_ORDER)}, default=9).alias("order")
-        )
+        deltas = pair_deltas(paper, list(pairs))
         if deltas.height:
             by_pair = []
             for (base, long_cot), frame in deltas.group_by("base", "long_cot", maintain_order=True):
-                ordered = frame.sort("rule", "order").iter_rows(named=True)
-                values = ", ".join(f"{r['rule']} {_name(r['task'])} {r['delta']:+d}" for r in ordered)
-                by_pair.append(f"{long_cot} − {base}: {values}")
-            outlier = deltas.filter(pl.col("delta").abs() > 10)
-            typical = deltas.filter(pl.col("delta").abs() <= 10)["delta"].abs()
-            largest = int(typical.max()) if typical.len() else None
-            note = (
-                f" (the {outlier.height} change(s) beyond ±10 layers come from a single lens-KL value of 1 in the "
-                "paper's table, where the half-maximum rule fires at the first layers: an outlier, not deeper use)"
-                if outlier.height
+                values = []
+                for rule in RULE_LABELS.values():
+                    cells = {r["task"]: r for r in frame.filter(pl.col("rule") == rule).iter_rows(named=True)}
+                    marks = [
+                        _signed(cells[t]["delta"])
+                        + (
+                            "*"
+                            if min(cells[t]["ed_base"], cells[t]["ed_long_cot"]) <= KL_ARTEFACT
+                            and rule == RULE_LABELS["logit_lens_kl"]
+                            else ""
+                        )
+                        for t in TASK_ORDER
+                        if t in cells
+                    ]
+                    values.append(f"{rule} {'/'.join(marks)}")
+                by_pair.append(f"{long_cot} − {base}: {'; '.join(values)}")
+            clean = deltas.filter(pl.min_horizontal("ed_base", "ed_long_cot") > KL_ARTEFACT)
+            largest = int(clean["delta"].abs().max()) if clean.height else None
+            star = (
+                f" (* a lens-KL ED ≤ {KL_ARTEFACT}: the rule fires at the first layers; an artefact, left out)"
+                if deltas.height > clean.height
                 else ""
             )
-            text.append("The paper's own deltas: " + "; ".join(by_pair) + note + ".")
+            text.append(f"The paper's deltas ({order}): " + " | ".join(by_pair) + star + ".")
     if not measured_any:
-        tail = "" if largest is None else f", whose other changes are at most {largest} layer(s) either way"
-        text.append(f"With no pair measurable here, **we cannot tell**: the verdict rests on the paper alone{tail}.")
+        tail = "" if largest is None else f"; apart from artefacts its changes are at most {largest} layer(s)"
+        text.append(f"With no pair measured here, **we cannot tell**: the verdict rests on the paper alone{tail}.")
     return " ".join(text)

@@ -4,7 +4,7 @@ Every builder takes the long frames of ``study.Study`` (or what a probe function
 with ``model=`` / ``task=``) and returns an Altair chart; ``show`` turns one into notebook output
 that every viewer can draw: in the book, an HTML container whose spec the page's one copy of Vega
 renders (``effdepth-vega.js``, written by the ``sphinx_vega`` extension: no CDN); in JupyterLab and
-VS Code, the standard Vega-Lite output; on GitHub and anywhere without JavaScript, a static PNG
+VS Code, the standard Vega-Lite output; on GitHub and anywhere without JavaScript, a static image
 inside the container. ``save`` writes any chart as SVG or PNG for a paper.
 """
 
@@ -135,7 +135,7 @@ def save(chart: alt.TopLevelMixin, path, scale: float = 2.0) -> None:
 
 
 class ChartOutput:
-    """Notebook output of one chart: an HTML container (holding a static PNG until the page's Vega
+    """Notebook output of one chart: an HTML container (holding a static image until the page's Vega
     draws the chart) with the script that queues its spec for the book's ``effdepth-vega.js``, and
     the standard Vega-Lite output for JupyterLab and VS Code."""
 
@@ -146,19 +146,21 @@ class ChartOutput:
         self.element_id = f"effdepth-chart-{digest}-{next(_counter)}"
         self._json = text
 
-    def fallback_png(self) -> str:
-        """A static rendering (base64 PNG) for viewers that run no JavaScript."""
+    def fallback_image(self) -> str:
+        """A static rendering for viewers that run no JavaScript: a JPEG (quality 70, a third of
+        the PNG's size for these charts), base64."""
         import base64
 
         import vl_convert
 
-        return base64.b64encode(vl_convert.vegalite_to_png(_fixed_width(self.spec), scale=1.0)).decode()
+        image = vl_convert.vegalite_to_jpeg(_fixed_width(self.spec), scale=1.0, quality=70)
+        return base64.b64encode(image).decode()
 
     def html(self) -> str:
         payload = self._json.replace("</", "<\\/")  # never end the script early
         image = (
             f'<img class="effdepth-fallback" alt="chart (static image; the interactive chart needs JavaScript)" '
-            f'src="data:image/png;base64,{self.fallback_png()}" style="max-width: 100%">'
+            f'src="data:image/jpeg;base64,{self.fallback_image()}" style="max-width: 100%">'
         )
         return (
             f'<div class="effdepth-chart" id="{self.element_id}">{image}</div>\n'
@@ -280,7 +282,9 @@ def contribution_bars(cosine: pl.DataFrame, width: int = CONTENT_WIDTH) -> alt.C
         .properties(width=width, height=170)
     )
     cos = base.transform_filter(alt.datum.kind == "cos").encode(y=alt.Y("value:Q", title="cosine with residual"))
-    rel = base.transform_filter(alt.datum.kind == "rel").encode(y=alt.Y("value:Q", title="‖write‖ / ‖residual‖"))
+    rel = base.transform_filter(alt.datum.kind == "rel").encode(  # log: layer 0 writes ~10× more than the rest
+        y=alt.Y("value:Q", title="‖write‖ / ‖residual‖ (log)", scale=alt.Scale(type="symlog", constant=0.1))
+    )
     return _pickers(alt.vconcat(cos.add_params(pick), rel, data=frame), frame)
 
 
@@ -360,7 +364,7 @@ def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
             "model", "skipped_layer", "layer", "part", "value"
         )
     ).with_columns(pl.col("part").replace(SUBLAYERS))
-    parts = [p for p in SUBLAYERS.values() if p in set(frame["part"].to_list())]
+    parts = [p for p in reversed(SUBLAYERS.values()) if p in set(frame["part"].to_list())]  # whole layer first
     part = alt.param(name="part", value=parts[0], bind=alt.binding_select(options=parts, name="skipped "))
     chart = (
         alt.Chart(frame)
@@ -369,7 +373,11 @@ def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
         .encode(
             x=alt.X("layer:O", title="layer measured"),
             y=alt.Y("skipped_layer:O", title="layer skipped"),
-            color=alt.Color("value:Q", title="effect", scale=alt.Scale(scheme="viridis", domainMin=0)),
+            color=alt.Color(  # sqrt: a few large effects (the skipped layer itself) would wash out the rest
+                "value:Q",
+                title="relative change (sqrt scale)",
+                scale=alt.Scale(scheme="viridis", domainMin=0, type="sqrt"),
+            ),
             tooltip=["part:N", "skipped_layer:O", "layer:O", alt.Tooltip("value:Q", format=".3f")],
         )
         .add_params(part)
@@ -514,7 +522,7 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
             "params_m:Q",
             title="parameters (millions, log)",
             scale=alt.Scale(type="log"),
-            axis=alt.Axis(values=[50, 100, 200, 500, 1000, 2000, 5000]),
+            axis=alt.Axis(values=[100, 300, 1000, 3000], format="~s"),
         ),
     }[x]
     pick = alt.selection_point(fields=["rule"], bind="legend")
@@ -541,7 +549,7 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
     bars = base.mark_rule().encode(y="ratio_low:Q", y2="ratio_high:Q")
     return (
         alt.layer(bars, points, data=frame)
-        .properties(width=165, height=200)
+        .properties(width=140, height=200)
         .facet(column=alt.Column("task:N", title=None, sort=frame["task"].unique(maintain_order=True).to_list()))
         .add_params(pick)
     )
@@ -559,24 +567,32 @@ def relative_depth_curves(curves: pl.DataFrame, metrics: Sequence[str]) -> alt.C
         4,
     )
     pick = alt.selection_point(fields=["model"], bind="legend")
-    chart = (
-        alt.Chart()
-        .mark_line(point=alt.OverlayMarkDef(size=15))
-        .encode(
-            x=alt.X("rel_depth:Q", title="relative depth (layer / L)", scale=alt.Scale(domain=[0, 1])),
-            y=alt.Y("value:Q", title="value (see the panel's title)"),
-            color=alt.Color("model:N", title="model"),
-            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.1)),
-            tooltip=["model:N", "task:N", "panel:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
+
+    def panel(metric: str, first: bool) -> alt.Chart:
+        chart = (
+            alt.Chart(frame.filter(pl.col("metric") == metric))
+            .mark_line(point=alt.OverlayMarkDef(size=15))
+            .encode(
+                x=alt.X("rel_depth:Q", title="relative depth (layer / L)", scale=alt.Scale(domain=[0, 1])),
+                y=alt.Y("value:Q", title=METRIC_TITLES.get(metric, metric)),
+                color=alt.Color("model:N", title="model"),
+                opacity=alt.condition(pick, alt.value(1.0), alt.value(0.1)),
+                tooltip=["model:N", "task:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
+            )
+            .properties(width=230, height=150)
         )
-        .add_params(pick)
-        .properties(width=260, height=160)
-    )
-    order = [METRIC_TITLES.get(m, m) for m in metrics]
-    faceted = alt.FacetChart(
-        data=frame, spec=chart, facet=alt.Facet("panel:N", title=None, sort=order), columns=2
-    ).resolve_scale(y="independent")
-    return _pickers(faceted, frame, ("task",))
+        return chart.add_params(pick) if first else chart
+
+    tasks = _picker_params(frame, ("task",))
+    panels = []
+    for index, metric in enumerate(metrics):
+        chart = panel(metric, index == 0)
+        for name, param in tasks:  # each panel carries its own data: filter each one
+            chart = chart.transform_filter(alt.datum[name] == param)
+        if index == 0:
+            chart = chart.add_params(*(param for _, param in tasks))
+        panels.append(chart)
+    return alt.concat(*panels, columns=2)
 
 
 @_needs_data

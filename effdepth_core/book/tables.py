@@ -13,7 +13,6 @@ from ..labels import CELL_LEGEND, RULE_LABELS, format_ed
 from .findings import TASK_NAMES, TASK_ORDER
 from .reference import OURS, PAPER
 
-QUANTIZED = "Ours: quantized GGUF checkpoints dequantized to float32; the paper: bf16 hub weights of other models."
 HIGHLIGHT = "#fff3cd"
 # our model → the paper's model of the same architecture (both Qwen2.5, 28 layers, 12/2 heads)
 COMPARABLE = {"qwen2.5-coder-1.5b": "Qwen2.5-1.5B-Instruct"}
@@ -62,25 +61,28 @@ def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str
         if group:
             gt = gt.tab_spanner(label=rule, columns=group)
     rows = wide.with_row_index()
-    pair_rows = rows.filter(pl.col("model").is_in([*comparable, *comparable.values()]))["index"].to_list()
-    if pair_rows:
+    present_models = set(rows["model"].to_list())
+    both = {a: b for a, b in comparable.items() if a in present_models and b in present_models}
+    pair_rows = rows.filter(pl.col("model").is_in([*both, *both.values()]))["index"].to_list()
+    if pair_rows:  # only when both rows of a like-for-like pair are in the table
         gt = gt.tab_style(style=style.fill(color=HIGHLIGHT), locations=loc.body(rows=pair_rows))
-        pairs = "; ".join(f"{a} (ours) and {b} (the paper)" for a, b in comparable.items())
+        pairs = "; ".join(f"{a} (ours) and {b} (the paper)" for a, b in both.items())
         gt = gt.tab_footnote(
             f"Highlighted: the like-for-like pair, same architecture and depth — {pairs}.",
             locations=loc.stub(rows=pair_rows[:1]),
+            placement="right",
         )
-    outliers = rows.filter(pl.col("source") == PAPER)
-    for column in present:
-        low = outliers.filter(pl.col(column).str.starts_with("1 ("))["index"].to_list()
-        if low:
+    for column in present:  # lens-KL EDs of the first layers: the rule's artefact, ours and the paper's
+        low = rows.filter(pl.col(column).str.contains(r"^[0-2] \(") & pl.lit(column.startswith("lens KL|")))
+        if low.height:
             gt = gt.tab_footnote(
-                "ED 1: the KL half-maximum rule fires at the first layers; read it as an outlier of the rule, not "
-                "as a shallow model.",
-                locations=loc.body(columns=column, rows=low),
+                "Lens-KL ED ≤ 2: the half-maximum rule fires at the first layers; read it as an artefact of the "
+                "rule, not as a shallow model (the findings leave such cells out).",
+                locations=loc.body(columns=column, rows=low["index"].to_list()),
+                placement="right",
             )
     gt = gt.tab_style(style=style.css("white-space: nowrap"), locations=loc.body())
-    return _compact(gt.tab_source_note(f"Each cell: ED (ratio (ED + 1) / L). {QUANTIZED}"))
+    return _compact(gt.tab_source_note("Each cell: ED (ratio (ED + 1) / L)."))
 
 
 def ed_summary(summary: pl.DataFrame) -> GT:
