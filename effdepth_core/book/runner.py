@@ -168,10 +168,12 @@ def execute(
                 f"(the notebook with the traceback: {output.relative_to(root)})"
             ) from exc
         executed = nbformat.read(output, as_version=4)
-        for cell in executed.cells:  # the injected parameters: folded on the page, one click away
-            tags = cell.metadata.get("tags", [])
-            if "injected-parameters" in tags and "hide-cell" not in tags:
-                cell.metadata["tags"] = [*tags, "hide-cell"]
+        injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        for cell in injected:  # the injected parameters: folded on the page, one click away, under the title
+            cell.metadata["tags"] = [*cell.metadata["tags"], "hide-cell"]
+            executed.cells.remove(cell)
+            heading = next((i for i, c in enumerate(executed.cells) if c.cell_type == "markdown"), -1)
+            executed.cells.insert(heading + 1, cell)
         nbformat.write(executed, output)
         timings.append((item, time.perf_counter() - started))
     return timings
