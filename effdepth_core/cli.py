@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -222,6 +223,8 @@ def _settings(args: argparse.Namespace):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.no_progress:  # before tqdm is imported: it reads TQDM_DISABLE once (the GGUF loader's bars)
+        os.environ["TQDM_DISABLE"] = "1"
     from .models import quiet_libraries
     from .results import parse_probes, run
 
@@ -304,30 +307,45 @@ def _book_extra() -> None:
 def _cmd_plot(args: argparse.Namespace) -> int:
     from .rundir import read_metadata
 
-    if args.out.suffix not in (".svg", ".png"):
-        raise EffdepthError(f"--out must end in .svg or .png, not {args.out.name!r}")
-    if not args.out.parent.is_dir():
-        raise EffdepthError(f"--out {args.out}: no such directory {args.out.parent}")
-    if args.out.exists():
-        raise EffdepthError(f"--out {args.out} exists; effdepth does not overwrite files: choose another name")
-    metadata = read_metadata(args.run_dir)
+    run_dir, out = args.run_dir.expanduser(), args.out.expanduser()
+    if out.suffix not in (".svg", ".png"):
+        raise EffdepthError(f"--out must end in .svg or .png, not {out.name!r}")
+    if not out.parent.is_dir():
+        raise EffdepthError(f"--out {out}: no such directory {out.parent}")
+    if out.exists() or out.is_symlink():
+        raise EffdepthError(f"--out {out} exists; effdepth does not overwrite files: choose another name")
+    metadata = read_metadata(run_dir)
     if metadata is None:
-        raise EffdepthError(f"{args.run_dir} is not an effdepth run directory (no effdepth metadata.json)")
+        raise EffdepthError(f"{run_dir} is not an effdepth run directory (no effdepth metadata.json)")
     probe, builder, per_example = PLOT_CHARTS[args.chart]
-    source = args.run_dir / (f"{probe}_by_example.parquet" if per_example else f"{probe}.parquet")
-    if not source.is_file():
-        raise EffdepthError(f"{args.run_dir} has no {probe} results; run `effdepth run --probes {probe}` there first")
+    source = run_dir / (f"{probe}_by_example.parquet" if per_example else f"{probe}.parquet")
+    if probe not in metadata.get("probes", {}) or not source.is_file():
+        raise EffdepthError(f"{run_dir} has no {probe} results; run `effdepth run --probes {probe}` there first")
     _book_extra()
     import polars as pl
 
     from .book import plots
 
+    try:
+        frame = pl.read_parquet(source)
+    except Exception as exc:  # polars raises several types for a damaged file
+        raise EffdepthError(f"the cached {source} is damaged ({type(exc).__name__}); rerun the probe") from exc
+    options = {}
+    if probe == "skip":  # draw the future-token variant when it was run, else the all-token one
+        variants = set(frame["variant"].unique().to_list()) if "variant" in frame.columns else set()
+        options["variant"] = "future" if "future" in variants or not variants else sorted(variants)[0]
     label = metadata.get("settings", {})
-    chart = getattr(plots, builder)(pl.read_parquet(source), model=label.get("model"), task=label.get("task"))
+    try:
+        chart = getattr(plots, builder)(frame, model=label.get("model"), task=label.get("task"), **options)
+    except (pl.exceptions.PolarsError, KeyError) as exc:
+        raise EffdepthError(f"{source} does not hold what a {args.chart} chart needs ({type(exc).__name__})") from exc
     if isinstance(chart, plots.Note):
         raise EffdepthError(f"{source} holds no values to draw")
-    plots.save(chart, args.out)
-    print(f"effdepth: wrote {args.out}")
+    try:
+        plots.save(chart, out)
+    except OSError as exc:
+        raise EffdepthError(f"cannot write --out {out} ({exc.strerror or exc})") from exc
+    print(f"effdepth: wrote {out}")
     return 0
 
 
@@ -336,7 +354,7 @@ def _cmd_book(args: argparse.Namespace) -> int:
     from .book.runner import SECTIONS, execute, find_set, parameter_sets, parameters_yaml, write_findings, write_toc
 
     root = args.root.resolve()
-    if args.print_params:
+    if args.print_params is not None:
         print(parameters_yaml(find_set(root, args.print_params, args.profile)), end="")
         return 0
     if args.params and not args.section:
@@ -347,7 +365,7 @@ def _cmd_book(args: argparse.Namespace) -> int:
         return 0
     sections = [args.section] if args.section else list(SECTIONS)
     sets = [s for section in sections for s in parameter_sets(root, section, args.profile, args.params)]
-    if args.only:
+    if args.only is not None:
         sets = [s for s in sets if s.name == args.only]
         if not sets:
             raise EffdepthError(f"no parameter set named {args.only!r} in {', '.join(sections)} ({args.profile})")
@@ -396,6 +414,7 @@ def _read_summary(path: Path) -> dict | None:
                 settings = json.loads((path.parent / "metadata.json").read_text(encoding="utf-8"))["settings"]
             except (OSError, ValueError, KeyError, TypeError):
                 settings = {}
+            settings = settings if isinstance(settings, dict) else {}
             summary.setdefault("n_asked", settings.get("n", summary["n_examples"]))
             if settings.get("level") is not None:
                 summary.setdefault("level", settings["level"])
@@ -414,7 +433,12 @@ def _cmd_table(args: argparse.Namespace) -> int:
     for directory in args.dirs:
         if not directory.exists():
             raise EffdepthError(f"no such directory: {directory}")
-        files += [directory] if directory.is_file() else sorted(directory.rglob("effective_depth.json"))
+        found = [directory] if directory.is_file() else sorted(directory.rglob("effective_depth.json"))
+        for path in found:  # a FIFO or a directory of that name would hang or fail: only regular files
+            if path.is_file():
+                files.append(path)
+            else:
+                print(f"effdepth: warning: skipping {path} (not a regular file)", file=sys.stderr)
     if not files:
         raise EffdepthError(f"no effective_depth.json under {', '.join(map(str, args.dirs))}; run `effdepth run` first")
     summaries = [s for s in map(_read_summary, files) if s is not None]

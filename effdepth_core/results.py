@@ -35,7 +35,7 @@ from .probes import (
     skip_summary,
     token_weighted_mean,
 )
-from .rundir import RunDirectory
+from .rundir import OutputDirectoryError, RunDirectory
 from .tasks import AIME_MAX_TOKENS, Example, check_task, load_task
 
 
@@ -418,6 +418,12 @@ def run(
     directory = RunDirectory.open(plan.out, plan.key, settings.numbers(), PROBE_NAMES, overwrite)
     try:
         missing = [p for p in plan.names if not directory.has_probe(p)]
+        foreign = directory.foreign_files_for(missing)
+        if foreign:
+            raise OutputDirectoryError(
+                f"--out {directory.path} holds {', '.join(foreign)}, which no effdepth run there wrote; effdepth "
+                "does not overwrite them: move them away or choose another --out"
+            )
         if missing or not directory.has_examples():
             loaded, examples = _load(settings, plan.names, loaded, plan.examples)
             metadata = None
@@ -466,15 +472,21 @@ def _summarize(settings: RunSettings, directory: RunDirectory, n_bootstrap: int)
     metadata = directory.read_metadata_or_fail()
     per_example, curves = directory.read_probes(metadata)  # earlier calls' too
     n_layers = int(metadata["n_layers"])
-    depth = effective_depth(
-        per_example.get("cosine"),
-        per_example.get("logit_lens"),
-        n_layers,
-        kl_fraction=settings.kl_fraction,
-        overlap_threshold=settings.overlap_threshold,
-        n_bootstrap=n_bootstrap,
-        seed=settings.seed,
-    )
+    try:
+        depth = effective_depth(
+            per_example.get("cosine"),
+            per_example.get("logit_lens"),
+            n_layers,
+            kl_fraction=settings.kl_fraction,
+            overlap_threshold=settings.overlap_threshold,
+            n_bootstrap=n_bootstrap,
+            seed=settings.seed,
+        )
+    except (pl.exceptions.PolarsError, KeyError, ValueError) as exc:
+        raise EffdepthError(
+            f"the cached probe files in {directory.path} do not match its metadata ({type(exc).__name__}); "
+            "delete the directory's effdepth files, or rerun with --overwrite into a new --out"
+        ) from exc
     summary = {
         "model": settings.model,
         "task": settings.task,

@@ -87,8 +87,11 @@ def is_complete(out: Path, key: str, probes) -> bool:
 def read_metadata(out: Path) -> dict | None:
     """The run directory's metadata, or None when ``out`` holds no effdepth metadata (a missing,
     unreadable or hand-damaged file is not effdepth's)."""
+    path = out / METADATA
+    if not path.is_file():  # a FIFO or a directory of that name is not effdepth's (and reading a FIFO hangs)
+        return None
     try:
-        metadata = json.loads((out / METADATA).read_text(encoding="utf-8"))
+        metadata = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(metadata, dict) or not isinstance(metadata.get("key"), str) or "effdepth_version" not in metadata:
@@ -100,7 +103,12 @@ def read_metadata(out: Path) -> dict | None:
 
 def describes_a_run(metadata: dict) -> bool:
     """Whether the metadata holds the model facts a finished start wrote (n_layers, n_examples)."""
-    return all(isinstance(metadata.get(k), int) and metadata[k] > 0 for k in ("n_layers", "n_examples"))
+
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    asked = metadata.get("n_asked", metadata.get("n_examples"))
+    return count(metadata.get("n_layers")) and count(metadata.get("n_examples")) and count(asked)
 
 
 def _differences(old: dict, new: dict) -> str:
@@ -226,6 +234,14 @@ class RunDirectory:
         """Finished here: recorded in the metadata, and its marker file is present."""
         recorded = name in (self.metadata or {}).get("probes", {})
         return not self.stale and recorded and (self.path / f"{name}_by_example.parquet").is_file()
+
+    def foreign_files_for(self, probes) -> list[str]:
+        """Files that writing ``probes`` would replace but that no effdepth run here recorded (a
+        user's file of the same name): effdepth refuses rather than overwrite them."""
+        recorded = tuple((self.metadata or {}).get("probes", {}))  # by the run here (also a stale one)
+        names = [f"{p}.parquet" for p in probes] + [f"{p}_by_example.parquet" for p in probes]
+        names += [f"{d}.parquet" for d in DERIVED if "skip" in probes]
+        return [n for n in names if (self.path / n).exists() and not is_own_file(n, recorded)]
 
     def has_examples(self) -> bool:
         return not self.stale and (self.path / EXAMPLES).is_file()

@@ -154,3 +154,21 @@ def test_effdepth_plot_saves_a_chart_and_never_overwrites(tiny_dir, tmp_path, ca
     assert main(["plot", str(run), "--chart", "lens", "--out", str(svg)]) == 2  # exists: refused
     assert main(["plot", str(run), "--chart", "erasure", "--out", str(tmp_path / "e.png")]) == 2  # not run
     assert "no erasure results" in capsys.readouterr().err
+
+
+def test_effdepth_plot_handles_odd_runs_and_outputs(tiny_dir, tmp_path, capsys, monkeypatch):
+    from effdepth_core.cli import main
+
+    run = tmp_path / "current"
+    argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "1", "--out", str(run), "--no-progress"]
+    assert main([*argv, "--probes", "skip", "--skip-variants", "current"]) == 0
+    assert main(["plot", str(run), "--chart", "skip", "--out", str(tmp_path / "s.svg")]) == 0  # the all-token skips
+    assert main(["plot", str(run), "--chart", "skip-output", "--out", "/proc/effdepth.svg"]) == 2  # not writable
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["plot", str(run), "--chart", "skip-output", "--out", "~/home.svg"]) == 0
+    assert (tmp_path / "home.svg").is_file()
+    (run / "skip.parquet").write_bytes(b"PAR1 damaged")
+    capsys.readouterr()
+    assert main(["plot", str(run), "--chart", "skip", "--out", str(tmp_path / "t.svg")]) == 2
+    assert "damaged" in capsys.readouterr().err
+    assert main(["book", "--print-params", ""]) == 2  # an empty name is a mistake, not "every page"

@@ -186,3 +186,40 @@ def test_a_tilde_in_out_means_home(tiny_dir, tmp_path, capsys, monkeypatch):
     assert _run(capsys, *argv)[0] == 0
     assert (tmp_path / "home" / "efd" / "metadata.json").is_file()
     assert not [p for p in (tmp_path / "home").iterdir() if p.name != "efd"]  # nothing else written in home
+
+
+def test_a_users_file_named_like_a_new_probes_output_is_not_overwritten(tiny_dir, tmp_path, capsys):
+    argv = _copy_run(tiny_dir, tmp_path, capsys)
+    out = tmp_path / "run"
+    (out / "depth_score.parquet").write_text("user")
+    code, err = _run(capsys, *argv, "--probes", "skip")
+    assert code == 2 and "depth_score.parquet, which no effdepth run there wrote" in err
+    assert (out / "depth_score.parquet").read_text() == "user"
+
+
+def test_hand_damaged_counts_and_columns_are_one_line_errors(tiny_dir, tmp_path, capsys):
+    argv = _copy_run(tiny_dir, tmp_path, capsys)
+    out = tmp_path / "run"
+    metadata = json.loads((out / "metadata.json").read_text())
+    for damage in ({"n_asked": "x"}, {"n_asked": None}, {"n_layers": True}):
+        (out / "metadata.json").write_text(json.dumps({**metadata, **damage}))
+        code, err = _run(capsys, *argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "internal error" not in err, (damage, err)
+    (out / "metadata.json").write_text(json.dumps(metadata))
+    (out / "cosine_by_example.parquet").write_bytes((out / "logit_lens_by_example.parquet").read_bytes())
+    code, err = _run(capsys, *argv)
+    assert code == 2 and "do not match its metadata" in err
+
+
+def test_a_fifo_in_place_of_effdepths_files_does_not_hang(tiny_dir, tmp_path, capsys):
+    import os
+
+    out = tmp_path / "fifo"
+    out.mkdir()
+    os.mkfifo(out / "metadata.json")
+    code, err = _run(capsys, "run", "--model", str(tiny_dir), "--task", "addition", "--out", str(out))
+    assert code == 2 and "not an effdepth run directory" in err
+    table = tmp_path / "t"
+    table.mkdir()
+    os.mkfifo(table / "effective_depth.json")
+    assert _run(capsys, "table", str(table))[0] == 2

@@ -365,6 +365,8 @@ def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
         )
     ).with_columns(pl.col("part").replace(SUBLAYERS))
     parts = [p for p in reversed(SUBLAYERS.values()) if p in set(frame["part"].to_list())]  # whole layer first
+    if not parts:
+        return Note(f"No {variant}-token skip effects to draw.")
     part = alt.param(name="part", value=parts[0], bind=alt.binding_select(options=parts, name="skipped "))
     chart = (
         alt.Chart(frame)
