@@ -1,4 +1,4 @@
-"""The ``effdepth`` command line: run | models | table | book."""
+"""The ``effdepth`` command line: run | models | table | plot | map | book."""
 
 from __future__ import annotations
 
@@ -173,6 +173,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     book.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
+    linear = commands.add_parser(
+        "map", help="cross-model linear map: how well each small-model layer predicts each big-model layer", **common
+    )
+    linear.add_argument("--small", required=True, help="the shallower model (alias, dir, .gguf or hub id)")
+    linear.add_argument("--big", required=True, help="the deeper model; must share the small one's tokenizer")
+    linear.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file")
+    linear.add_argument("--n", type=_positive, default=10, help="prompts: the first half fits the maps, the rest tests")
+    linear.add_argument("--ridge", type=float, default=0.0, help="ridge penalty on the map weights (not the bias)")
+    linear.add_argument("--max-tokens", type=_positive, help="drop longer prompts")
+    linear.add_argument("--seed", type=int, default=0)
+    linear.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
+    linear.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    linear.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    linear.add_argument("--out", type=Path, help="write the long frame to this new .parquet file")
+    linear.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
     plot = commands.add_parser("plot", help="save a chart of a run directory as SVG or PNG", **common)
     plot.add_argument("run_dir", type=Path, help="a run directory (effdepth run --out, or results/...)")
     plot.add_argument("--chart", required=True, choices=PLOT_CHARTS, help="which chart")
@@ -302,6 +318,50 @@ def _book_extra() -> None:
         raise EffdepthError(
             f"this command needs the book extra ({', '.join(missing)} missing): pip install 'effdepth[book]'"
         )
+
+
+def _cmd_map(args: argparse.Namespace) -> int:
+    if args.no_progress:
+        os.environ["TQDM_DISABLE"] = "1"
+    if args.n < 2:
+        raise EffdepthError("--n must be at least 2: half the prompts fit the maps, the other half test them")
+    if args.ridge < 0:
+        raise EffdepthError(f"--ridge must be non-negative, got {args.ridge}")
+    out = args.out.expanduser() if args.out else None
+    if out is not None and (out.suffix != ".parquet" or out.exists() or not out.parent.is_dir()):
+        raise EffdepthError(f"--out {out} must be a new .parquet file in an existing directory")
+    from .models import load_model, preflight_model, quiet_libraries
+    from .probes import cross_model_map
+    from .tasks import check_task, load_task
+
+    check_task(args.task)
+    if args.digits is not None and args.task not in ("addition", "multiplication"):
+        raise EffdepthError(f"--digits applies to addition and multiplication only, not {args.task!r}")
+    for spec in (args.small, args.big):
+        preflight_model(spec)
+    options = dict(n=args.n, seed=args.seed, digits=args.digits or 6, max_tokens=args.max_tokens)
+    load_task(args.task, **options)  # the task and n, before any model loads
+    if not args.debug:
+        quiet_libraries(progress=not args.no_progress)
+    small = load_model(args.small, device=args.device, dtype=args.dtype, progress=not args.no_progress)
+    big = load_model(args.big, device=args.device, dtype=args.dtype, progress=not args.no_progress)
+    examples = load_task(args.task, count_tokens=lambda text: int(small.encode(text).numel()), **options)
+    prompts = [e.prompt for e in examples]
+    half = len(prompts) // 2
+    frame = cross_model_map(small, big, prompts[:half], prompts[half:], ridge=args.ridge, progress=not args.no_progress)
+    errors = frame.filter(metric="relative_error")
+    print(f"held-out relative error |h_l - f(h_m)| / |h_l|; {half} prompts fit, {len(prompts) - half} test")
+    print(f"{'small m':>8} {'best big l':>10} {'error':>7} {'equal-depth l':>14} {'error there':>12}")
+    for m in range(small.n_layers + 1):
+        row = errors.filter(small_layer=m)
+        best = row.sort("value").row(0, named=True)
+        equal = round(m * big.n_layers / small.n_layers)
+        at_equal = row.filter(big_layer=equal)["value"].item()
+        print(f"{m:>8} {best['big_layer']:>10} {best['value']:>7.3f} {equal:>14} {at_equal:>12.3f}")
+    if out is not None:
+        frame.write_parquet(out)
+        print(f"effdepth: wrote {out}")
+    return 0
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
@@ -457,7 +517,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _cmd_run, "models": _cmd_models, "table": _cmd_table, "book": _cmd_book, "plot": _cmd_plot}
+    handlers = {
+        "run": _cmd_run,
+        "models": _cmd_models,
+        "table": _cmd_table,
+        "book": _cmd_book,
+        "plot": _cmd_plot,
+        "map": _cmd_map,
+    }
     try:
         with warnings.catch_warnings():
             if not args.debug:

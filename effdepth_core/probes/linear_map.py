@@ -1,0 +1,152 @@
+"""Cross-model linear map (method.md §7, Csordás Analysis 5): how well an affine map of a small
+model's residual h_m predicts a big model's h_l on the same tokens. A valley of the held-out error
+along equal *relative* depth means the deep model stretches the shallow one's computation.
+
+Memory is bounded, whatever the number of training tokens: the normal equations are accumulated
+(G_m = X̃_mᵀX̃_m and C_ml = X̃_mᵀY_l, X̃ = [h_m, 1]) for as many small layers at a time as fit in
+``memory_budget_mb``, one streamed pass over the training tokens per such chunk. The training
+residuals of both models are computed once and spilled to a temporary folder batch by batch (disk,
+not memory, grows with the number of tokens), so later passes cost reading, not forwards; only the
+held-out tokens' residuals are kept in memory whole.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+import polars as pl
+import torch
+from tqdm import tqdm
+
+from ..errors import EffdepthError
+from ..models import LoadedModel
+from ..trace import LayerTrace, forward, iter_batches, tokenize, trace_layers
+
+StateStream = Callable[[], Iterable[torch.Tensor]]  # each call: batches of [token, layer 0..L, d] float32
+
+
+def check_same_tokenizer(small: LoadedModel, big: LoadedModel) -> None:
+    """One-line error unless both models read the same token ids (the map needs one token stream)."""
+    vocab = [m.tokenizer.get_vocab() if m.tokenizer is not None else None for m in (small, big)]
+    if vocab[0] is None or vocab[1] is None or vocab[0] != vocab[1]:
+        sizes = " vs ".join(str(len(v)) if v is not None else "no tokenizer" for v in vocab)
+        raise EffdepthError(
+            f"{small.name} and {big.name} do not share a tokenizer (vocabularies: {sizes}); the map needs both "
+            "models on the same tokens: pick two models of one family"
+        )
+
+
+def residual_states(
+    loaded: LoadedModel, token_lists: Sequence[torch.Tensor], batch_size: int = 4
+) -> Iterator[torch.Tensor]:
+    """h_0..h_L of every real token, batch by batch: ``[token, L+1, d_model]`` float32."""
+    for batch in iter_batches(token_lists, batch_size, loaded.input_device):
+        layers: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
+
+        def on_layer(trace: LayerTrace, mask: torch.Tensor = batch.mask, layers: list = layers) -> None:
+            layers[trace.layer] = trace.h_in[mask].float().cpu()
+            if trace.layer == loaded.n_layers - 1:
+                layers[-1] = trace.h_out[mask].float().cpu()
+
+        with trace_layers(loaded, on_layer, sublayers=False):
+            forward(loaded, batch)
+        yield torch.stack(layers, dim=1)
+
+
+def _spilled(states: Iterable[torch.Tensor], folder: Path) -> StateStream:
+    """Write each batch of states to ``folder`` once; the returned stream reads them back in order."""
+    folder.mkdir()
+    files = []
+    for index, batch in enumerate(states):
+        files.append(folder / f"{index:06d}.pt")
+        torch.save(batch, files[-1])
+    return lambda: (torch.load(f) for f in files)
+
+
+def _with_bias(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x, torch.ones(*x.shape[:-1], 1, dtype=x.dtype)], dim=-1)
+
+
+def fit_errors(
+    train_small: StateStream,
+    train_big: StateStream,
+    test_small: torch.Tensor,
+    test_big: torch.Tensor,
+    ridge: float = 0.0,
+    memory_budget_mb: int = 1024,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Held-out relative error ``[small layer, big layer]``: mean over test tokens of
+    |h_l − f(h_m)| / |h_l| for the least-squares affine f fitted on the training streams (with
+    ``ridge`` on the weights, not the bias). ``test_*``: ``[token, layer, d]``."""
+    n_small, d_small = test_small.shape[1], test_small.shape[2]
+    n_big, d_big = test_big.shape[1], test_big.shape[2]
+    p = d_small + 1
+    per_layer = 8 * p * (p + n_big * d_big)  # float64 G_m and C_m·
+    chunk = max(1, min(n_small, (memory_budget_mb << 20) // per_layer))
+    errors = torch.empty(n_small, n_big, dtype=torch.float64)
+    y_test = test_big.double()  # [token, big layer, d_big]
+    y_norm = y_test.norm(dim=-1).clamp_min(1e-12)
+    passes = range(0, n_small, chunk)
+    for first in tqdm(passes, desc="linear map", unit="pass", disable=not progress):
+        layers = list(range(first, min(first + chunk, n_small)))
+        gram = torch.zeros(len(layers), p, p, dtype=torch.float64)
+        cross = torch.zeros(len(layers), p, n_big * d_big, dtype=torch.float64)
+        seen = 0
+        for xs, ys in zip(train_small(), train_big(), strict=True):
+            if xs.shape[0] != ys.shape[0]:
+                raise EffdepthError("the two models saw different numbers of tokens; they must share a tokenizer")
+            x = _with_bias(xs[:, layers].double()).transpose(0, 1)  # [chunk, token, p]
+            y = ys.double().reshape(ys.shape[0], -1)  # [token, big layer · d_big]
+            gram += x.transpose(1, 2) @ x
+            cross += x.transpose(1, 2) @ y
+            seen += xs.shape[0]
+        if seen <= p and ridge == 0:
+            raise EffdepthError(f"{seen} training tokens for {p} unknowns per map: give more prompts or a --ridge")
+        penalty = torch.diag(torch.cat([torch.full((d_small,), ridge, dtype=torch.float64), torch.zeros(1).double()]))
+        weights = torch.linalg.lstsq(gram + penalty, cross).solution  # [chunk, p, big layer · d_big]
+        for index, m in enumerate(layers):
+            prediction = (_with_bias(test_small[:, m].double()) @ weights[index]).view(-1, n_big, d_big)
+            errors[m] = ((y_test - prediction).norm(dim=-1) / y_norm).mean(dim=0)
+    return errors
+
+
+def cross_model_map(
+    small: LoadedModel,
+    big: LoadedModel,
+    train_prompts: Sequence[str | torch.Tensor],
+    test_prompts: Sequence[str | torch.Tensor],
+    ridge: float = 0.0,
+    batch_size: int = 4,
+    memory_budget_mb: int = 1024,
+    progress: bool = False,
+) -> pl.DataFrame:
+    """The held-out error of the affine map from each small layer m to each big layer l (0..L each,
+    m = 0 the embedding), as a long frame ``small_layer, big_layer, metric, value`` (metric
+    ``relative_error``), plus per small layer (``big_layer`` null) ``best_big_layer`` (the l with the
+    least error) and ``equal_depth_layer`` (m · L_big / L_small, where equal relative depth puts it).
+    Train and test prompts must be disjoint; both models read the small model's token ids."""
+    check_same_tokenizer(small, big)
+    train, test = tokenize(small, train_prompts), tokenize(small, test_prompts)
+    tokenize(big, [ids for ids in train + test])  # the big model's context length applies too
+    test_small = torch.cat(list(residual_states(small, test, batch_size)))
+    test_big = torch.cat(list(residual_states(big, test, batch_size)))
+    with tempfile.TemporaryDirectory(prefix="effdepth-map-") as spill:
+        streams = [
+            _spilled(residual_states(m, train, batch_size), Path(spill) / name)
+            for m, name in ((small, "small"), (big, "big"))
+        ]
+        errors = fit_errors(
+            *streams, test_small, test_big, ridge=ridge, memory_budget_mb=memory_budget_mb, progress=progress
+        )
+    rows = [
+        (m, b, "relative_error", float(errors[m, b])) for m in range(errors.shape[0]) for b in range(errors.shape[1])
+    ]
+    scale = (big.n_layers) / max(small.n_layers, 1)
+    for m in range(errors.shape[0]):
+        rows.append((m, None, "best_big_layer", float(errors[m].argmin())))
+        rows.append((m, None, "equal_depth_layer", m * scale))
+    schema = {"small_layer": pl.Int64, "big_layer": pl.Int64, "metric": pl.String, "value": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
