@@ -365,7 +365,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from .rundir import read_metadata
+    from .rundir import read_cached_frame, read_metadata
 
     run_dir, out = args.run_dir.expanduser(), args.out.expanduser()
     if out.suffix not in (".svg", ".png"):
@@ -386,10 +386,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
     from .book import plots
 
-    try:
-        frame = pl.read_parquet(source)
-    except Exception as exc:  # polars raises several types for a damaged file
-        raise EffdepthError(f"the cached {source} is damaged ({type(exc).__name__}); rerun the probe") from exc
+    frame = read_cached_frame(source)
     options = {}
     if probe == "skip":  # draw the future-token variant when it was run, else the all-token one
         variants = set(frame["variant"].unique().to_list()) if "variant" in frame.columns else set()

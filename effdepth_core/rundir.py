@@ -73,6 +73,16 @@ def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
     os.replace(tmp, path)
 
 
+def read_cached_frame(path: Path) -> pl.DataFrame:
+    """A cached parquet frame; one-line error when it is damaged."""
+    try:
+        return pl.read_parquet(path)
+    except Exception as exc:  # polars raises several types for a damaged file
+        raise EffdepthError(
+            f"the cached {path} is damaged ({type(exc).__name__}); delete it and rerun to compute it again"
+        ) from exc
+
+
 def is_complete(out: Path, key: str, probes) -> bool:
     """Whether ``out`` holds a finished run of ``key`` with every probe in ``probes``."""
     metadata = read_metadata(out)
@@ -284,13 +294,7 @@ class RunDirectory:
         return metadata
 
     def _read(self, name: str) -> pl.DataFrame:
-        path = self.path / name
-        try:
-            return pl.read_parquet(path)
-        except Exception as exc:  # polars raises several types for a damaged file
-            raise EffdepthError(
-                f"the cached {path} is damaged ({type(exc).__name__}); delete it and rerun to compute it again"
-            ) from exc
+        return read_cached_frame(self.path / name)
 
     def read_probes(self, metadata: dict) -> tuple[dict[str, pl.DataFrame], dict[str, pl.DataFrame]]:
         """Per-example frames and saved frames (derived ones included) of every probe the run's

@@ -178,16 +178,14 @@ def _read_lines(path: Path) -> list[str]:
     except OSError as exc:
         raise TaskError(f"cannot read task file {path} ({exc.strerror or exc})") from exc
     data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark (some editors write one)
-    lines = data.split(b"\n")
-    for number, raw in enumerate(lines, start=1):
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise TaskError(
-                f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
-                "save the file as UTF-8"
-            ) from exc
-    return data.decode("utf-8").split("\n")
+    try:
+        return data.decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        number = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise TaskError(
+            f"{path}:{number}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); save the file as UTF-8"
+        ) from exc
 
 
 def _jsonl(path: Path) -> list[Example]:
