@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import EffdepthError
-from .labels import CELL_LEGEND, DEFAULT_PROBES, PROBE_NAMES, RULE_LABELS, format_rule
+from .labels import CELL_LEGEND, DEFAULT_PROBES, LENSES, PROBE_NAMES, RULE_LABELS, TUNED_RULE_LABELS, format_rule
 
 TABLE_FORMATS = ("text", "csv", "markdown", "json")
 # chart name → (probe whose frames it draws, plots builder, per-example frame?)
@@ -25,9 +25,16 @@ PLOT_CHARTS = {
 }
 
 
+def _rule_labels(summaries: Sequence[dict]) -> dict[str, str]:
+    """The paper's rules, plus the tuned-lens rules where any run has them."""
+    tuned = {r: label for r, label in TUNED_RULE_LABELS.items() if any(r in s for s in summaries)}
+    return {**RULE_LABELS, **tuned}
+
+
 def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the Table-1-style view: one row per run, ED (ratio) [interval] per rule."""
-    header = ["model", "task", "level", "digits", "L", "n", "asked", *RULE_LABELS.values(), "depth score"]
+    rules = _rule_labels(summaries)
+    header = ["model", "task", "level", "digits", "L", "n", "asked", *rules.values(), "depth score"]
 
     def depth(s: dict) -> str:
         scores = s.get("depth_score") or {}
@@ -42,7 +49,7 @@ def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
             str(s["n_layers"]),
             str(s["n_examples"]),
             str(s.get("n_asked", s["n_examples"])),
-            *(format_rule(s.get(rule)) for rule in RULE_LABELS),
+            *(format_rule(s.get(rule)) for rule in rules),
             depth(s),
         ]
         for s in summaries
@@ -73,7 +80,7 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
     notes = [
         f"  {s['model']} / {s['task']} / {label}: {s[rule]['reason']}"
         for s in summaries
-        for rule, label in RULE_LABELS.items()
+        for rule, label in _rule_labels(summaries).items()
         if s.get(rule) and s[rule].get("reason")
     ]
     if notes:
@@ -150,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--igrad-steps", type=_positive, default=128, help="quadrature nodes or adaptive budget (igrad)")
     run.add_argument("--igrad-quadrature", default="adaptive", choices=["adaptive", "riemann", "gauss"])
     run.add_argument("--igrad-baseline", default="position-mean", choices=["position-mean", "hidden-mean"])
+    run.add_argument(
+        "--lens", default="logit", choices=LENSES, help="the lens of logit_lens and early_exit: logit, tuned or both"
+    )
+    run.add_argument("--lens-steps", type=_positive, default=200, help="tuned-lens training steps (cached per model)")
+    run.add_argument("--lens-tokens", type=_positive, default=8192, help="tuned-lens training tokens")
+    run.add_argument("--prune-sizes", default="", help="pruned block sizes k, comma list (default 1,2,4,ceil(L/4))")
     run.add_argument("--slow", action="store_true", help="one forward pass per intervention (the oracle; same numbers)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -162,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     book = commands.add_parser("book", help="execute the book's notebooks (papermill) from params/", **common)
-    book.add_argument("--section", choices=["scale", "difficulty", "long_cot"], help="one section (default: all)")
+    book.add_argument(
+        "--section", choices=["scale", "difficulty", "long_cot", "beyond"], help="one section (default: all)"
+    )
     book.add_argument("--params", type=Path, help="a section's parameter file (default params/<section>.yml)")
     book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")
     book.add_argument("--only", help="only the parameter set with this name")
@@ -234,6 +249,10 @@ def _settings(args: argparse.Namespace):
         igrad_baseline=args.igrad_baseline,
         method="slow" if args.slow else "fast",
         device_map=args.device_map,
+        lens=args.lens,
+        lens_steps=args.lens_steps,
+        lens_tokens=args.lens_tokens,
+        prune_sizes=args.prune_sizes,
         progress=not args.no_progress,
     )
 
@@ -244,7 +263,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .models import quiet_libraries
     from .results import parse_probes, run
 
-    parse_probes(args.probes)  # fail on a typo before loading anything
+    parse_probes(args.probes, args.lens)  # fail on a typo before loading anything
     settings = _settings(args)
     if not args.debug:
         quiet_libraries(progress=not args.no_progress)
@@ -323,39 +342,39 @@ def _book_extra() -> None:
 def _cmd_map(args: argparse.Namespace) -> int:
     if args.no_progress:
         os.environ["TQDM_DISABLE"] = "1"
-    if args.n < 2:
-        raise EffdepthError("--n must be at least 2: half the prompts fit the maps, the other half test them")
-    if args.ridge < 0:
-        raise EffdepthError(f"--ridge must be non-negative, got {args.ridge}")
     out = args.out.expanduser() if args.out else None
     if out is not None and (out.suffix != ".parquet" or out.exists() or not out.parent.is_dir()):
         raise EffdepthError(f"--out {out} must be a new .parquet file in an existing directory")
-    from .models import load_model, preflight_model, quiet_libraries
-    from .probes import cross_model_map
-    from .tasks import check_task, load_task
+    from .models import quiet_libraries
+    from .results import MapSettings, run_map
 
-    check_task(args.task)
-    if args.digits is not None and args.task not in ("addition", "multiplication"):
-        raise EffdepthError(f"--digits applies to addition and multiplication only, not {args.task!r}")
-    for spec in (args.small, args.big):
-        preflight_model(spec)
-    options = dict(n=args.n, seed=args.seed, digits=args.digits or 6, max_tokens=args.max_tokens)
-    load_task(args.task, **options)  # the task and n, before any model loads
+    settings = MapSettings(
+        small=args.small,
+        big=args.big,
+        task=args.task,
+        n=args.n,
+        seed=args.seed,
+        digits=args.digits,
+        max_tokens=args.max_tokens,
+        ridge=args.ridge,
+        device=args.device,
+        dtype=args.dtype,
+        progress=not args.no_progress,
+    )
+    settings.check()
     if not args.debug:
         quiet_libraries(progress=not args.no_progress)
-    small = load_model(args.small, device=args.device, dtype=args.dtype, progress=not args.no_progress)
-    big = load_model(args.big, device=args.device, dtype=args.dtype, progress=not args.no_progress)
-    examples = load_task(args.task, count_tokens=lambda text: int(small.encode(text).numel()), **options)
-    prompts = [e.prompt for e in examples]
-    half = len(prompts) // 2
-    frame = cross_model_map(small, big, prompts[:half], prompts[half:], ridge=args.ridge, progress=not args.no_progress)
+    frame = run_map(settings)
+    half = frame.filter(metric="n_train_prompts")["value"].item()
+    n_small = frame["small_layer"].max()
+    n_big = frame["big_layer"].max()
     errors = frame.filter(metric="relative_error")
-    print(f"held-out relative error |h_l - f(h_m)| / |h_l|; {half} prompts fit, {len(prompts) - half} test")
+    print(f"held-out relative error |h_l - f(h_m)| / |h_l|; {half:.0f} prompts fit, {args.n - half:.0f} test")
     print(f"{'small m':>8} {'best big l':>10} {'error':>7} {'equal-depth l':>14} {'error there':>12}")
-    for m in range(small.n_layers + 1):
+    for m in range(n_small + 1):
         row = errors.filter(small_layer=m)
         best = row.sort("value").row(0, named=True)
-        equal = round(m * big.n_layers / small.n_layers)
+        equal = round(m * n_big / n_small)
         at_equal = row.filter(big_layer=equal)["value"].item()
         print(f"{m:>8} {best['big_layer']:>10} {best['value']:>7.3f} {equal:>14} {at_equal:>12.3f}")
     if out is not None:
@@ -449,7 +468,7 @@ def _is_summary(summary) -> bool:
         return False
     if not all(isinstance(summary[k], int) for k in ("n_layers", "n_examples")):
         return False
-    for rule in RULE_LABELS:
+    for rule in (*RULE_LABELS, *TUNED_RULE_LABELS):
         entry = summary.get(rule)
         if entry is None:
             continue

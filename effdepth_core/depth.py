@@ -91,21 +91,24 @@ def effective_depth(
     overlap_threshold: float = OVERLAP_THRESHOLD,
     n_bootstrap: int = 1000,
     seed: int = 0,
+    tuned_lens: pl.DataFrame | None = None,
 ) -> dict[str, DepthResult]:
     """ED and ratio (ED+1)/L for each rule whose probe ran.
 
     Takes per-example frames (``example, layer, metric, value, n_tokens``) so it can bootstrap
     over prompts; aggregated frames (``layer, metric, value``) give ED without intervals.
-    Keys: ``cosine``, ``logit_lens_kl``, ``logit_lens_overlap``.
+    Keys: ``cosine``, ``logit_lens_kl``, ``logit_lens_overlap``, and with a tuned-lens frame the same
+    lens rules as ``tuned_lens_kl``, ``tuned_lens_overlap`` (method.md §7a).
     """
     rules: list[tuple[str, pl.DataFrame, tuple[str, ...], object]] = []
     if cosine is not None:
         rules.append(("cosine", cosine, COSINE_PARTS, lambda c: _cosine_rule(c, n_layers)))
-    if logit_lens is not None:
-        rules.append(("logit_lens_kl", logit_lens, ("kl",), lambda c: _kl_rule(c, n_layers, kl_fraction)))
-        rules.append(
-            ("logit_lens_overlap", logit_lens, ("overlap",), lambda c: _overlap_rule(c, n_layers, overlap_threshold))
-        )
+    for prefix, frame in (("logit_lens", logit_lens), ("tuned_lens", tuned_lens)):
+        if frame is not None:
+            rules.append((f"{prefix}_kl", frame, ("kl",), lambda c: _kl_rule(c, n_layers, kl_fraction)))
+            rules.append(
+                (f"{prefix}_overlap", frame, ("overlap",), lambda c: _overlap_rule(c, n_layers, overlap_threshold))
+            )
     results: dict[str, DepthResult] = {}
     for key, frame, metrics, rule in rules:
         if "example" not in frame.columns:

@@ -23,7 +23,7 @@ import polars as pl
 from . import __version__
 from .depth import KL_FRACTION, OVERLAP_THRESHOLD, DepthResult, effective_depth
 from .errors import EffdepthError, NonFiniteActivationError
-from .labels import CELL_LEGEND, DEFAULT_PROBES, PROBE_NAMES, RULE_LABELS, format_rule
+from .labels import CELL_LEGEND, DEFAULT_PROBES, LENSES, PROBE_NAMES, RULE_LABELS, TUNED_RULE_LABELS, format_rule
 from .models import LoadedModel, load_model, preflight_model
 from .probes import (
     depth_scores,
@@ -35,6 +35,9 @@ from .probes import (
     skip_summary,
     token_weighted_mean,
 )
+from .probes.early_exit import early_exit, early_exit_summary
+from .probes.pruning import layer_pruning, prune_summary
+from .probes.tuned_lens import LensTraining, cached_tuned_lens
 from .rundir import OutputDirectoryError, RunDirectory
 from .tasks import AIME_MAX_TOKENS, Example, check_task, load_task
 
@@ -86,6 +89,43 @@ def _igrad(loaded: LoadedModel, examples: list[Example], settings: RunSettings) 
     )
 
 
+def _lens_training(settings: RunSettings) -> LensTraining:
+    heldout = min(1024, max(128, settings.lens_tokens // 8))  # 1024 at the default 8192 training tokens
+    return LensTraining(train_tokens=settings.lens_tokens, heldout_tokens=heldout, steps=settings.lens_steps)
+
+
+def _tuned(loaded: LoadedModel, examples: list[Example], settings: RunSettings):
+    from .probes.tuned_lens import fit_frame
+
+    lens = cached_tuned_lens(settings.model, loaded, _lens_training(settings), progress=settings.progress)
+    frame = logit_lens(
+        loaded,
+        _prompts(examples),
+        top_k=settings.top_k,
+        batch_size=settings.batch_size,
+        progress=settings.progress,
+        lens=lens,
+    )
+    return frame, {"tuned_lens_fit": fit_frame(lens)}
+
+
+def _prune(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> pl.DataFrame:
+    sizes = [int(k) for k in names_of(settings.prune_sizes)] or None
+    return layer_pruning(loaded, examples, block_sizes=sizes, progress=settings.progress)
+
+
+def _early_exit(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> pl.DataFrame:
+    frames = []
+    for lens_name in ("logit", "tuned"):
+        if settings.lens in (lens_name, "both"):
+            lens = None
+            if lens_name == "tuned":
+                lens = cached_tuned_lens(settings.model, loaded, _lens_training(settings), progress=settings.progress)
+            frame = early_exit(loaded, examples, lens=lens, progress=settings.progress)
+            frames.append(frame.with_columns(lens=pl.lit(lens_name)))
+    return pl.concat(frames)
+
+
 def _depth_score(skip: pl.DataFrame, examples: list[Example]) -> pl.DataFrame | None:
     """The depth score needs the future-token, whole-layer skips (None when they were not run)."""
     if skip.filter(variant="future", part="layer", metric="output_effect").is_empty():
@@ -99,7 +139,7 @@ class Probe:
     ``<probe>.parquet`` (curves for the correlational probes; the full frame for the others), and
     the frames derived from it (saved as ``<name>.parquet``)."""
 
-    compute: Callable[[LoadedModel, list[Example], RunSettings], pl.DataFrame]
+    compute: Callable[[LoadedModel, list[Example], RunSettings], pl.DataFrame | tuple[pl.DataFrame, dict]]
     aggregate: Callable[[pl.DataFrame], pl.DataFrame] | None = None  # None: per-example frame is the result
     derives: dict[str, Callable[[pl.DataFrame, list[Example]], pl.DataFrame | None]] = field(default_factory=dict)
 
@@ -110,6 +150,9 @@ PROBES: dict[str, Probe] = {
     "skip": Probe(_skip, skip_summary, {"depth_score": _depth_score}),
     "erasure": Probe(_erasure),
     "igrad": Probe(_igrad),
+    "tuned_lens": Probe(_tuned, token_weighted_mean),  # derives tuned_lens_fit (held-out KL per layer)
+    "prune": Probe(_prune, prune_summary),
+    "early_exit": Probe(_early_exit, early_exit_summary),
 }
 assert tuple(PROBES) == PROBE_NAMES  # labels.py names them for the import-light command line
 
@@ -140,6 +183,10 @@ class RunSettings:
     igrad_baseline: str = "position-mean"
     method: str = "fast"  # "slow": the one-forward-per-intervention oracle (same numbers)
     device_map: str | None = None
+    lens: str = "logit"  # logit | tuned | both: the lens probe's and early exit's lens(es)
+    lens_steps: int = 200  # tuned-lens training (method.md §7a); cached per model and setting
+    lens_tokens: int = 8192
+    prune_sizes: str = ""  # block sizes k for pruning (default 1, 2, 4, ceil(L/4))
     progress: bool = True
 
     def key(self) -> str:
@@ -176,7 +223,13 @@ class RunSettings:
         return {k: v for k, v in asdict(self).items() if k != "progress"}
 
 
-_KEY_OPTIONAL = {"skip_variants": "future,current"}
+_KEY_OPTIONAL = {
+    "skip_variants": "future,current",
+    "lens": "logit",
+    "lens_steps": 200,
+    "lens_tokens": 8192,
+    "prune_sizes": "",
+}
 
 
 @dataclass(repr=False)
@@ -191,7 +244,8 @@ class RunResult:
     metadata: dict = field(default_factory=dict)
 
     def _cells(self) -> list[tuple[str, str]]:
-        return [(label, format_rule(self.summary.get(rule))) for rule, label in RULE_LABELS.items()]
+        labels = {**RULE_LABELS, **{r: label for r, label in TUNED_RULE_LABELS.items() if r in self.summary}}
+        return [(label, format_rule(self.summary.get(rule))) for rule, label in labels.items()]
 
     def __repr__(self) -> str:
         s = self.summary
@@ -249,13 +303,18 @@ def names_of(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def parse_probes(probes: str | Sequence[str]) -> list[str]:
+def parse_probes(probes: str | Sequence[str], lens: str = "logit") -> list[str]:
+    """The probe names; ``lens`` tuned or both turns ``logit_lens`` into ``tuned_lens`` or both."""
     names = [p.strip() for p in probes.split(",")] if isinstance(probes, str) else list(probes)
     names = [p for p in names if p]
     unknown = [p for p in names if p not in PROBES]
     if unknown or not names:
         raise EffdepthError(f"unknown probe(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(PROBES)}")
-    return names
+    if lens not in LENSES:
+        raise EffdepthError(f"--lens must be one of {', '.join(LENSES)}, got {lens!r}")
+    lenses = {"logit": ["logit_lens"], "tuned": ["tuned_lens"], "both": ["logit_lens", "tuned_lens"]}[lens]
+    expanded = [x for p in names for x in (lenses if p == "logit_lens" else [p])]
+    return list(dict.fromkeys(expanded))
 
 
 def _require_finite_frame(frame: pl.DataFrame, probe: str) -> None:
@@ -271,12 +330,14 @@ def _require_finite_frame(frame: pl.DataFrame, probe: str) -> None:
         )
 
 
-def check_settings(settings: RunSettings, probes: Sequence[str], vocab_size: int | None = None) -> None:
+def check_settings(
+    settings: RunSettings, probes: Sequence[str], vocab_size: int | None = None, n_layers: int | None = None
+) -> None:
     """One-line errors for option values that cannot work, found before any model loads."""
     from .probes.igrad import _PANEL_ORDER, BASELINES, QUADRATURES
     from .probes.skip import check_skip_options
 
-    for name in ("n", "batch_size", "skip_positions", "igrad_steps", "top_k", "digits"):
+    for name in ("n", "batch_size", "skip_positions", "igrad_steps", "top_k", "digits", "lens_steps", "lens_tokens"):
         if getattr(settings, name) < 1:
             raise EffdepthError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(settings, name)}")
     if settings.max_tokens is not None and settings.max_tokens < 1:
@@ -297,6 +358,17 @@ def check_settings(settings: RunSettings, probes: Sequence[str], vocab_size: int
         raise EffdepthError(f"method must be 'fast' or 'slow', got {settings.method!r}")
     if vocab_size is not None and settings.top_k > vocab_size:
         raise EffdepthError(f"--top-k {settings.top_k} exceeds the vocabulary of {settings.model} ({vocab_size})")
+    if settings.lens not in LENSES:
+        raise EffdepthError(f"--lens must be one of {', '.join(LENSES)}, got {settings.lens!r}")
+    if "prune" in probes:
+        sizes = names_of(settings.prune_sizes)
+        if not all(k.isdigit() and int(k) >= 1 for k in sizes):
+            raise EffdepthError(f"--prune-sizes must be whole numbers of at least 1, got {settings.prune_sizes!r}")
+        if n_layers is not None and any(int(k) >= n_layers for k in sizes):
+            raise EffdepthError(
+                f"--prune-sizes {settings.prune_sizes} must stay below the model's {n_layers} layers "
+                "(removing every layer leaves no model)"
+            )
     if "skip" in probes:
         check_skip_options(names_of(settings.skip_parts), names_of(settings.skip_variants))
     if "igrad" in probes:
@@ -348,10 +420,14 @@ class _Plan:
 def _plan(settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, examples) -> _Plan:
     """Check the probes, task, model spec and options, and (where no tokenizer is needed) load the
     examples: every user error that can be found without the model is found here."""
-    names = parse_probes(probes)
+    names = parse_probes(probes, settings.lens)
     check_task(settings.task)
-    facts = preflight_model(settings.model) if loaded is None else {"vocab_size": loaded.vocab_size}
-    check_settings(settings, names, facts.get("vocab_size"))
+    facts = (
+        preflight_model(settings.model)
+        if loaded is None
+        else {"vocab_size": loaded.vocab_size, "n_layers": loaded.n_layers}
+    )
+    check_settings(settings, names, facts.get("vocab_size"), facts.get("n_layers"))
     if examples is None:
         preview = _load_examples(settings, loaded)  # checks the task and n
         examples = None if loaded is None and _needs_tokenizer(settings) else preview
@@ -369,7 +445,7 @@ def _load(settings: RunSettings, names: list[str], loaded: LoadedModel | None, e
             device_map=settings.device_map,
             progress=settings.progress,
         )
-    check_settings(settings, names, loaded.vocab_size)
+    check_settings(settings, names, loaded.vocab_size, loaded.n_layers)
     if examples is None or _needs_tokenizer(settings):
         examples = _load_examples(settings, loaded)
     if len(examples) < settings.n:
@@ -386,8 +462,9 @@ def _compute(name: str, loaded: LoadedModel, examples: list[Example], settings: 
     """Run one probe and derive what it derives; every number checked finite. Returns the frames to
     save: ``<name>_by_example`` (per example), ``<name>`` and the derived ones."""
     probe = PROBES[name]
-    per_example = probe.compute(loaded, examples, settings)
-    frames = {name: per_example if probe.aggregate is None else probe.aggregate(per_example)}
+    computed = probe.compute(loaded, examples, settings)
+    per_example, extra = computed if isinstance(computed, tuple) else (computed, {})
+    frames = {name: per_example if probe.aggregate is None else probe.aggregate(per_example), **extra}
     for derived, derive in probe.derives.items():
         frame = derive(per_example, examples)
         if frame is not None:
@@ -481,6 +558,7 @@ def _summarize(settings: RunSettings, directory: RunDirectory, n_bootstrap: int)
             overlap_threshold=settings.overlap_threshold,
             n_bootstrap=n_bootstrap,
             seed=settings.seed,
+            tuned_lens=per_example.get("tuned_lens"),
         )
     except (pl.exceptions.PolarsError, KeyError, ValueError) as exc:
         raise EffdepthError(
@@ -504,3 +582,78 @@ def _summarize(settings: RunSettings, directory: RunDirectory, n_bootstrap: int)
         summary["depth_score"] = {row["group"]: row["value"] for row in scores.iter_rows(named=True)}
     directory.write_json("effective_depth.json", summary)
     return RunResult(directory.path, curves, per_example, depth, summary, metadata)
+
+
+@dataclass
+class MapSettings:
+    """A cross-model linear map (method.md §7): two models sharing a tokenizer, one task's prompts
+    (the first half fits the maps, the rest tests them)."""
+
+    small: str
+    big: str
+    task: str = "gsm8k"
+    n: int = 10
+    seed: int = 0
+    digits: int | None = None
+    max_tokens: int | None = None
+    ridge: float = 0.0
+    device: str = "auto"
+    dtype: str = "auto"
+    progress: bool = True
+
+    def _task_options(self) -> dict:
+        return dict(n=self.n, seed=self.seed, digits=self.digits or 6, max_tokens=self.max_tokens)
+
+    def check(self) -> None:
+        """One-line errors for everything that can be checked before a model loads."""
+        from .models import preflight_model
+
+        if self.n < 2:
+            raise EffdepthError("--n must be at least 2: half the prompts fit the maps, the other half test them")
+        if self.ridge < 0:
+            raise EffdepthError(f"--ridge must be non-negative, got {self.ridge}")
+        check_task(self.task)
+        if self.digits is not None and self.task not in ("addition", "multiplication"):
+            raise EffdepthError(f"--digits applies to addition and multiplication only, not {self.task!r}")
+        for spec in (self.small, self.big):
+            preflight_model(spec)
+        load_task(self.task, **self._task_options())  # the task and n
+
+    def file_name(self) -> str:
+        """A cache file name that spells every setting that changes the numbers."""
+        name = f"{slug(self.small)}--{slug(self.big)}-{slug(self.task)}-n{self.n}-seed{self.seed}"
+        if self.task in ("addition", "multiplication"):
+            name += f"-digits{self.digits or 6}"
+        if self.max_tokens:
+            name += f"-max{self.max_tokens}"
+        return name + (f"-ridge{self.ridge:g}" if self.ridge else "") + ".parquet"
+
+
+def run_map(settings: MapSettings, cache_dir: Path | str | None = None) -> pl.DataFrame:
+    """The map's long frame (``cross_model_map``, plus ``n_train_prompts`` / ``n_test_prompts``
+    rows); with ``cache_dir``, read from ``<cache_dir>/<settings.file_name()>`` when there, else
+    computed and written there (atomically)."""
+    from .probes import cross_model_map
+    from .rundir import atomic_write_parquet, read_cached_frame
+
+    cached = Path(cache_dir) / settings.file_name() if cache_dir is not None else None
+    if cached is not None and cached.is_file():
+        return read_cached_frame(cached)
+    settings.check()
+    small = load_model(settings.small, device=settings.device, dtype=settings.dtype, progress=settings.progress)
+    big = load_model(settings.big, device=settings.device, dtype=settings.dtype, progress=settings.progress)
+    options = settings._task_options()
+    examples = load_task(settings.task, count_tokens=lambda text: int(small.encode(text).numel()), **options)
+    prompts = [e.prompt for e in examples]
+    half = len(prompts) // 2
+    train, test = prompts[:half], prompts[half:]
+    frame = cross_model_map(small, big, train, test, ridge=settings.ridge, progress=settings.progress)
+    counts = pl.DataFrame(
+        {"metric": ["n_train_prompts", "n_test_prompts"], "value": [float(half), float(len(prompts) - half)]}
+    )
+    frame = pl.concat([frame, counts], how="diagonal_relaxed")
+    _require_finite_frame(frame, "linear map")
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_parquet(cached, frame)
+    return frame

@@ -28,7 +28,7 @@ LOCK_NAME = ".effdepth.lock"
 METADATA = "metadata.json"
 EXAMPLES = "examples.jsonl"
 SUMMARY = "effective_depth.json"
-DERIVED = ("depth_score",)  # frames derived from a probe's (skip → depth_score)
+DERIVED = {"skip": ("depth_score",), "tuned_lens": ("tuned_lens_fit",)}  # probe → frames derived from it
 _OWN_FIXED = {METADATA, EXAMPLES, SUMMARY, LOCK_NAME}
 _TMP = re.compile(r"^\.(?P<name>.+)\.effdepth-tmp-\d+$")  # atomic_write_*: .<own file name>.effdepth-tmp-<pid>
 
@@ -43,7 +43,9 @@ def is_own_file(name: str, probes: tuple[str, ...]) -> bool:
         return True
     stem = name.removesuffix(".parquet")
     return name.endswith(".parquet") and (
-        stem in probes or stem.removesuffix("_by_example") in probes or (stem in DERIVED and "skip" in probes)
+        stem in probes
+        or stem.removesuffix("_by_example") in probes
+        or any(stem in names and probe in probes for probe, names in DERIVED.items())
     )
 
 
@@ -250,7 +252,7 @@ class RunDirectory:
         user's file of the same name): effdepth refuses rather than overwrite them."""
         recorded = tuple((self.metadata or {}).get("probes", {}))  # by the run here (also a stale one)
         names = [f"{p}.parquet" for p in probes] + [f"{p}_by_example.parquet" for p in probes]
-        names += [f"{d}.parquet" for d in DERIVED if "skip" in probes]
+        names += [f"{d}.parquet" for probe, derived in DERIVED.items() if probe in probes for d in derived]
         return [n for n in names if (self.path / n).exists() and not is_own_file(n, recorded)]
 
     def has_examples(self) -> bool:
@@ -303,9 +305,10 @@ class RunDirectory:
         done = [p for p in self.probes if p in recorded and (self.path / f"{p}_by_example.parquet").is_file()]
         per_example = {p: self._read(f"{p}_by_example.parquet") for p in done}
         saved = {p: self._read(f"{p}.parquet") for p in done}
-        for derived in DERIVED:
-            if "skip" in done and (self.path / f"{derived}.parquet").is_file():
-                saved[derived] = self._read(f"{derived}.parquet")
+        for probe, derived in DERIVED.items():
+            for name in derived:
+                if probe in done and (self.path / f"{name}.parquet").is_file():
+                    saved[name] = self._read(f"{name}.parquet")
         return per_example, saved
 
     def discard_if_empty(self) -> None:

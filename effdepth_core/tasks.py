@@ -291,3 +291,14 @@ def load_task(
     if not chosen:
         raise TaskError(f"task {name!r} has no example within {max_tokens} tokens for this tokenizer")
     return chosen
+
+
+def lens_corpus() -> list[str]:
+    """Training text for the tuned lens, disjoint from every probed prompt by construction: the
+    true facts of MQuAKE-hard (vendored, never a task), one short paragraph per case — its single-hop
+    cloze statements completed with their answers, then the multi-hop question and its answer."""
+    texts = []
+    for case in _vendored("mquake/MQuAKE-hard.json.gz"):
+        facts = " ".join(f"{hop['cloze']} {hop['answer']}." for hop in case["single_hops"])
+        texts.append(f"{facts} {case['questions'][0]} {case['answer']}.")
+    return texts

@@ -220,3 +220,20 @@ def forward(loaded: LoadedModel, batch: Batch, head: bool = False):
     module = loaded.model if head else loaded.base_model()
     with torch.inference_mode():
         return module(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+
+
+def residual_states(
+    loaded: LoadedModel, token_lists: Sequence[torch.Tensor], batch_size: int = 4
+) -> Iterator[torch.Tensor]:
+    """h_0..h_L of every real token, batch by batch: ``[token, L+1, d_model]`` float32."""
+    for batch in iter_batches(token_lists, batch_size, loaded.input_device):
+        layers: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
+
+        def on_layer(trace: LayerTrace, mask: torch.Tensor = batch.mask, layers: list = layers) -> None:
+            layers[trace.layer] = trace.h_in[mask].float().cpu()
+            if trace.layer == loaded.n_layers - 1:
+                layers[-1] = trace.h_out[mask].float().cpu()
+
+        with trace_layers(loaded, on_layer, sublayers=False):
+            forward(loaded, batch)
+        yield torch.stack(layers, dim=1)

@@ -172,3 +172,114 @@ def test_effdepth_plot_handles_odd_runs_and_outputs(tiny_dir, tmp_path, capsys, 
     assert main(["plot", str(run), "--chart", "skip", "--out", str(tmp_path / "t.svg")]) == 2
     assert "damaged" in capsys.readouterr().err
     assert main(["book", "--print-params", ""]) == 2  # an empty name is a mistake, not "every page"
+
+
+# --- beyond the paper: the verdicts follow the numbers ---------------------------------------------
+
+
+def _lens_summary(tuned_shift: int) -> pl.DataFrame:
+    rows = []
+    for task in ("gsm8k", "hellaswag"):
+        rows += [("m", 30, task, "lens KL", 20, 19, 21), ("m", 30, task, "lens overlap", 22, 21, 23)]
+        rows += [
+            ("m", 30, task, "tuned KL", 20 + tuned_shift, 19 + tuned_shift, 21 + tuned_shift),
+            ("m", 30, task, "tuned overlap", 22 + tuned_shift, 21 + tuned_shift, 23 + tuned_shift),
+        ]
+    return _summary(rows)
+
+
+def test_lens_finding_verdict_follows_the_numbers():
+    assert "**no**" in findings.lens_finding(_lens_summary(0))
+    assert "**yes, in part**" in findings.lens_finding(_lens_summary(-8))
+    assert "earlier" in findings.lens_finding(_lens_summary(-8))
+    assert "later" in findings.lens_finding(_lens_summary(+6))
+    mixed = _lens_summary(0).with_columns(
+        pl.when((pl.col("rule") == "tuned KL") & (pl.col("task") == "gsm8k"))
+        .then(5)
+        .otherwise(pl.col("ed"))
+        .alias("ed")
+    )
+    mixed = mixed.with_columns(
+        ((pl.col("ed") + 1) / 30).alias("ratio"), pl.col("ed").alias("ci_low"), pl.col("ed").alias("ci_high")
+    )
+    assert "**unclear**" in findings.lens_finding(mixed)
+    assert "cannot tell" in findings.lens_finding(_summary([("m", 30, "gsm8k", "lens KL", 20, 19, 21)]))
+    fit = pl.DataFrame(
+        {
+            "model": ["m"] * 4,
+            "layer": [0, 0, 1, 1],
+            "metric": ["heldout_kl_logit", "heldout_kl_tuned"] * 2,
+            "value": [5.0, 2.0, 1.0, 1.5],
+        }
+    )
+    assert "1 of 2 layers (mean 3.00 → 1.75 nats)" in findings.lens_finding(_lens_summary(0), fit)
+
+
+def _comparison(after: float, angular: float, influence: float) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "model": ["m"] * 3,
+            "task": ["gsm8k"] * 3,
+            "k": [8] * 3,
+            "choice": ["after ED (lens KL)", "angular distance", "block influence"],
+            "removed": ["21,22", "3,4", "9"],
+            "delta_nll": [after, angular, influence],
+            "answer_accuracy": [0.5, 0.5, 0.5],
+        }
+    )
+
+
+def test_pruning_finding_verdict_follows_the_numbers():
+    assert "cheapest choice: **yes**" in findings.pruning_finding(_comparison(0.1, 0.5, 0.9))
+    said = findings.pruning_finding(_comparison(0.9, 0.5, 0.1))
+    assert "cheapest choice: **no**" in said and "(least: block influence)" in said
+    assert "cannot tell" in findings.pruning_finding(pl.DataFrame())
+
+
+def test_early_exit_finding_reads_the_layer_after_ed():
+    summary = _summary([("m", 4, "gsm8k", "lens overlap", 1, 1, 1)])
+    exits = pl.DataFrame(
+        {
+            "model": ["m"] * 6,
+            "task": ["gsm8k"] * 6,
+            "lens": ["logit"] * 6,
+            "layer": [2, 2, 4, 4, 1, 1],
+            "metric": ["agreement", "answer_nll", "agreement", "answer_nll", "agreement", "answer_nll"],
+            "value": [0.75, 3.0, 1.0, 1.0, 0.1, 9.0],
+        }
+    )
+    said = findings.early_exit_finding(exits, summary)
+    assert "exit after layer 1 of 4, saving 50% of the layers): 75% of tokens keep their top-1" in said
+    assert "answer NLL 1.00 → 3.00" in said
+
+
+def _map(best: list[int], n_big: int = 8) -> pl.DataFrame:
+    n_small = len(best) - 1
+    rows = [(m, b, "relative_error", 0.1 + abs(b - best[m]) / 10) for m in range(n_small + 1) for b in range(n_big + 1)]
+    rows += [(m, None, "best_big_layer", float(best[m])) for m in range(n_small + 1)]
+    rows += [(m, None, "equal_depth_layer", m * n_big / n_small) for m in range(n_small + 1)]
+    schema = {"small_layer": pl.Int64, "big_layer": pl.Int64, "metric": pl.String, "value": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def test_map_finding_verdict_follows_the_numbers():
+    stretched = findings.map_finding(_map([0, 2, 4, 6, 8]), "small", "big")
+    assert "For 3 of the 3 inner layers" in stretched and "Verdict: **yes**" in stretched
+    squashed = findings.map_finding(_map([0, 8, 8, 8, 8]), "small", "big")
+    assert "Verdict: **no**" in squashed
+    assert "cannot tell" in findings.map_finding(pl.DataFrame({"metric": []}, schema={"metric": pl.String}), "a", "b")
+
+
+def test_beyond_charts_build_from_probe_frames():
+    summary = _lens_summary(-3)
+    fit = pl.DataFrame(
+        {"model": ["m"] * 2, "layer": [0, 0], "metric": ["heldout_kl_logit", "heldout_kl_tuned"], "value": [5.0, 2.0]}
+    )
+    for chart in (
+        plots.lens_ed_comparison(summary),
+        plots.lens_fit_curves(fit),
+        plots.map_heatmap(_map([0, 2, 4, 6, 8])),
+    ):
+        spec = plots.themed_spec(chart)
+        assert spec["datasets"], spec
+    assert isinstance(plots.pruning_curves(pl.DataFrame()), plots.Note)

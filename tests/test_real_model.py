@@ -96,3 +96,33 @@ def test_cli_run_on_the_default_model(tmp_path, capsys):
     assert summary["n_layers"] == 30 and summary["n_examples"] == 2
     stdout = capsys.readouterr().out
     assert "smollm2-135m" in stdout and "gsm8k" in stdout
+
+
+def test_pruning_and_early_exit_on_the_real_model(smollm2):
+    """Removing layers equals the skip probe's all-token skip in a full forward; exiting at L is the model."""
+    from effdepth_core.probes.early_exit import early_exit
+    from effdepth_core.probes.pruning import pruned_final
+    from effdepth_core.probes.skip import skip_hooks
+    from effdepth_core.probes.tuned_lens import TunedLens
+    from effdepth_core.replay import clean_run
+    from effdepth_core.trace import intervene
+
+    example = load_task("addition", n=1, digits=6, seed=3)[0]
+    ids = smollm2.encode(example.prompt)
+    run = clean_run(smollm2, ids)
+    sets = [(), (5,), (10, 11, 12, 13)]
+    finals = pruned_final(smollm2, run, sets)
+    for row, removed in enumerate(sets):
+        hooks = [
+            h for s in removed for h in skip_hooks(smollm2, "layer", s, torch.ones(1, dtype=torch.bool), slice(0, None))
+        ]
+        with intervene(hooks), torch.inference_mode():
+            slow = smollm2.model(input_ids=ids[None], use_cache=False).logits[0]
+        fast = smollm2.head(finals[row])
+        # float32 logits of size ~20: the replay sums the same terms in another batch shape (~1e-5 apart)
+        assert (fast - slow).abs().max() <= 1e-5 * slow.abs().max(), removed
+    exits = early_exit(smollm2, [example])
+    assert exits.filter(layer=smollm2.n_layers, metric="agreement")["value"].item() == 1.0
+    assert early_exit(smollm2, [example], lens=TunedLens.identity(smollm2)).equals(exits)
+    prompts = [example.prompt]
+    assert logit_lens(smollm2, prompts, lens=TunedLens.identity(smollm2)).equals(logit_lens(smollm2, prompts))

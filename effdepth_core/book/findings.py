@@ -271,3 +271,181 @@ def long_cot_finding(
         tail = "" if largest is None else f"; apart from artefacts its changes are at most {largest} layer(s)"
         text.append(f"With no pair measured here, **we cannot tell**: the verdict rests on the paper alone{tail}.")
     return " ".join(text)
+
+
+# --- beyond the paper (method.md §7–§7b) ----------------------------------------------------------
+# Yardsticks: two EDs *agree* when their ratios differ by at most SAMPLING_SLACK or their bootstrap
+# intervals overlap; a layer choice for pruning *wins* when its ΔNLL is the least of the three
+# rules; a small layer's best big layer is *on the diagonal* when it lies within STRETCH_SLACK of
+# L_big (at least one layer) of equal relative depth.
+STRETCH_SLACK = 0.1
+LENS_PAIRS = {"KL": ("lens KL", "tuned KL"), "overlap": ("lens overlap", "tuned overlap")}
+
+
+def _overlaps(a: Mapping, b: Mapping) -> bool:
+    if abs(a["ratio"] - b["ratio"]) <= SAMPLING_SLACK:
+        return True
+    if None in (a["ci_low"], a["ci_high"], b["ci_low"], b["ci_high"]):
+        return False
+    return a["ci_low"] <= b["ci_high"] and b["ci_low"] <= a["ci_high"]
+
+
+def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None) -> str:
+    """Is ED an artefact of the logit lens? Logit- vs tuned-lens ED per model, task and rule, and how
+    well the translators fit (held-out KL per layer)."""
+    rows = _defined(summary)
+    models = [m for m in rows["model"].unique(maintain_order=True) if rows.filter(model=m, rule="tuned KL").height]
+    if not models:
+        return "**Is ED an artefact of the logit lens?** No tuned lens was run on this page: **cannot tell**."
+    parts, agree, differ, earlier = [], 0, 0, 0
+    for model in models:
+        cells = []
+        for task in rows.filter(model=model)["task"].unique(maintain_order=True):
+            for name, (logit_rule, tuned_rule) in LENS_PAIRS.items():
+                logit = rows.filter(model=model, task=task, rule=logit_rule)
+                tuned = rows.filter(model=model, task=task, rule=tuned_rule)
+                if not (logit.height and tuned.height):
+                    continue
+                a, b = logit.row(0, named=True), tuned.row(0, named=True)
+                same = _overlaps(a, b)
+                agree += same
+                differ += not same
+                earlier += (not same) and b["ed"] < a["ed"]
+                cells.append(
+                    f"{_name(task)} {name} {format_ed(a['ed'], a['ratio'], a['ci_low'], a['ci_high'])} → "
+                    f"{format_ed(b['ed'], b['ratio'], b['ci_low'], b['ci_high'])}"
+                )
+        parts.append(f"{model}: " + "; ".join(cells))
+    if differ == 0:
+        verdict = "**no**: with the tuned lens every ED lands where the logit lens put it"
+    elif agree == 0 and earlier in (0, differ):
+        side = "earlier" if earlier == differ else "later"
+        verdict = f"**yes, in part**: every tuned-lens ED lies {side}, outside the logit lens's interval"
+    else:
+        verdict = f"**unclear**: {agree} of {agree + differ} comparisons agree, {differ} do not"
+    text = (
+        "**Is ED an artefact of the logit lens?** ED by the logit lens → by the tuned lens (ED (ratio) "
+        f"[interval]): {' | '.join(parts)}. Verdict: {verdict}."
+    )
+    if fit is not None and fit.height:
+        sentences = []
+        for model in models:
+            wide = (
+                fit.filter(model=model)
+                .unique(["layer", "metric"])
+                .pivot(on="metric", index="layer", values="value")
+                .sort("layer")
+            )
+            if not wide.height:
+                continue
+            better = int((wide["heldout_kl_tuned"] < wide["heldout_kl_logit"]).sum())
+            sentences.append(
+                f"{model} {better} of {wide.height} layers (mean {wide['heldout_kl_logit'].mean():.2f} → "
+                f"{wide['heldout_kl_tuned'].mean():.2f} nats)"
+            )
+        text += " The translators lower the held-out KL to the final distribution on " + "; ".join(sentences) + "."
+    return text
+
+
+def pruning_finding(comparison: pl.DataFrame) -> str:
+    """Which layer choice costs least for each budget: after ED, angular distance, block influence.
+    ``comparison``: ``rule_comparison`` rows with ``model`` and ``task`` columns."""
+    if not comparison.height:
+        return "**What does cutting layers after ED cost?** The pruning probe was not run here: **cannot tell**."
+    cells, wins, total = [], 0, 0
+    for (model, task), group in comparison.group_by(["model", "task"], maintain_order=True):
+        largest = group.filter(pl.col("k") == group["k"].max())
+        best = largest.sort("delta_nll").row(0, named=True)
+        for _, rows in group.group_by("k", maintain_order=True):
+            total += 1
+            wins += rows.sort("delta_nll")["choice"][0].startswith("after ED")
+        listing = ", ".join(f"{r['choice']} {r['delta_nll']:+.2f}" for r in largest.iter_rows(named=True))
+        cells.append(f"{model} {_name(task)}, {largest['k'][0]} layers: {listing} (least: {best['choice']})")
+    verdict = "**yes**" if wins == total else "**no**" if wins == 0 else f"**sometimes** ({wins} of {total} budgets)"
+    return (
+        "**Is the block right after ED the cheapest to cut?** Δ answer NLL in nats when the largest budget "
+        f"of layers is removed: {' | '.join(cells)}. After-ED is the cheapest choice: {verdict}."
+    )
+
+
+def early_exit_finding(exits: pl.DataFrame, summary: pl.DataFrame, rule: str = "lens overlap") -> str:
+    """What exiting right after ED buys (layers saved) and costs (tokens whose top-1 changes, answer NLL)."""
+    if not exits.height:
+        return "**What does exiting at ED cost?** The early-exit probe was not run here: **cannot tell**."
+    cells = []
+    for (model, task), group in exits.group_by(["model", "task"], maintain_order=True):
+        ed = _defined(summary).filter(model=model, task=task, rule=rule)
+        if not ed.height:
+            continue
+        ed_value, n_layers = int(ed["ed"][0]), int(ed["n_layers"][0])
+        layer = ed_value + 1
+        for lens in group["lens"].unique(maintain_order=True):
+            rows = group.filter(lens=lens)
+            at = {m: rows.filter(layer=layer, metric=m)["value"] for m in ("agreement", "answer_nll")}
+            full = rows.filter(layer=n_layers, metric="answer_nll")["value"]
+            if not (len(at["agreement"]) and len(full)):
+                continue
+            cells.append(
+                f"{model} {_name(task)} ({lens} lens, exit after layer {ed_value} of {n_layers}, saving "
+                f"{1 - layer / n_layers:.0%} of the layers): {at['agreement'][0]:.0%} of tokens keep their top-1, "
+                f"answer NLL {full[0]:.2f} → {at['answer_nll'][0]:.2f}"
+            )
+    if not cells:
+        return "**What does exiting at ED cost?** No ED to exit at: **cannot tell**."
+    return f"**What does exiting at ED (the {rule} rule) cost?** " + "; ".join(cells) + "."
+
+
+def map_finding(mapped: pl.DataFrame, small: str, big: str) -> str:
+    """Does the big model stretch the small one? Where each small layer's best big layer lies
+    against equal relative depth, and how good the maps are."""
+    if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns):
+        return "**Does the deeper model stretch the shallower one?** The map was not computed: **cannot tell**."
+    best = mapped.filter(metric="best_big_layer").sort("small_layer")
+    equal = mapped.filter(metric="equal_depth_layer").sort("small_layer")
+    errors = mapped.filter(metric="relative_error")
+    if not best.height:
+        return "**Does the deeper model stretch the shallower one?** The map was not computed: **cannot tell**."
+    n_small = int(best["small_layer"].max())
+    n_big = int(errors["big_layer"].max())
+    slack = max(1.0, STRETCH_SLACK * n_big)
+    inner = [m for m in range(1, n_small)]
+    on = [
+        m
+        for m in inner
+        if abs(best.filter(small_layer=m)["value"][0] - equal.filter(small_layer=m)["value"][0]) <= slack
+    ]
+    share = len(on) / max(len(inner), 1)
+    order = pl.DataFrame({"m": inner, "best": [best.filter(small_layer=m)["value"][0] for m in inner]})
+    rho = order.select(pl.corr("m", "best", method="spearman")).item() if len(inner) > 2 else None
+    best_error = [errors.filter(small_layer=m).sort("value")["value"][0] for m in inner]
+    verdict = "**yes**" if share >= 2 / 3 else "**partly**" if share >= 1 / 3 else "**no**"
+    counts = mapped.filter(metric="n_train_prompts")["value"]
+    n_train = f" (maps fitted on {counts[0]:.0f} prompts)" if len(counts) else ""
+    return (
+        f"**Does {big} stretch the computation of {small}?** For {len(on)} of the {len(inner)} inner layers of {small} "
+        f"the best-predicted layer of {big} lies within {slack:.1f} layers of equal relative depth "
+        f"(Spearman between small layer and best big layer {rho:.2f}); the held-out relative error there is "
+        f"{min(best_error):.2f}–{max(best_error):.2f}{n_train}. Verdict: {verdict}, the deeper model "
+        + (
+            "stretches the shallower one's computation along its depth."
+            if share >= 1 / 3
+            else "does not map layer for layer onto equal relative depth."
+        )
+    )
+
+
+def beyond_finding(
+    summary: pl.DataFrame,
+    fit: pl.DataFrame,
+    comparison: pl.DataFrame,
+    exits: pl.DataFrame,
+    mapped: pl.DataFrame | None = None,
+    pair: Mapping | None = None,
+) -> str:
+    """The paragraphs of a "beyond the paper" page: the map's, or the lens, pruning and early-exit ones."""
+    paragraphs = []
+    if pair:
+        paragraphs.append(map_finding(mapped if mapped is not None else pl.DataFrame(), pair["small"], pair["big"]))
+    if summary.height:
+        paragraphs += [lens_finding(summary, fit), pruning_finding(comparison), early_exit_finding(exits, summary)]
+    return "\n\n".join(paragraphs) or "Nothing was measured on this page."

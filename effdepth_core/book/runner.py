@@ -18,7 +18,7 @@ import yaml
 
 from ..errors import EffdepthError
 
-SECTIONS = ("scale", "difficulty", "long_cot")
+SECTIONS = ("scale", "difficulty", "long_cot", "beyond")
 PROFILES = ("quick", "full")
 TOC_PROFILE = "full"
 TOC_HEADER = (

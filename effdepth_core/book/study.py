@@ -15,9 +15,20 @@ from pathlib import Path
 import polars as pl
 
 from ..errors import EffdepthError
-from ..labels import RULE_LABELS
+from ..labels import RULE_LABELS, TUNED_RULE_LABELS
 from ..models import LoadedModel, load_model, needs_download, quiet_libraries
-from ..results import DEFAULT_PROBES, PROBES, RunResult, RunSettings, default_out_dir, parse_probes, run
+from ..probes import rule_comparison
+from ..results import (
+    DEFAULT_PROBES,
+    PROBES,
+    MapSettings,
+    RunResult,
+    RunSettings,
+    default_out_dir,
+    parse_probes,
+    run,
+    run_map,
+)
 from ..rundir import is_complete
 
 RULES = RULE_LABELS
@@ -106,7 +117,7 @@ class Study:
         rows = []
         for r in self.finished:
             s, meta = r.result.summary, r.result.metadata
-            for rule, rule_label in RULES.items():
+            for rule, rule_label in {**RULES, **TUNED_RULE_LABELS}.items():  # tuned: where a run has them
                 if rule not in s:
                     continue
                 entry = s[rule]
@@ -239,7 +250,7 @@ def run_study(
         records = []
         for spec in (specs_by_model or {}).get(model, specs):
             settings = task_settings(model, spec, defaults)
-            probes = parse_probes(spec.get("probes", DEFAULT_PROBES))
+            probes = parse_probes(spec.get("probes", DEFAULT_PROBES), settings.lens)
             records.append(RunRecord(model, task_label(spec), settings, probes))
         loaded: LoadedModel | None = None
         for record in records:
@@ -266,6 +277,37 @@ def run_study(
     return study
 
 
+def pruning_comparison(study: Study) -> pl.DataFrame:
+    """``rule_comparison`` of every run with the pruning probe, with the EDs of that same run (every
+    rule it has, tuned lens included), plus ``model`` and ``task`` columns."""
+    parts = []
+    for r in study.finished:
+        if "prune" not in r.result.curves:
+            continue
+        s = r.result.summary
+        labels = {**RULES, **TUNED_RULE_LABELS}
+        eds = {label: s[rule].get("ed") for rule, label in labels.items() if isinstance(s.get(rule), dict)}
+        table = rule_comparison(r.result.curves["prune"], eds, int(s["n_layers"]))
+        parts.append(table.with_columns(pl.lit(r.model).alias("model"), pl.lit(r.label).alias("task")))
+    return pl.concat(parts).select("model", "task", pl.exclude("model", "task")) if parts else pl.DataFrame()
+
+
+def map_study(pair: Mapping, defaults: Mapping | None, results_dir: str | Path, cached_only: bool = False):
+    """The cross-model linear map of ``pair`` (``small``, ``big``, ``task``, ``n``, optional
+    ``ridge``, ``digits``, ``max_tokens``), cached under ``<results_dir>/map``; with ``cached_only``
+    an empty frame when it is not computed yet."""
+    keys = {"small", "big", "task", "n", "ridge", "digits", "max_tokens", "seed"}
+    unknown = sorted(set(pair) - keys)
+    if unknown:
+        raise EffdepthError(f"unknown map key(s) {', '.join(unknown)}; use {', '.join(sorted(keys))}")
+    shared = {k: v for k, v in (defaults or {}).items() if k in ("seed", "device", "dtype", "progress")}
+    settings = MapSettings(**{**shared, **pair})
+    cache = Path(results_dir) / "map"
+    if cached_only and not (cache / settings.file_name()).is_file():
+        return pl.DataFrame()
+    return run_map(settings, cache_dir=cache)
+
+
 __all__ = [
     "PROBES",
     "RULES",
@@ -274,6 +316,8 @@ __all__ = [
     "difficulty_specs",
     "difficulty_trend",
     "expand_levels",
+    "map_study",
+    "pruning_comparison",
     "run_study",
     "task_label",
     "task_settings",

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import polars as pl
 from great_tables import GT, loc, style
 
-from ..labels import CELL_LEGEND, RULE_LABELS, format_ed
+from ..labels import CELL_LEGEND, RULE_LABELS, TUNED_RULE_LABELS, format_ed
 from .findings import TASK_NAMES, TASK_ORDER
 from .reference import OURS, PAPER
 
@@ -100,7 +100,15 @@ def ed_summary(summary: pl.DataFrame) -> GT:
         row["note"] = "; ".join(reasons)
         rows.append(row)
     frame = pl.DataFrame(rows)
-    columns = [c for c in RULE_LABELS.values() if c in frame.columns]
+    order = [
+        "cosine",
+        "lens KL",
+        TUNED_RULE_LABELS["tuned_lens_kl"],
+        "lens overlap",
+        TUNED_RULE_LABELS["tuned_lens_overlap"],
+    ]
+    columns = [c for c in order if c in frame.columns]  # each tuned-lens rule beside its logit-lens rule
+    frame = frame.select("model", "task", "L", "n", *columns, "note")
     gt = GT(frame, rowname_col="task", groupname_col="model").sub_missing(missing_text="—")
     gt = gt.tab_spanner(label="effective depth", columns=columns).cols_label(n="prompts")
     if not frame["note"].str.len_chars().sum():

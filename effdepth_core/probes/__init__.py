@@ -1,24 +1,36 @@
 """Probes: each a function (LoadedModel, prompts or examples, ...) -> long-format Polars frame."""
 
 from .depth_score import depth_score, depth_scores
+from .early_exit import early_exit, early_exit_summary
 from .erasure import erasure_map, residual_means
 from .igrad import integrated_gradients
 from .linear_map import cross_model_map
 from .logit_lens import logit_lens
+from .pruning import layer_pruning, prune_summary, rule_comparison
 from .reduce import token_weighted_mean
 from .residual import residual_cosine
 from .skip import skip_effects, skip_summary
+from .tuned_lens import LensTraining, TunedLens, cached_tuned_lens, train_tuned_lens
 
 __all__ = [
+    "LensTraining",
+    "TunedLens",
+    "cached_tuned_lens",
     "cross_model_map",
     "depth_score",
     "depth_scores",
+    "early_exit",
+    "early_exit_summary",
     "erasure_map",
     "integrated_gradients",
+    "layer_pruning",
     "logit_lens",
+    "prune_summary",
     "residual_cosine",
     "residual_means",
+    "rule_comparison",
     "skip_effects",
     "skip_summary",
     "token_weighted_mean",
+    "train_tuned_lens",
 ]

@@ -13,7 +13,7 @@ held-out tokens' residuals are kept in memory whole.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import polars as pl
@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ..errors import EffdepthError
 from ..models import LoadedModel
-from ..trace import LayerTrace, forward, iter_batches, tokenize, trace_layers
+from ..trace import residual_states, tokenize
 
 StateStream = Callable[[], Iterable[torch.Tensor]]  # each call: batches of [token, layer 0..L, d] float32
 
@@ -36,23 +36,6 @@ def check_same_tokenizer(small: LoadedModel, big: LoadedModel) -> None:
             f"{small.name} and {big.name} do not share a tokenizer (vocabularies: {sizes}); the map needs both "
             "models on the same tokens: pick two models of one family"
         )
-
-
-def residual_states(
-    loaded: LoadedModel, token_lists: Sequence[torch.Tensor], batch_size: int = 4
-) -> Iterator[torch.Tensor]:
-    """h_0..h_L of every real token, batch by batch: ``[token, L+1, d_model]`` float32."""
-    for batch in iter_batches(token_lists, batch_size, loaded.input_device):
-        layers: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
-
-        def on_layer(trace: LayerTrace, mask: torch.Tensor = batch.mask, layers: list = layers) -> None:
-            layers[trace.layer] = trace.h_in[mask].float().cpu()
-            if trace.layer == loaded.n_layers - 1:
-                layers[-1] = trace.h_out[mask].float().cpu()
-
-        with trace_layers(loaded, on_layer, sublayers=False):
-            forward(loaded, batch)
-        yield torch.stack(layers, dim=1)
 
 
 def _spilled(states: Iterable[torch.Tensor], folder: Path) -> StateStream:

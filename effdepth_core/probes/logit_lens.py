@@ -1,8 +1,10 @@
-"""Logit lens: decode each layer's input with the model's own head (method.md §2), streamed."""
+"""Logit lens: decode each layer's input with the model's own head (method.md §2), streamed; with
+a tuned lens (method.md §7a), each layer's residual is translated first."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import polars as pl
 import torch
@@ -12,6 +14,9 @@ from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..trace import Batch, LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
 from .reduce import per_example_frame
+
+if TYPE_CHECKING:
+    from .tuned_lens import TunedLens
 
 LENS_METRICS = ("kl", "overlap")
 
@@ -61,7 +66,11 @@ def lens_token_metrics(
 
 
 def _batch_sums(
-    loaded: LoadedModel, batch: Batch, top_k: int, buffers: tuple[torch.Tensor, torch.Tensor]
+    loaded: LoadedModel,
+    batch: Batch,
+    top_k: int,
+    buffers: tuple[torch.Tensor, torch.Tensor],
+    lens: TunedLens | None = None,
 ) -> torch.Tensor:
     """Token sums of KL and overlap for each row of a batch, ``[batch, layer 0..L, metric]``."""
     n_layers = loaded.n_layers
@@ -82,8 +91,10 @@ def _batch_sums(
 
     # pass 2: decode each layer's input as the forward pass reaches it
     def decode(layer: int, residual: torch.Tensor) -> None:
-        per_token = lens_token_metrics(loaded, residual[mask], final_logp, final_top, buffers)
-        require_finite(per_token, f"the logit-lens decode (final norm + LM head) of layer {layer}'s input", loaded.name)
+        states = residual[mask] if lens is None else lens.translate(layer, residual[mask])
+        per_token = lens_token_metrics(loaded, states, final_logp, final_top, buffers)
+        what = "logit-lens decode (final norm + LM head)" if lens is None else "tuned-lens decode"
+        require_finite(per_token, f"the {what} of layer {layer}'s input", loaded.name)
         sums[:, layer].index_add_(0, owner, per_token.cpu())
 
     def on_layer(trace: LayerTrace) -> None:
@@ -103,9 +114,11 @@ def logit_lens(
     batch_size: int = 4,
     memory_budget_mb: int = 512,
     progress: bool = False,
+    lens: TunedLens | None = None,
 ) -> pl.DataFrame:
     """Per-example KL(q_l || p) and top-k overlap for layers 0..L (layer L decodes the final
-    residual, so it gives KL 0 and overlap 1 by construction).
+    residual, so it gives KL 0 and overlap 1 by construction). With ``lens`` (a tuned lens of this
+    model), q_l decodes T_l(h_l) instead of h_l.
 
     Two passes per batch: one to get the final distribution p, one that decodes each layer's
     input as the forward pass reaches it. Peak extra memory is p for the batch plus one token
@@ -121,8 +134,13 @@ def logit_lens(
     # p for a batch costs 4·vocab bytes per token: bound the real tokens per batch by half the budget
     max_tokens = max(1, (budget // 2) // (4 * loaded.vocab_size))
     buffers = tuple(torch.empty(rows, loaded.vocab_size, device=loaded.head_device) for rows in (chunk, _BLOCK_ROWS))
-    with tqdm(total=len(token_lists), desc="logit lens", unit="prompt", disable=not progress) as bar:
+    if lens is not None and lens.n_layers != loaded.n_layers:
+        raise EffdepthError(
+            f"the tuned lens has {lens.n_layers} translators but {loaded.name} has {loaded.n_layers} layers"
+        )
+    desc = "logit lens" if lens is None else "tuned lens"
+    with tqdm(total=len(token_lists), desc=desc, unit="prompt", disable=not progress) as bar:
         for batch in iter_batches(token_lists, batch_size, loaded.input_device, max_tokens=max_tokens):
-            sums[batch.examples] = _batch_sums(loaded, batch, top_k, buffers)
+            sums[batch.examples] = _batch_sums(loaded, batch, top_k, buffers, lens)
             bar.update(len(batch.examples))
     return per_example_frame(sums, counts, LENS_METRICS)

@@ -1,0 +1,77 @@
+"""What effective depth buys, part 2 — early exit (method.md §7b): decode each layer's residual
+with the logit lens (or a tuned lens) as if the model stopped there. Per layer l = 0..L (l layers
+run; l = L is the model itself): the share of tokens whose top-1 equals the final top-1
+(``agreement``), and the answer tokens' mean NLL and top-1 accuracy when exiting at l."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import polars as pl
+import torch
+from tqdm import tqdm
+
+from ..models import LoadedModel
+from ..replay import clean_run
+from ..trace import require_finite
+from .answers import AnswerInput, answer_splits
+
+if TYPE_CHECKING:
+    from .tuned_lens import TunedLens
+
+EXIT_METRICS = ("agreement", "answer_nll", "answer_accuracy")
+
+
+def early_exit(
+    loaded: LoadedModel,
+    examples: Sequence[AnswerInput],
+    lens: TunedLens | None = None,
+    chunk: int = 128,
+    progress: bool = False,
+) -> pl.DataFrame:
+    """Per example and exit layer: ``example, layer, metric, value, n_tokens`` (``n_tokens``: the
+    tokens the value averages: all of the prompt's for ``agreement``, the answer's otherwise)."""
+    rows = []
+    for example, split in enumerate(tqdm(answer_splits(loaded, examples), desc="early exit", disable=not progress)):
+        run = clean_run(loaded, split.without_last())
+        targets = split.targets.to(loaded.head_device)
+        measured = torch.zeros(run.n_tokens, dtype=torch.bool)
+        measured[split.measured] = True
+        with torch.inference_mode():
+            final_top = torch.cat(
+                [loaded.head(run.hidden[-1][0, s : s + chunk]).argmax(-1) for s in range(0, run.n_tokens, chunk)]
+            )
+            for layer in range(loaded.n_layers + 1):
+                hidden = run.hidden[layer][0]  # [token, d_model]
+                if lens is not None:
+                    hidden = lens.translate(layer, hidden)
+                agree = torch.zeros((), dtype=torch.float64)
+                nll, correct = [], []
+                for s in range(0, run.n_tokens, chunk):
+                    logits = loaded.head(hidden[s : s + chunk]).float()  # [rows, vocab]
+                    require_finite(logits, f"the early-exit decode of layer {layer}'s input", loaded.name)
+                    top = logits.argmax(-1)
+                    agree += (top == final_top[s : s + chunk]).sum()
+                    rows_measured = measured[s : s + chunk].to(logits.device)
+                    if rows_measured.any():
+                        logp = torch.log_softmax(logits[rows_measured], dim=-1)
+                        first = s + int(rows_measured.nonzero()[0]) - split.measured.start
+                        wanted = targets[first : first + logp.shape[0]]
+                        nll.append(-logp.gather(-1, wanted[:, None]).squeeze(-1))
+                        correct.append((top[rows_measured] == wanted).float())
+                rows.append((example, layer, "agreement", float(agree) / run.n_tokens, run.n_tokens))
+                rows.append((example, layer, "answer_nll", float(torch.cat(nll).mean()), split.n_answer))
+                rows.append((example, layer, "answer_accuracy", float(torch.cat(correct).mean()), split.n_answer))
+    schema = {"example": pl.Int64, "layer": pl.Int64, "metric": pl.String, "value": pl.Float64, "n_tokens": pl.Int64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def early_exit_summary(per_example: pl.DataFrame) -> pl.DataFrame:
+    """Token-weighted means over prompts per (lens, layer, metric) — ``lens`` where the frame has it."""
+    keys = [c for c in ("lens", "layer", "metric") if c in per_example.columns]
+    return (
+        per_example.group_by(keys)
+        .agg(((pl.col("value") * pl.col("n_tokens")).sum() / pl.col("n_tokens").sum()).alias("value"))
+        .sort(keys)
+    )

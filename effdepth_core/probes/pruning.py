@@ -1,0 +1,190 @@
+"""What effective depth buys, part 1 — layer pruning (method.md §7b): remove layers and measure
+how much worse the model predicts the answer tokens (their mean negative log-likelihood and
+top-1 accuracy). Removing a layer is the all-token skip of the skip probe: its output is its input.
+
+Every block of k consecutive layers (k = 1, 2, 4 and ⌈L/4⌉; every start) is removed, which also
+covers two layer-choice rules: "after ED" (the block that starts right after an ED; clipped to end
+at layer L-1) and Gromov et al.'s angular distance (the block of k whose input and output
+residuals are closest in angle). The third rule, ShortGPT's block influence 1 − cos(h_l, h_{l+1})
+(Men et al. 2024), removes the k least influential layers, consecutive or not, and is run as its
+own set. Both scores come from the same prompts' clean runs, averaged over tokens and prompts.
+
+Fast path: one clean pass per prompt, then each removal set is a batch row replayed from its first
+removed layer on (earlier layers cannot change), its removed layers passing the residual through.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import polars as pl
+import torch
+from tqdm import tqdm
+
+from ..errors import EffdepthError
+from ..models import LoadedModel
+from ..replay import CleanRun, clean_run, run_layer
+from ..trace import require_finite
+from .answers import AnswerInput, AnswerSplit, answer_splits
+
+PRUNE_METRICS = ("answer_nll", "answer_accuracy")
+SCHEMA = {
+    "example": pl.Int64,
+    "rule": pl.String,  # none | block | shortgpt
+    "k": pl.Int64,  # layers removed
+    "start": pl.Int64,  # first layer of a block (null for none and shortgpt)
+    "removed": pl.String,  # the removed layers, "3,4,5"
+    "metric": pl.String,
+    "value": pl.Float64,
+    "n_tokens": pl.Int64,  # answer tokens (scores) or tokens (block influence, angular distance)
+}
+
+
+def default_block_sizes(n_layers: int) -> list[int]:
+    """k = 1, 2, 4 and ⌈L/4⌉, those below L."""
+    return sorted({k for k in (1, 2, 4, math.ceil(n_layers / 4)) if 1 <= k < n_layers})
+
+
+def answer_scores(loaded: LoadedModel, final: torch.Tensor, split: AnswerSplit) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean answer NLL and top-1 accuracy ``[rows]`` from final residuals ``[rows, token, d]``."""
+    logp = torch.log_softmax(loaded.head(final[:, split.measured]).float(), dim=-1)  # [rows, answer, vocab]
+    targets = split.targets.to(logp.device)
+    nll = -logp.gather(-1, targets.view(1, -1, 1).expand(logp.shape[0], -1, 1)).squeeze(-1)
+    accuracy = (logp.argmax(-1) == targets).float()
+    return nll.mean(-1).cpu(), accuracy.mean(-1).cpu()
+
+
+def pruned_final(loaded: LoadedModel, run: CleanRun, removed: Sequence[Sequence[int]]) -> torch.Tensor:
+    """h_L ``[rows, token, d]`` of the model with each row's layers removed (rows sharing no start
+    are fine: each joins at its own first removed layer; an empty set is the clean h_L)."""
+    n_layers = loaded.n_layers
+    sets = [frozenset(r) for r in removed]
+    firsts = [min(s) if s else n_layers for s in sets]
+    order = sorted(range(len(sets)), key=lambda i: firsts[i])
+    hidden = run.hidden[0][:, :0].new_empty(0, run.n_tokens, run.hidden[0].shape[-1])
+    joined = 0
+    with torch.inference_mode():
+        for layer in range(min(firsts, default=n_layers), n_layers):
+            joining = [i for i in order[joined:] if firsts[i] == layer]
+            if joining:
+                hidden = torch.cat([hidden, run.hidden[layer].expand(len(joining), -1, -1).to(hidden.device)])
+                joined += len(joining)
+            keep = torch.tensor([layer in sets[i] for i in order[:joined]], device=hidden.device)
+            if bool(keep.all()):
+                continue
+            new = run_layer(loaded, run, layer, hidden)
+            hidden = torch.where(keep.view(-1, 1, 1), hidden.to(new.device), new) if bool(keep.any()) else new
+        rest = order[joined:]  # empty sets: the clean final residual
+        if rest:
+            hidden = torch.cat([hidden, run.hidden[n_layers].expand(len(rest), -1, -1).to(hidden.device)])
+    out = torch.empty_like(hidden)
+    out[torch.tensor(order, device=hidden.device)] = hidden
+    return out
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine per token of ``[1, token, d]`` states → ``[token]``."""
+    a, b = a[0].float(), b[0].float()
+    return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(1e-12)
+
+
+def layer_pruning(
+    loaded: LoadedModel,
+    examples: Sequence[AnswerInput],
+    block_sizes: Sequence[int] | None = None,
+    max_rows: int = 16,
+    progress: bool = False,
+) -> pl.DataFrame:
+    """Per example: the answer NLL and accuracy of the clean model (rule ``none``), of every block
+    of ``k`` consecutive layers removed (``block``), and of ShortGPT's ``k`` lowest-influence layers
+    removed (``shortgpt``); plus each layer's block influence and each block's angular distance."""
+    n_layers = loaded.n_layers
+    sizes = sorted(set(block_sizes or default_block_sizes(n_layers)))
+    if not sizes or sizes[0] < 1 or sizes[-1] >= n_layers:
+        raise EffdepthError(f"pruning block sizes must be in 1..{n_layers - 1} for {loaded.name}, got {list(sizes)}")
+    splits = answer_splits(loaded, examples)
+    runs = [clean_run(loaded, split.without_last()) for split in splits]
+    rows: list[tuple] = []
+    influence = torch.zeros(n_layers, dtype=torch.float64)
+    tokens = 0
+    for example, run in enumerate(runs):
+        for layer in range(n_layers):
+            bi = 1 - _cosine(run.hidden[layer], run.hidden[layer + 1])
+            influence[layer] += bi.double().sum()
+            rows.append((example, "shortgpt", 1, layer, str(layer), "block_influence", float(bi.mean()), run.n_tokens))
+        for k in sizes:
+            for start in range(n_layers - k + 1):
+                angle = torch.arccos(_cosine(run.hidden[start], run.hidden[start + k]).clamp(-1, 1)) / math.pi
+                removed = ",".join(map(str, range(start, start + k)))
+                rows.append(
+                    (example, "block", k, start, removed, "angular_distance", float(angle.mean()), run.n_tokens)
+                )
+        tokens += run.n_tokens
+    least = (influence / tokens).argsort().tolist()  # ShortGPT: the same layers for every prompt
+    sets: list[tuple[str, int, int | None, tuple[int, ...]]] = [("none", 0, None, ())]
+    sets += [("block", k, s, tuple(range(s, s + k))) for k in sizes for s in range(n_layers - k + 1)]
+    sets += [("shortgpt", k, None, tuple(sorted(least[:k]))) for k in sizes]
+    pairs = list(zip(runs, splits, strict=True))
+    for example, (run, split) in enumerate(tqdm(pairs, desc="pruning", disable=not progress)):
+        for first in range(0, len(sets), max_rows):
+            chunk = sets[first : first + max_rows]
+            final = pruned_final(loaded, run, [s[3] for s in chunk])
+            require_finite(final, "a pruned model's last residual", loaded.name)
+            nll, accuracy = answer_scores(loaded, final, split)
+            require_finite(nll, "a pruned model's answer log-likelihood", loaded.name)
+            for (rule, k, start, removed), n, a in zip(chunk, nll.tolist(), accuracy.tolist(), strict=True):
+                names = ",".join(map(str, removed))
+                rows.append((example, rule, k, start, names, "answer_nll", n, split.n_answer))
+                rows.append((example, rule, k, start, names, "answer_accuracy", a, split.n_answer))
+    return pl.DataFrame(rows, schema=SCHEMA, orient="row")
+
+
+def prune_summary(per_example: pl.DataFrame) -> pl.DataFrame:
+    """Token-weighted means over prompts per (rule, k, start, removed, metric), plus ``delta_nll``:
+    the answer NLL's increase over the clean model's."""
+    keys = ["rule", "k", "start", "removed", "metric"]
+    mean = (
+        per_example.group_by(keys)
+        .agg(((pl.col("value") * pl.col("n_tokens")).sum() / pl.col("n_tokens").sum()).alias("value"))
+        .sort(keys, nulls_last=True)
+    )
+    clean = mean.filter(rule="none", metric="answer_nll")["value"]
+    delta = mean.filter(pl.col("metric") == "answer_nll", pl.col("rule") != "none").with_columns(
+        metric=pl.lit("delta_nll"), value=pl.col("value") - (clean[0] if len(clean) else None)
+    )
+    return pl.concat([mean, delta]).sort(keys, nulls_last=True)
+
+
+def after_ed_block(ed: int, k: int, n_layers: int) -> int:
+    """Start of the "after ED" block of k layers: ED+1, moved back so that it ends at L-1 at the latest."""
+    return max(0, min(ed + 1, n_layers - k))
+
+
+def rule_comparison(summary: pl.DataFrame, eds: dict[str, int | None], n_layers: int) -> pl.DataFrame:
+    """For every budget k: ΔNLL and accuracy of the layers each rule removes — ``after ED (<rule>)``
+    for each ED rule given, ``angular distance`` and ``block influence``. Columns ``k, choice,
+    removed, delta_nll, answer_accuracy``."""
+    wide = summary.pivot(on="metric", index=["rule", "k", "start", "removed"], values="value")
+    rows = []
+    for k in sorted(wide.filter(rule="block")["k"].unique().to_list()):
+        blocks = wide.filter(rule="block", k=k)
+        picks = [
+            (f"after ED ({name})", blocks.filter(start=after_ed_block(ed, k, n_layers)))
+            for name, ed in eds.items()
+            if ed is not None
+        ]
+        picks.append(("angular distance", blocks.sort("angular_distance").head(1)))
+        picks.append(("block influence", wide.filter(rule="shortgpt", k=k)))
+        for choice, row in picks:
+            if row.height:
+                r = row.row(0, named=True)
+                rows.append((k, choice, r["removed"], r["delta_nll"], r["answer_accuracy"]))
+    schema = {
+        "k": pl.Int64,
+        "choice": pl.String,
+        "removed": pl.String,
+        "delta_nll": pl.Float64,
+        "answer_accuracy": pl.Float64,
+    }
+    return pl.DataFrame(rows, schema=schema, orient="row")

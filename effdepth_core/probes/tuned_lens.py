@@ -1,0 +1,311 @@
+"""Tuned lens (method.md §7a; Belrose et al. 2023): per-layer affine translators
+T_l(h) = h + A_l h + b_l, trained so that Head(FinalNorm(T_l(h_l))) matches the model's final
+distribution. The logit lens is the tuned lens with A_l = 0, b_l = 0, so the lens probe, its ED
+rules and the early-exit probe take either one.
+
+Training (``train_tuned_lens``) follows Belrose et al.'s objective — the forward KL(p_final ‖ q_l),
+summed over layers, on text disjoint from every probed prompt (``tasks.lens_corpus``) — with two
+changes that make it affordable on a CPU: each translator starts from the better (on training
+tokens) of zero and a least-squares fit of h_L − h_l on h_l (each token weighted by 1 / |h_L|, so
+that a few huge residuals do not dominate), and Adam replaces SGD with Nesterov momentum. Trained
+lenses are cached next to the model (``tuned_lens_path``), keyed by the model's identity, the
+corpus and the training settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import polars as pl
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from ..errors import EffdepthError
+from ..models import LoadedModel
+from ..trace import residual_states, tokenize
+from ..zoo import ZOO, cache_dir
+
+LENS_FORMAT = 1  # bump when training changes, so older cached lenses are not reused
+
+
+class TunedLens(nn.Module):
+    """Translators for layers 0..L-1 of one model; layer L (the final residual) is decoded as is."""
+
+    def __init__(self, n_layers: int, d_model: int, info: dict | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n_layers, d_model, d_model))  # [layer, d_out, d_in]: A_l
+        self.bias = nn.Parameter(torch.zeros(n_layers, d_model))  # [layer, d_model]: b_l
+        self.info = dict(info or {})
+
+    @classmethod
+    def identity(cls, loaded: LoadedModel) -> TunedLens:
+        """Zero translators: decodes exactly as the logit lens."""
+        return cls(loaded.n_layers, loaded.d_model, {"kind": "identity"})
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.weight.shape[0])
+
+    def translate(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """T_layer(hidden) for ``hidden`` ``[..., d_model]``; the identity at layer L."""
+        if layer >= self.n_layers:
+            return hidden
+        weight = self.weight[layer].to(hidden.device, hidden.dtype)
+        bias = self.bias[layer].to(hidden.device, hidden.dtype)
+        return hidden + nn.functional.linear(hidden, weight, bias)
+
+    def save(self, path: Path) -> None:
+        """Write atomically (a temporary name in the same folder, then a rename)."""
+        from safetensors.torch import save_file
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.effdepth-tmp-{os.getpid()}")
+        tensors = {"weight": self.weight.detach().float().cpu().contiguous(), "bias": self.bias.detach().float().cpu()}
+        save_file(tensors, str(temporary), metadata={"effdepth_tuned_lens": json.dumps(self.info)})
+        os.replace(temporary, path)
+
+    @classmethod
+    def load(cls, path: Path) -> TunedLens:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                info = json.loads((handle.metadata() or {})["effdepth_tuned_lens"])
+                weight, bias = handle.get_tensor("weight"), handle.get_tensor("bias")
+        except Exception as exc:  # a damaged or foreign file: never silently replaced
+            raise EffdepthError(
+                f"cannot read the cached tuned lens {path} ({type(exc).__name__}); delete it to train it again"
+            ) from exc
+        if weight.ndim != 3 or bias.shape != weight.shape[:2] or not torch.isfinite(weight).all():
+            raise EffdepthError(f"the cached tuned lens {path} is damaged; delete it to train it again")
+        lens = cls(weight.shape[0], weight.shape[1], info)
+        with torch.no_grad():
+            lens.weight.copy_(weight)
+            lens.bias.copy_(bias)
+        return lens
+
+
+@dataclass(frozen=True)
+class LensTraining:
+    """How a tuned lens is trained (all of it enters the cache key)."""
+
+    train_tokens: int = 8192  # corpus tokens the translators are fitted on
+    heldout_tokens: int = 1024  # corpus tokens (other texts) they are judged on
+    steps: int = 200  # Adam steps
+    batch_tokens: int = 64  # tokens per step
+    lr: float = 1e-4  # Adam learning rate, decayed linearly to 0
+    init: str = "regression"  # "regression" (least squares, when better than zero) or "zero"
+    seed: int = 0
+
+    def check(self) -> None:
+        for name in ("train_tokens", "heldout_tokens", "steps", "batch_tokens"):
+            if getattr(self, name) < 1:
+                raise EffdepthError(
+                    f"tuned-lens {name.replace('_', ' ')} must be at least 1, got {getattr(self, name)}"
+                )
+        if self.init not in ("regression", "zero"):
+            raise EffdepthError(f"tuned-lens init must be 'regression' or 'zero', got {self.init!r}")
+        if not self.lr > 0:
+            raise EffdepthError(f"tuned-lens learning rate must be positive, got {self.lr}")
+
+
+def _kl_to_final(loaded: LoadedModel, translated: torch.Tensor, final_logp: torch.Tensor, forward: bool):
+    """Per-token KL between the lens's distribution q and the final p: KL(p ‖ q) (``forward``, the
+    training loss) or KL(q ‖ p) (the probe's)."""
+    logq = torch.log_softmax(loaded.head(translated).float(), dim=-1)
+    if forward:
+        return (final_logp.exp() * (final_logp - logq)).sum(-1)
+    return (logq.exp() * (logq - final_logp)).sum(-1).clamp_min(0.0)
+
+
+def _final_logp(loaded: LoadedModel, final: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(loaded.head(final).float(), dim=-1)
+
+
+def _encode(loaded: LoadedModel, text: str | torch.Tensor, limit: int | None) -> torch.Tensor:
+    ids = loaded.encode(text) if isinstance(text, str) else torch.as_tensor(text, dtype=torch.long)
+    return ids.flatten()[:limit]
+
+
+def _split_tokens(loaded: LoadedModel, texts: Sequence[str], training: LensTraining) -> tuple[list, list]:
+    """Held-out texts first, then training texts, in a seeded order; whole texts, so no text is in both."""
+    order = list(range(len(texts)))
+    random.Random(training.seed).shuffle(order)
+    limit = loaded.max_positions or None  # a corpus text longer than the context is cut, not refused
+    token_lists = tokenize(loaded, [_encode(loaded, texts[i], limit) for i in order])
+    heldout, train, seen = [], [], 0
+    for ids in token_lists:
+        if seen < training.heldout_tokens:
+            heldout.append(ids)
+        elif seen < training.heldout_tokens + training.train_tokens:
+            train.append(ids)
+        else:
+            break
+        seen += ids.numel()
+    if not train:
+        raise EffdepthError("the tuned-lens corpus has too few tokens for a training split; lower heldout tokens")
+    return heldout, train
+
+
+def _regression_init(states: torch.Tensor, ridge: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Least-squares A_l, b_l of h_L − h_l ≈ A_l h_l + b_l per layer, each token weighted by 1/|h_L|
+    (``states`` ``[token, L+1, d]``); ``ridge`` is relative to the Gram matrix's mean diagonal."""
+    final = states[:, -1].double()
+    weights = 1.0 / final.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # [token, 1]
+    n_layers, d = states.shape[1] - 1, states.shape[2]
+    A = torch.zeros(n_layers, d, d)
+    b = torch.zeros(n_layers, d)
+    for layer in range(n_layers):
+        h = states[:, layer].double()
+        x = torch.cat([h, torch.ones_like(h[:, :1])], dim=-1) * weights
+        y = (final - h) * weights
+        gram = x.T @ x
+        gram += ridge * gram.diagonal().mean() * torch.eye(d + 1, dtype=gram.dtype)
+        solution = torch.linalg.solve(gram, x.T @ y)  # [d+1, d]
+        A[layer], b[layer] = solution[:d].T.float(), solution[d].float()
+    return A, b
+
+
+def _heldout_kl(loaded: LoadedModel, lens: TunedLens, states: torch.Tensor, chunk: int = 128) -> torch.Tensor:
+    """Mean KL(q_l ‖ p) over ``states``' tokens for layers 0..L-1: ``[layer]``."""
+    total = torch.zeros(lens.n_layers, dtype=torch.float64)
+    with torch.no_grad():
+        for start in range(0, states.shape[0], chunk):
+            rows = states[start : start + chunk].to(loaded.head_device)
+            final_logp = _final_logp(loaded, rows[:, -1].to(loaded.dtype))
+            for layer in range(lens.n_layers):
+                translated = lens.translate(layer, rows[:, layer].float()).to(loaded.dtype)
+                total[layer] += _kl_to_final(loaded, translated, final_logp, forward=False).double().sum().cpu()
+    return total / states.shape[0]
+
+
+def train_tuned_lens(
+    loaded: LoadedModel,
+    texts: Sequence[str],
+    training: LensTraining = LensTraining(),
+    progress: bool = False,
+) -> tuple[TunedLens, pl.DataFrame]:
+    """Train translators for every layer of ``loaded`` on ``texts``. Returns the lens and its fit
+    frame ``layer, metric, value`` with the held-out KL(q_l ‖ p) of the logit lens
+    (``heldout_kl_logit``) and the tuned lens (``heldout_kl_tuned``) for layers 0..L-1."""
+    training.check()
+    started = time.perf_counter()
+    generator = torch.Generator().manual_seed(training.seed)
+    heldout_ids, train_ids = _split_tokens(loaded, texts, training)
+    states = torch.cat(list(residual_states(loaded, train_ids)))  # [token, L+1, d] float32
+    heldout = torch.cat(list(residual_states(loaded, heldout_ids)))
+    lens = TunedLens(loaded.n_layers, loaded.d_model).to(loaded.head_device)
+    probe_rows = states[torch.randperm(states.shape[0], generator=generator)[: training.batch_tokens]]
+    if training.init == "regression":
+        A, b = _regression_init(states)
+        zero_kl = _heldout_kl(loaded, lens, probe_rows)
+        candidate = TunedLens(loaded.n_layers, loaded.d_model).to(loaded.head_device)
+        with torch.no_grad():
+            candidate.weight.copy_(A)
+            candidate.bias.copy_(b)
+        fit_kl = _heldout_kl(loaded, candidate, probe_rows)
+        with torch.no_grad():  # per layer, start from whichever is better on training tokens
+            better = (fit_kl < zero_kl).to(lens.weight.device)
+            lens.weight.copy_(torch.where(better[:, None, None], candidate.weight, lens.weight))
+            lens.bias.copy_(torch.where(better[:, None], candidate.bias, lens.bias))
+    optimizer = torch.optim.Adam(lens.parameters(), lr=training.lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / training.steps)
+    for _ in tqdm(range(training.steps), desc="tuned lens", unit="step", disable=not progress):
+        rows = states[torch.randint(states.shape[0], (training.batch_tokens,), generator=generator)]
+        rows = rows.to(loaded.head_device)
+        final_logp = _final_logp(loaded, rows[:, -1].to(loaded.dtype))
+        optimizer.zero_grad(set_to_none=True)
+        for layer in range(lens.n_layers):  # one layer's graph at a time: memory of one [batch, vocab]
+            translated = lens.translate(layer, rows[:, layer].float()).to(loaded.dtype)
+            _kl_to_final(loaded, translated, final_logp, forward=True).mean().backward()
+        optimizer.step()
+        schedule.step()
+    if not (torch.isfinite(lens.weight).all() and torch.isfinite(lens.bias).all()):
+        raise EffdepthError(f"tuned-lens training of {loaded.name} diverged (NaN/inf); lower the learning rate")
+    logit_kl = _heldout_kl(loaded, TunedLens.identity(loaded).to(loaded.head_device), heldout)
+    tuned_kl = _heldout_kl(loaded, lens, heldout)
+    lens.info = {
+        "kind": "tuned",
+        "model": loaded.name,
+        "training": asdict(training),
+        "train_tokens": int(states.shape[0]),
+        "heldout_tokens": int(heldout.shape[0]),
+        "seconds": round(time.perf_counter() - started, 1),
+        "heldout_kl_logit": logit_kl.tolist(),
+        "heldout_kl_tuned": tuned_kl.tolist(),
+    }
+    return lens.cpu().requires_grad_(False), fit_frame(lens)
+
+
+def fit_frame(lens: TunedLens) -> pl.DataFrame:
+    """The held-out KL per layer of the logit lens and the tuned lens, from the lens's record."""
+    rows = [
+        (layer, metric, float(value))
+        for metric in ("heldout_kl_logit", "heldout_kl_tuned")
+        for layer, value in enumerate(lens.info.get(metric, []))
+    ]
+    return pl.DataFrame(rows, schema={"layer": pl.Int64, "metric": pl.String, "value": pl.Float64}, orient="row")
+
+
+def model_identity(spec: str, loaded: LoadedModel) -> dict:
+    """What pins a model's weights: an alias's sha256, a path with its size and time, or a hub revision."""
+    if spec in ZOO:
+        return {"alias": spec, "sha256": ZOO[spec].sha256}
+    path = Path(spec).expanduser()
+    if path.exists():
+        probe = path / "config.json" if path.is_dir() else path
+        stat = probe.stat() if probe.exists() else path.stat()
+        return {"path": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime_ns}
+    return {"hub": spec, "revision": getattr(loaded.model.config, "_commit_hash", None)}
+
+
+def tuned_lens_path(spec: str, loaded: LoadedModel, training: LensTraining) -> Path:
+    """Where the tuned lens of this model and training lives: next to an offline alias's GGUF, else
+    under ``$EFFDEPTH_CACHE/tuned-lens``."""
+    key = {
+        "model": model_identity(spec, loaded),
+        "dtype": str(loaded.dtype),
+        "training": asdict(training),
+        "format": LENS_FORMAT,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    if spec in ZOO:
+        return cache_dir() / "models" / spec / f"tuned-lens-{digest}.safetensors"
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in loaded.name).strip("._") or "model"
+    return cache_dir() / "tuned-lens" / f"{name}-{digest}.safetensors"
+
+
+def cached_tuned_lens(
+    spec: str,
+    loaded: LoadedModel,
+    training: LensTraining = LensTraining(),
+    texts: Sequence[str] | None = None,
+    progress: bool = False,
+) -> TunedLens:
+    """The model's tuned lens: read from the cache, or trained on ``texts`` (default: the vendored
+    lens corpus) and cached. A lens trained on other ``texts`` is not cached."""
+    training.check()
+    path = tuned_lens_path(spec, loaded, training)
+    if texts is None and path.is_file():
+        lens = TunedLens.load(path)
+        if lens.weight.shape != (loaded.n_layers, loaded.d_model, loaded.d_model):
+            raise EffdepthError(f"the cached tuned lens {path} does not fit {loaded.name}; delete it to train again")
+        return lens
+    from ..tasks import lens_corpus
+
+    lens, _ = train_tuned_lens(loaded, lens_corpus() if texts is None else texts, training, progress)
+    if texts is None:
+        try:
+            lens.save(path)
+        except OSError as exc:
+            raise EffdepthError(f"cannot write the tuned lens to {path} ({exc.strerror}); set EFFDEPTH_CACHE") from exc
+    return lens

@@ -1,0 +1,203 @@
+"""Tuned lens, layer pruning and early exit (method.md §8–§9) against independent computations on
+every tiny architecture."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+import torch
+from conftest import make_tiny, random_prompts
+
+from effdepth_core.probes import logit_lens
+from effdepth_core.probes.early_exit import early_exit
+from effdepth_core.probes.pruning import (
+    after_ed_block,
+    layer_pruning,
+    prune_summary,
+    pruned_final,
+    rule_comparison,
+)
+from effdepth_core.probes.skip import skip_hooks
+from effdepth_core.probes.tuned_lens import LensTraining, TunedLens, cached_tuned_lens, train_tuned_lens
+from effdepth_core.replay import clean_run
+from effdepth_core.trace import intervene
+
+# float32 on values of order 1–10: differences of a few 1e-6 are rounding of reordered sums
+TOL = 1e-5
+
+
+def _examples(lengths=(12, 9), answer=3, seed=4):
+    return [(ids, answer) for ids in random_prompts(list(lengths), seed=seed)]
+
+
+def _manual_nll(logits: torch.Tensor, ids: torch.Tensor, answer: int) -> tuple[float, float]:
+    """Answer NLL and accuracy from full-sequence logits ``[token, vocab]`` of ``ids``."""
+    n = ids.numel()
+    logp = torch.log_softmax(logits[n - 1 - answer : n - 1].float(), dim=-1)
+    targets = ids[n - answer :]
+    nll = -logp[torch.arange(answer), targets].mean()
+    return float(nll), float((logp.argmax(-1) == targets).float().mean())
+
+
+def test_identity_tuned_lens_is_exactly_the_logit_lens(tiny):
+    prompts = random_prompts([11, 7, 5])
+    plain = logit_lens(tiny, prompts, batch_size=2)
+    identity = logit_lens(tiny, prompts, batch_size=2, lens=TunedLens.identity(tiny))
+    assert plain["value"].to_list() == identity["value"].to_list()  # bit for bit: A = 0, b = 0
+
+
+def test_training_lowers_heldout_kl_at_every_layer():
+    tiny = make_tiny("llama")
+    texts = random_prompts([20] * 40, seed=7)
+    training = LensTraining(train_tokens=600, heldout_tokens=200, steps=60, batch_tokens=64, lr=1e-2, init="zero")
+    lens, fit = train_tuned_lens(tiny, texts, training)
+    wide = fit.pivot(on="metric", index="layer", values="value").sort("layer")
+    assert wide.height == tiny.n_layers
+    assert (wide["heldout_kl_tuned"] < 0.9 * wide["heldout_kl_logit"]).all(), wide
+    # the fit frame's tuned KL is what the lens probe measures on held-out tokens (KL(q||p) per token)
+    heldout = texts[:10]  # the seeded split puts some texts in the held-out set; probe any texts
+    by_probe = logit_lens(tiny, heldout, lens=lens)
+    assert by_probe.filter(metric="kl")["value"].is_finite().all()
+
+
+def test_regression_start_is_never_worse_than_zero_on_training_tokens():
+    tiny = make_tiny("gemma3_text")
+    texts = random_prompts([16] * 30, seed=3)
+    base = dict(train_tokens=300, heldout_tokens=100, steps=1, batch_tokens=32, lr=1e-9)
+    _, zero = train_tuned_lens(tiny, texts, LensTraining(**base, init="zero"))
+    _, fitted = train_tuned_lens(tiny, texts, LensTraining(**base, init="regression"))
+    assert (
+        fitted.filter(metric="heldout_kl_tuned")["value"].sum() < zero.filter(metric="heldout_kl_tuned")["value"].sum()
+    )
+
+
+def test_tuned_lens_cache_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
+    tiny = make_tiny("qwen2")
+    from effdepth_core.probes import tuned_lens as module
+
+    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    training = LensTraining(train_tokens=150, heldout_tokens=60, steps=3, batch_tokens=16)
+    first = cached_tuned_lens("tiny-qwen2", tiny, training)
+    path = module.tuned_lens_path("tiny-qwen2", tiny, training)
+    assert path.is_file() and path.parent == tmp_path / "tuned-lens"
+    again = cached_tuned_lens("tiny-qwen2", tiny, training)  # read, not retrained
+    assert torch.equal(first.weight, again.weight) and again.info["heldout_kl_tuned"] == first.info["heldout_kl_tuned"]
+    path.write_bytes(b"not a lens")
+    with pytest.raises(Exception, match="delete it to train it again"):
+        cached_tuned_lens("tiny-qwen2", tiny, training)
+    assert path.read_bytes() == b"not a lens"  # a damaged file is reported, never replaced silently
+
+
+def _skip_all_forward(tiny, ids: torch.Tensor, removed) -> torch.Tensor:
+    """Slow oracle: one full forward with the skip probe's hooks skipping every removed layer at
+    every position (its output is its input)."""
+    rows = torch.ones(1, dtype=torch.bool)
+    hooks = [h for layer in removed for h in skip_hooks(tiny, "layer", layer, rows, slice(0, ids.numel()))]
+    with intervene(hooks), torch.inference_mode():
+        return tiny.model(input_ids=ids.view(1, -1), use_cache=False).logits[0]
+
+
+@pytest.mark.parametrize("removed", [(), (1,), (0, 1), (0, 2), (1, 2)])
+def test_pruned_model_equals_the_all_token_skip(tiny, removed):
+    ids = random_prompts([10])[0]
+    run = clean_run(tiny, ids)
+    final = pruned_final(tiny, run, [removed, (), (2,)])  # rows with other sets beside it
+    fast = tiny.head(final[0])
+    slow = _skip_all_forward(tiny, ids, removed)
+    scale = slow.abs().max()
+    assert (fast - slow).abs().max() <= TOL * scale
+    if not removed:  # removing nothing is the model itself
+        with torch.inference_mode():
+            model = tiny.model(input_ids=ids.view(1, -1), use_cache=False).logits[0]
+        assert (fast - model).abs().max() <= TOL * scale
+
+
+def test_layer_pruning_frame_against_full_forwards():
+    tiny = make_tiny("mistral")
+    examples = _examples()
+    frame = layer_pruning(tiny, examples, block_sizes=[1, 2])
+    for example, (ids, answer) in enumerate(examples):
+        rows = frame.filter(example=example, metric="answer_nll")
+        for rule, removed in [("none", ""), ("block", "1"), ("block", "0,1")]:
+            value = rows.filter(rule=rule, removed=removed)["value"].item()
+            layers = [int(x) for x in removed.split(",") if x]
+            expected, _ = _manual_nll(_skip_all_forward(tiny, ids[:-1], layers), ids, answer)
+            assert value == pytest.approx(expected, rel=TOL)
+    blocks = frame.filter(rule="block", metric="answer_nll")
+    assert sorted(set(zip(blocks["k"], blocks["start"], strict=True))) == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]
+    # ShortGPT's choice: the layers of least mean block influence over all prompts' tokens
+    influence = frame.filter(metric="block_influence")
+    mean = influence.group_by("start").agg((pl.col("value") * pl.col("n_tokens")).sum()).sort("value")
+    assert frame.filter(rule="shortgpt", k=1, metric="answer_nll")["removed"][0] == str(mean["start"][0])
+
+
+def test_pruning_summary_and_rule_comparison():
+    tiny = make_tiny("llama")
+    summary = prune_summary(layer_pruning(tiny, _examples(), block_sizes=[1, 2]))
+    clean = summary.filter(rule="none", metric="answer_nll")["value"].item()
+    one = summary.filter(rule="block", k=1, start=1)
+    assert one.filter(metric="delta_nll")["value"].item() == pytest.approx(
+        one.filter(metric="answer_nll")["value"].item() - clean, abs=1e-12
+    )
+    comparison = rule_comparison(summary, {"cosine": 0, "lens KL": None}, tiny.n_layers)
+    after = comparison.filter(choice="after ED (cosine)")
+    assert after["removed"].to_list() == ["1", "1,2"]  # ED 0: start at 1; k = 2 must end at L-1 = 2
+    assert set(comparison["choice"]) == {"after ED (cosine)", "angular distance", "block influence"}
+    assert after_ed_block(ed=2, k=2, n_layers=3) == 1 and after_ed_block(ed=0, k=1, n_layers=30) == 1
+
+
+def test_early_exit_against_raw_hidden_states(tiny):
+    examples = _examples(lengths=(9, 13))
+    frame = early_exit(tiny, examples, chunk=4)  # small chunks: several per prompt
+    for example, (ids, answer) in enumerate(examples):
+        with torch.inference_mode():
+            out = tiny.model(input_ids=ids[:-1].view(1, -1), use_cache=False, output_hidden_states=True)
+        final = out.logits[0]
+        rows = frame.filter(example=example)
+        at_l = rows.filter(layer=tiny.n_layers)
+        assert at_l.filter(metric="agreement")["value"].item() == 1.0  # exiting at L is the model
+        nll, accuracy = _manual_nll(torch.cat([final, final[:1]]), ids, answer)
+        assert at_l.filter(metric="answer_nll")["value"].item() == pytest.approx(nll, rel=TOL)
+        assert at_l.filter(metric="answer_accuracy")["value"].item() == accuracy
+        for layer in range(tiny.n_layers):  # HF's hidden_states[l] is layer l's input (pre-norm for l < L)
+            logits = tiny.head(out.hidden_states[layer][0])
+            nll, _ = _manual_nll(torch.cat([logits, logits[:1]]), ids, answer)
+            agreement = float((logits.argmax(-1) == final.argmax(-1)).float().mean())
+            assert rows.filter(layer=layer, metric="answer_nll")["value"].item() == pytest.approx(nll, rel=TOL)
+            assert rows.filter(layer=layer, metric="agreement")["value"].item() == pytest.approx(agreement)
+
+
+def test_early_exit_with_identity_lens_is_the_logit_lens_exit():
+    tiny = make_tiny("gemma2")
+    examples = _examples()
+    assert early_exit(tiny, examples).equals(early_exit(tiny, examples, lens=TunedLens.identity(tiny)))
+
+
+def test_cli_runs_the_new_probes_and_caches_the_lens(tiny_dir, tmp_path, monkeypatch, capsys):
+    from effdepth_core.cli import main
+
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--digits", "2", "--n", "3", "--out", str(out)]
+    argv += ["--probes", "cosine,logit_lens,prune,early_exit", "--lens", "both", "--lens-steps", "3"]
+    argv += ["--lens-tokens", "300", "--prune-sizes", "1,2", "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "tuned KL" in printed.splitlines()[0] and "tuned overlap" in printed.splitlines()[0]
+    for name in ("tuned_lens", "prune", "early_exit"):
+        assert (out / f"{name}_by_example.parquet").is_file()
+    assert (out / "tuned_lens_fit.parquet").is_file()
+    assert len(list((tmp_path / "cache" / "tuned-lens").glob("*.safetensors"))) == 1
+    exits = pl.read_parquet(out / "early_exit.parquet")
+    assert set(exits["lens"]) == {"logit", "tuned"}
+    summary = json.loads((out / "effective_depth.json").read_text())
+    assert {"tuned_lens_kl", "tuned_lens_overlap", "logit_lens_kl"} <= summary.keys()
+    stamp = (out / "prune_by_example.parquet").stat().st_mtime_ns
+    assert main(argv) == 0  # a rerun reads every probe from the cache
+    assert (out / "prune_by_example.parquet").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert main(["table", str(out)]) == 0
+    assert "tuned KL" in capsys.readouterr().out
