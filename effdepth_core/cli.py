@@ -366,10 +366,11 @@ def _cmd_map(args: argparse.Namespace) -> int:
         quiet_libraries(progress=not args.no_progress)
     frame = run_map(settings)
     half = frame.filter(metric="n_train_prompts")["value"].item()
+    n_test = frame.filter(metric="n_test_prompts")["value"].item()
     n_small = frame["small_layer"].max()
     n_big = frame["big_layer"].max()
     errors = frame.filter(metric="relative_error")
-    print(f"held-out relative error |h_l - f(h_m)| / |h_l|; {half:.0f} prompts fit, {args.n - half:.0f} test")
+    print(f"held-out relative error |h_l - f(h_m)| / |h_l|; {half:.0f} prompts fit, {n_test:.0f} test")
     print(f"{'small m':>8} {'best big l':>10} {'error':>7} {'equal-depth l':>14} {'error there':>12}")
     for m in range(n_small + 1):
         row = errors.filter(small_layer=m)

@@ -89,6 +89,9 @@ def _igrad(loaded: LoadedModel, examples: list[Example], settings: RunSettings) 
     )
 
 
+PRUNE_CALIBRATION_TEXTS = 32  # lens-corpus texts (~2,500 tokens) that block influence and angles are measured on
+
+
 def _lens_training(settings: RunSettings) -> LensTraining:
     heldout = min(1024, max(128, settings.lens_tokens // 8))  # 1024 at the default 8192 training tokens
     return LensTraining(train_tokens=settings.lens_tokens, heldout_tokens=heldout, steps=settings.lens_steps)
@@ -110,8 +113,12 @@ def _tuned(loaded: LoadedModel, examples: list[Example], settings: RunSettings):
 
 
 def _prune(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> pl.DataFrame:
+    from .tasks import lens_corpus
+
     sizes = [int(k) for k in names_of(settings.prune_sizes)] or None
-    return layer_pruning(loaded, examples, block_sizes=sizes, progress=settings.progress)
+    # the rules choose layers on calibration text (never probed), so the scored prompts stay held out
+    calibration = lens_corpus()[:PRUNE_CALIBRATION_TEXTS]
+    return layer_pruning(loaded, examples, block_sizes=sizes, calibration=calibration, progress=settings.progress)
 
 
 def _early_exit(loaded: LoadedModel, examples: list[Example], settings: RunSettings) -> pl.DataFrame:

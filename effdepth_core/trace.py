@@ -163,8 +163,9 @@ class Batch:
         return self.attention_mask.bool()
 
 
-def tokenize(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor]) -> list[torch.Tensor]:
-    """Token ids for each prompt (text is encoded; id tensors pass through); checks lengths."""
+def tokenize(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], truncate: bool = False) -> list[torch.Tensor]:
+    """Token ids for each prompt (text is encoded; id tensors pass through); checks lengths, or with
+    ``truncate`` cuts a prompt longer than the model's context to it (for corpus text)."""
     if len(prompts) == 0:
         raise EffdepthError("no prompts to probe: the task gave 0 examples")
     token_lists = []
@@ -172,6 +173,8 @@ def tokenize(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor]) -> list
         ids = loaded.encode(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt, dtype=torch.long)
         if ids.numel() == 0:
             raise EffdepthError(f"prompt {index} is empty after tokenization")
+        if truncate and loaded.max_positions:
+            ids = ids.flatten()[: loaded.max_positions]
         if loaded.max_positions and ids.numel() > loaded.max_positions:
             raise EffdepthError(
                 f"prompt {index} has {ids.numel()} tokens but model {loaded.name!r} takes at most "

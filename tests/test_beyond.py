@@ -143,6 +143,11 @@ def test_pruning_summary_and_rule_comparison():
         one.filter(metric="answer_nll")["value"].item() - clean, abs=1e-12
     )
     comparison = rule_comparison(summary, {"cosine": 0, "lens KL": None}, tiny.n_layers)
+    shortgpt = comparison.filter(choice="block influence").sort("k")
+    assert shortgpt.height == 2 and shortgpt["delta_nll"].is_not_null().all()  # the pruned scores, not the BI rows
+    expected = summary.filter(rule="shortgpt", metric="delta_nll").sort("k")
+    assert shortgpt["delta_nll"].to_list() == expected["value"].to_list()
+    assert shortgpt["removed"].to_list() == expected["removed"].to_list()
     after = comparison.filter(choice="after ED (cosine)")
     assert after["removed"].to_list() == ["1", "1,2"]  # ED 0: start at 1; k = 2 must end at L-1 = 2
     assert set(comparison["choice"]) == {"after ED (cosine)", "angular distance", "block influence"}
@@ -201,3 +206,17 @@ def test_cli_runs_the_new_probes_and_caches_the_lens(tiny_dir, tmp_path, monkeyp
     capsys.readouterr()
     assert main(["table", str(out)]) == 0
     assert "tuned KL" in capsys.readouterr().out
+
+
+def test_pruning_scores_come_from_the_calibration_texts():
+    tiny = make_tiny("qwen2")
+    calibration = random_prompts([14, 11, 9], seed=11)
+    frame = layer_pruning(tiny, _examples(), block_sizes=[1], calibration=calibration)
+    influence = frame.filter(metric="block_influence")
+    assert sorted(influence["example"].unique()) == [0, 1, 2]  # one per calibration text
+    run = clean_run(tiny, calibration[1])
+    a, b = run.hidden[2][0], run.hidden[3][0]
+    expected = float((1 - (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))).mean())
+    assert influence.filter(example=1, start=2)["value"].item() == pytest.approx(expected, rel=TOL)
+    mean = influence.group_by("start").agg((pl.col("value") * pl.col("n_tokens")).sum()).sort("value")
+    assert frame.filter(rule="shortgpt", metric="answer_nll")["removed"][0] == str(mean["start"][0])

@@ -92,7 +92,7 @@ def _pages(site: Path) -> list[Path]:
 
 def test_book_has_every_section(site: Path) -> None:
     sections = {p.parent.name for p in _pages(site)}
-    assert sections == {"scale", "difficulty", "long_cot"}
+    assert sections == {"scale", "difficulty", "long_cot", "beyond"}
     assert (site / "_static" / "effdepth-vega.js").stat().st_size > 500_000  # Vega is shipped, not linked
 
 
@@ -218,6 +218,11 @@ def test_charts_fit_the_column_dropdowns_filter_and_answer_tokens_are_outlined(
     smollm2 = _checked(site, "scale/smollm2-135m", tmp_path)
     for chart, drawn, area in smollm2["widths"]:
         assert drawn <= area + 1, f"smollm2: {chart} is {drawn:.0f} px wide in a {area:.0f} px column"
+    for page in ("beyond/smollm2-135m", "beyond/map"):  # the fourth section's charts fit too
+        checked = _checked(site, page, tmp_path)
+        assert "error" not in checked, checked
+        for chart, drawn, area in checked["widths"]:
+            assert drawn <= area + 1, f"{page}: {chart} is {drawn:.0f} px wide in a {area:.0f} px column"
     # the erasure heatmap shows the first prompt: each answer token is outlined once per layer 0..L
     erasure = pl.read_parquet(ROOT / "book/results/smollm2-135m/addition-n2-seed0-digits6/erasure_by_example.parquet")
     first = erasure.filter(example=0)

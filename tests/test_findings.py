@@ -221,7 +221,7 @@ def _comparison(after: float, angular: float, influence: float) -> pl.DataFrame:
             "model": ["m"] * 3,
             "task": ["gsm8k"] * 3,
             "k": [8] * 3,
-            "choice": ["after ED (lens KL)", "angular distance", "block influence"],
+            "choice": ["after ED (lens overlap)", "angular distance", "block influence"],
             "removed": ["21,22", "3,4", "9"],
             "delta_nll": [after, angular, influence],
             "answer_accuracy": [0.5, 0.5, 0.5],
@@ -230,10 +230,14 @@ def _comparison(after: float, angular: float, influence: float) -> pl.DataFrame:
 
 
 def test_pruning_finding_verdict_follows_the_numbers():
-    assert "cheapest choice: **yes**" in findings.pruning_finding(_comparison(0.1, 0.5, 0.9))
+    assert "block influence: **yes**" in findings.pruning_finding(_comparison(0.1, 0.5, 0.9))
     said = findings.pruning_finding(_comparison(0.9, 0.5, 0.1))
-    assert "cheapest choice: **no**" in said and "(least: block influence)" in said
+    assert "block influence: **no**" in said and "block influence +0.10" in said
+    tie = _comparison(0.5, 0.5, 0.9).with_columns(pl.Series("removed", ["3,4", "3,4", "9"]))
+    assert "**a tie**" in findings.pruning_finding(tie)
     assert "cannot tell" in findings.pruning_finding(pl.DataFrame())
+    other_rule = _comparison(0.1, 0.5, 0.9).with_columns(pl.col("choice").str.replace("lens overlap", "lens KL"))
+    assert "cannot tell" in findings.pruning_finding(other_rule)  # one ED rule decides, never the best of several
 
 
 def test_early_exit_finding_reads_the_layer_after_ed():
@@ -283,3 +287,12 @@ def test_beyond_charts_build_from_probe_frames():
         spec = plots.themed_spec(chart)
         assert spec["datasets"], spec
     assert isinstance(plots.pruning_curves(pl.DataFrame()), plots.Note)
+
+
+def test_lens_finding_leaves_out_the_logit_lens_kl_artefact():
+    rows = [("m", 30, "hellaswag", "lens KL", 2, 2, 2), ("m", 30, "hellaswag", "tuned KL", 15, 14, 16)]
+    rows += [("m", 30, "hellaswag", "lens overlap", 24, 24, 24), ("m", 30, "hellaswag", "tuned overlap", 23, 22, 24)]
+    said = findings.lens_finding(_summary(rows))
+    assert "(the logit lens's KL artefact, left out)" in said and "Verdict: **no**" in said
+    only_artefact = findings.lens_finding(_summary(rows[:2]))
+    assert "**cannot tell**" in only_artefact

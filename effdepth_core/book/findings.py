@@ -307,16 +307,22 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None) -> str:
                 if not (logit.height and tuned.height):
                     continue
                 a, b = logit.row(0, named=True), tuned.row(0, named=True)
+                cell = (
+                    f"{_name(task)} {name} {format_ed(a['ed'], a['ratio'], a['ci_low'], a['ci_high'])} → "
+                    f"{format_ed(b['ed'], b['ratio'], b['ci_low'], b['ci_high'])}"
+                )
+                if name == "KL" and a["ed"] <= KL_ARTEFACT:  # the logit lens's early-layer artefact: not counted
+                    cells.append(cell + " (the logit lens's KL artefact, left out)")
+                    continue
                 same = _overlaps(a, b)
                 agree += same
                 differ += not same
                 earlier += (not same) and b["ed"] < a["ed"]
-                cells.append(
-                    f"{_name(task)} {name} {format_ed(a['ed'], a['ratio'], a['ci_low'], a['ci_high'])} → "
-                    f"{format_ed(b['ed'], b['ratio'], b['ci_low'], b['ci_high'])}"
-                )
+                cells.append(cell)
         parts.append(f"{model}: " + "; ".join(cells))
-    if differ == 0:
+    if agree + differ == 0:
+        verdict = "**cannot tell**: every comparison is a logit-lens artefact"
+    elif differ == 0:
         verdict = "**no**: with the tuned lens every ED lands where the logit lens put it"
     elif agree == 0 and earlier in (0, differ):
         side = "earlier" if earlier == differ else "later"
@@ -347,24 +353,43 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None) -> str:
     return text
 
 
-def pruning_finding(comparison: pl.DataFrame) -> str:
-    """Which layer choice costs least for each budget: after ED, angular distance, block influence.
-    ``comparison``: ``rule_comparison`` rows with ``model`` and ``task`` columns."""
-    if not comparison.height:
-        return "**What does cutting layers after ED cost?** The pruning probe was not run here: **cannot tell**."
-    cells, wins, total = [], 0, 0
+def pruning_finding(comparison: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
+    """Is the block right after ED (of ``ed_rule``, one rule so that the verdict is not the best of
+    several tries) cheaper to cut than the layers angular distance or block influence choose, budget
+    by budget? ``comparison``: ``rule_comparison`` rows with ``model`` and ``task`` columns. The same
+    layers chosen by two rules are a tie."""
+    after_ed = f"after ED ({ed_rule})"
+    others = ("angular distance", "block influence")
+    if not comparison.height or not comparison.filter(choice=after_ed).height:
+        return "**Is the block right after ED the cheapest to cut?** Not measured here: **cannot tell**."
+    cells, wins, ties, total = [], 0, 0, 0
     for (model, task), group in comparison.group_by(["model", "task"], maintain_order=True):
-        largest = group.filter(pl.col("k") == group["k"].max())
-        best = largest.sort("delta_nll").row(0, named=True)
         for _, rows in group.group_by("k", maintain_order=True):
+            mine, rest = rows.filter(choice=after_ed), rows.filter(pl.col("choice").is_in(others))
+            if not (mine.height and rest.height):
+                continue
+            best = rest.sort("delta_nll").row(0, named=True)
             total += 1
-            wins += rows.sort("delta_nll")["choice"][0].startswith("after ED")
+            if mine["removed"][0] == best["removed"] or abs(mine["delta_nll"][0] - best["delta_nll"]) <= 1e-9:
+                ties += 1
+            else:
+                wins += mine["delta_nll"][0] < best["delta_nll"]
+        largest = group.filter(pl.col("k") == group["k"].max(), pl.col("choice").is_in([after_ed, *others]))
         listing = ", ".join(f"{r['choice']} {r['delta_nll']:+.2f}" for r in largest.iter_rows(named=True))
-        cells.append(f"{model} {_name(task)}, {largest['k'][0]} layers: {listing} (least: {best['choice']})")
-    verdict = "**yes**" if wins == total else "**no**" if wins == 0 else f"**sometimes** ({wins} of {total} budgets)"
+        cells.append(f"{model} {_name(task)}, {largest['k'][0]} layers: {listing}")
+    decided = total - ties
+    if decided == 0:
+        verdict = "**a tie**: every rule picks the same layers"
+    elif wins == decided:
+        verdict = "**yes**" + (f" ({ties} ties)" if ties else "")
+    elif wins == 0:
+        verdict = "**no**" + (f" ({ties} ties)" if ties else "")
+    else:
+        verdict = f"**sometimes** (cheapest in {wins} of {total} budgets, {ties} ties)"
     return (
-        "**Is the block right after ED the cheapest to cut?** Δ answer NLL in nats when the largest budget "
-        f"of layers is removed: {' | '.join(cells)}. After-ED is the cheapest choice: {verdict}."
+        f"**Is the block right after ED ({ed_rule}) the cheapest to cut?** Δ answer NLL in nats when the largest "
+        f"budget of layers is removed: {' | '.join(cells)}. After ED beats angular distance and block influence: "
+        f"{verdict}."
     )
 
 
@@ -424,7 +449,8 @@ def map_finding(mapped: pl.DataFrame, small: str, big: str) -> str:
     return (
         f"**Does {big} stretch the computation of {small}?** For {len(on)} of the {len(inner)} inner layers of {small} "
         f"the best-predicted layer of {big} lies within {slack:.1f} layers of equal relative depth "
-        f"(Spearman between small layer and best big layer {rho:.2f}); the held-out relative error there is "
+        f"(Spearman between small layer and best big layer {'n/a' if rho is None else f'{rho:.2f}'}); "
+        "the held-out relative error there is "
         f"{min(best_error):.2f}–{max(best_error):.2f}{n_train}. Verdict: {verdict}, the deeper model "
         + (
             "stretches the shallower one's computation along its depth."

@@ -7,7 +7,8 @@ covers two layer-choice rules: "after ED" (the block that starts right after an 
 at layer L-1) and Gromov et al.'s angular distance (the block of k whose input and output
 residuals are closest in angle). The third rule, ShortGPT's block influence 1 − cos(h_l, h_{l+1})
 (Men et al. 2024), removes the k least influential layers, consecutive or not, and is run as its
-own set. Both scores come from the same prompts' clean runs, averaged over tokens and prompts.
+own set. Both scores are averaged over the tokens of a calibration set (``calibration``; by default
+the scored prompts themselves), as ShortGPT does, so that the scored prompts can stay held out.
 
 Fast path: one clean pass per prompt, then each removal set is a batch row replayed from its first
 removed layer on (earlier layers cannot change), its removed layers passing the residual through.
@@ -25,13 +26,13 @@ from tqdm import tqdm
 from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layer
-from ..trace import require_finite
+from ..trace import require_finite, tokenize
 from .answers import AnswerInput, AnswerSplit, answer_splits
 
 PRUNE_METRICS = ("answer_nll", "answer_accuracy")
 SCHEMA = {
     "example": pl.Int64,
-    "rule": pl.String,  # none | block | shortgpt
+    "rule": pl.String,  # none | block | shortgpt (scores); influence | block (calibration scores)
     "k": pl.Int64,  # layers removed
     "start": pl.Int64,  # first layer of a block (null for none and shortgpt)
     "removed": pl.String,  # the removed layers, "3,4,5"
@@ -93,26 +94,34 @@ def layer_pruning(
     loaded: LoadedModel,
     examples: Sequence[AnswerInput],
     block_sizes: Sequence[int] | None = None,
+    calibration: Sequence[str | torch.Tensor] | None = None,
     max_rows: int = 16,
     progress: bool = False,
 ) -> pl.DataFrame:
     """Per example: the answer NLL and accuracy of the clean model (rule ``none``), of every block
     of ``k`` consecutive layers removed (``block``), and of ShortGPT's ``k`` lowest-influence layers
-    removed (``shortgpt``); plus each layer's block influence and each block's angular distance."""
+    removed (``shortgpt``). Plus, per calibration text (``example`` = its index; default: the scored
+    prompts), each layer's block influence (rule ``influence``) and each block's angular distance
+    (rule ``block``): the scores the rules choose layers by."""
     n_layers = loaded.n_layers
     sizes = sorted(set(block_sizes or default_block_sizes(n_layers)))
     if not sizes or sizes[0] < 1 or sizes[-1] >= n_layers:
         raise EffdepthError(f"pruning block sizes must be in 1..{n_layers - 1} for {loaded.name}, got {list(sizes)}")
     splits = answer_splits(loaded, examples)
     runs = [clean_run(loaded, split.without_last()) for split in splits]
+    scoring = (
+        runs
+        if calibration is None
+        else [clean_run(loaded, ids) for ids in tokenize(loaded, calibration, truncate=True)]
+    )
     rows: list[tuple] = []
     influence = torch.zeros(n_layers, dtype=torch.float64)
     tokens = 0
-    for example, run in enumerate(runs):
+    for example, run in enumerate(scoring):
         for layer in range(n_layers):
             bi = 1 - _cosine(run.hidden[layer], run.hidden[layer + 1])
             influence[layer] += bi.double().sum()
-            rows.append((example, "shortgpt", 1, layer, str(layer), "block_influence", float(bi.mean()), run.n_tokens))
+            rows.append((example, "influence", 1, layer, str(layer), "block_influence", float(bi.mean()), run.n_tokens))
         for k in sizes:
             for start in range(n_layers - k + 1):
                 angle = torch.arccos(_cosine(run.hidden[start], run.hidden[start + k]).clamp(-1, 1)) / math.pi
@@ -150,7 +159,7 @@ def prune_summary(per_example: pl.DataFrame) -> pl.DataFrame:
         .sort(keys, nulls_last=True)
     )
     clean = mean.filter(rule="none", metric="answer_nll")["value"]
-    delta = mean.filter(pl.col("metric") == "answer_nll", pl.col("rule") != "none").with_columns(
+    delta = mean.filter(pl.col("metric") == "answer_nll", pl.col("rule").is_in(["block", "shortgpt"])).with_columns(
         metric=pl.lit("delta_nll"), value=pl.col("value") - (clean[0] if len(clean) else None)
     )
     return pl.concat([mean, delta]).sort(keys, nulls_last=True)
@@ -165,7 +174,8 @@ def rule_comparison(summary: pl.DataFrame, eds: dict[str, int | None], n_layers:
     """For every budget k: ΔNLL and accuracy of the layers each rule removes — ``after ED (<rule>)``
     for each ED rule given, ``angular distance`` and ``block influence``. Columns ``k, choice,
     removed, delta_nll, answer_accuracy``."""
-    wide = summary.pivot(on="metric", index=["rule", "k", "start", "removed"], values="value")
+    scored = summary.filter(pl.col("rule").is_in(["none", "block", "shortgpt"]))  # not the calibration scores
+    wide = scored.pivot(on="metric", index=["rule", "k", "start", "removed"], values="value")
     rows = []
     for k in sorted(wide.filter(rule="block")["k"].unique().to_list()):
         blocks = wide.filter(rule="block", k=k)

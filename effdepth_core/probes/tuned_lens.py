@@ -131,17 +131,11 @@ def _final_logp(loaded: LoadedModel, final: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(loaded.head(final).float(), dim=-1)
 
 
-def _encode(loaded: LoadedModel, text: str | torch.Tensor, limit: int | None) -> torch.Tensor:
-    ids = loaded.encode(text) if isinstance(text, str) else torch.as_tensor(text, dtype=torch.long)
-    return ids.flatten()[:limit]
-
-
 def _split_tokens(loaded: LoadedModel, texts: Sequence[str], training: LensTraining) -> tuple[list, list]:
     """Held-out texts first, then training texts, in a seeded order; whole texts, so no text is in both."""
     order = list(range(len(texts)))
     random.Random(training.seed).shuffle(order)
-    limit = loaded.max_positions or None  # a corpus text longer than the context is cut, not refused
-    token_lists = tokenize(loaded, [_encode(loaded, texts[i], limit) for i in order])
+    token_lists = tokenize(loaded, [texts[i] for i in order], truncate=True)  # a corpus text is cut, not refused
     heldout, train, seen = [], [], 0
     for ids in token_lists:
         if seen < training.heldout_tokens:
@@ -261,20 +255,36 @@ def model_identity(spec: str, loaded: LoadedModel) -> dict:
     if spec in ZOO:
         return {"alias": spec, "sha256": ZOO[spec].sha256}
     path = Path(spec).expanduser()
-    if path.exists():
-        probe = path / "config.json" if path.is_dir() else path
-        stat = probe.stat() if probe.exists() else path.stat()
+    if path.is_file():
+        stat = path.stat()
         return {"path": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime_ns}
+    if path.is_dir():  # every file of the folder (weights, config): a change to any is another model
+        files = sorted(p for p in path.iterdir() if p.is_file())
+        return {"path": str(path.resolve()), "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]}
     return {"hub": spec, "revision": getattr(loaded.model.config, "_commit_hash", None)}
 
 
-def tuned_lens_path(spec: str, loaded: LoadedModel, training: LensTraining) -> Path:
-    """Where the tuned lens of this model and training lives: next to an offline alias's GGUF, else
-    under ``$EFFDEPTH_CACHE/tuned-lens``."""
+def corpus_digest(texts: Sequence[str | torch.Tensor]) -> str:
+    """sha256 of the training texts (a changed corpus is another lens)."""
+    digest = hashlib.sha256()
+    for text in texts:
+        data = text.encode() if isinstance(text, str) else torch.as_tensor(text).numpy().tobytes()
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+def tuned_lens_path(spec: str, loaded: LoadedModel, training: LensTraining, corpus: str | None = None) -> Path:
+    """Where the tuned lens of this model, corpus (``corpus_digest``; default the vendored lens
+    corpus) and training lives: next to an offline alias's GGUF, else under ``$EFFDEPTH_CACHE/tuned-lens``."""
+    if corpus is None:
+        from ..tasks import lens_corpus
+
+        corpus = corpus_digest(lens_corpus())
     key = {
         "model": model_identity(spec, loaded),
         "dtype": str(loaded.dtype),
         "training": asdict(training),
+        "corpus": corpus,
         "format": LENS_FORMAT,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -292,20 +302,20 @@ def cached_tuned_lens(
     progress: bool = False,
 ) -> TunedLens:
     """The model's tuned lens: read from the cache, or trained on ``texts`` (default: the vendored
-    lens corpus) and cached. A lens trained on other ``texts`` is not cached."""
+    lens corpus) and cached, keyed by the model, the texts and the training settings."""
+    from ..tasks import lens_corpus
+
     training.check()
-    path = tuned_lens_path(spec, loaded, training)
-    if texts is None and path.is_file():
+    texts = lens_corpus() if texts is None else texts
+    path = tuned_lens_path(spec, loaded, training, corpus_digest(texts))
+    if path.is_file():
         lens = TunedLens.load(path)
         if lens.weight.shape != (loaded.n_layers, loaded.d_model, loaded.d_model):
             raise EffdepthError(f"the cached tuned lens {path} does not fit {loaded.name}; delete it to train again")
         return lens
-    from ..tasks import lens_corpus
-
-    lens, _ = train_tuned_lens(loaded, lens_corpus() if texts is None else texts, training, progress)
-    if texts is None:
-        try:
-            lens.save(path)
-        except OSError as exc:
-            raise EffdepthError(f"cannot write the tuned lens to {path} ({exc.strerror}); set EFFDEPTH_CACHE") from exc
+    lens, _ = train_tuned_lens(loaded, texts, training, progress)
+    try:
+        lens.save(path)
+    except OSError as exc:
+        raise EffdepthError(f"cannot write the tuned lens to {path} ({exc.strerror}); set EFFDEPTH_CACHE") from exc
     return lens
