@@ -467,15 +467,24 @@ def _is_summary(summary) -> bool:
     integer (or null) with a finite ratio; depth scores are finite numbers (or null)."""
     if not isinstance(summary, dict) or not {"model", "task", "n_layers", "n_examples"} <= summary.keys():
         return False
-    if not all(isinstance(summary[k], int) for k in ("n_layers", "n_examples")):
+    if not all(type(summary[k]) is int and summary[k] > 0 for k in ("n_layers", "n_examples")):
         return False
+
+    def layer(value) -> bool:  # a layer index of this model (bool is not an int here)
+        return type(value) is int and 0 <= value < summary["n_layers"]
+
     for rule in (*RULE_LABELS, *TUNED_RULE_LABELS):
         entry = summary.get(rule)
         if entry is None:
             continue
         if not isinstance(entry, dict) or "ed" not in entry:
             return False
-        if entry["ed"] is not None and not (isinstance(entry["ed"], int) and _is_finite_number(entry.get("ratio"))):
+        if entry["ed"] is None:
+            continue
+        ratio = entry.get("ratio")
+        if not (layer(entry["ed"]) and _is_finite_number(ratio) and 0 < ratio <= 1):
+            return False
+        if any(entry.get(k) is not None and not layer(entry[k]) for k in ("ci_low", "ci_high")):
             return False
     scores = summary.get("depth_score", {})
     return isinstance(scores, dict) and all(v is None or _is_finite_number(v) for v in scores.values())

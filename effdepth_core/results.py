@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 import warnings
@@ -195,6 +196,11 @@ class RunSettings:
     lens_tokens: int = 8192
     prune_sizes: str = ""  # block sizes k for pruning (default 1, 2, 4, ceil(L/4))
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        sizes = names_of(self.prune_sizes)
+        if all(k.isdigit() for k in sizes):  # one spelling per set of sizes ("2,1", "1,,2" → "1,2")
+            self.prune_sizes = ",".join(str(k) for k in sorted({int(k) for k in sizes}))
 
     def key(self) -> str:
         """Hash of the settings that change numbers (not device, batch size, or display).
@@ -617,8 +623,8 @@ class MapSettings:
 
         if self.n < 2:
             raise EffdepthError("--n must be at least 2: half the prompts fit the maps, the other half test them")
-        if self.ridge < 0:
-            raise EffdepthError(f"--ridge must be non-negative, got {self.ridge}")
+        if not (math.isfinite(self.ridge) and self.ridge >= 0):
+            raise EffdepthError(f"--ridge must be a finite number of at least 0, got {self.ridge}")
         check_task(self.task)
         if self.digits is not None and self.task not in ("addition", "multiplication"):
             raise EffdepthError(f"--digits applies to addition and multiplication only, not {self.task!r}")

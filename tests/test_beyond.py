@@ -220,3 +220,63 @@ def test_pruning_scores_come_from_the_calibration_texts():
     assert influence.filter(example=1, start=2)["value"].item() == pytest.approx(expected, rel=TOL)
     mean = influence.group_by("start").agg((pl.col("value") * pl.col("n_tokens")).sum()).sort("value")
     assert frame.filter(rule="shortgpt", metric="answer_nll")["removed"][0] == str(mean["start"][0])
+
+
+def test_damaged_or_blocked_lens_cache_is_one_line(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    from effdepth_core.errors import EffdepthError
+    from effdepth_core.probes import tuned_lens as module
+
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
+    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    tiny = make_tiny("llama")
+    training = LensTraining(train_tokens=150, heldout_tokens=60, steps=2, batch_tokens=16)
+    path = module.tuned_lens_path("tiny", tiny, training)
+    path.mkdir(parents=True)  # a directory where the lens would go: refused before any training
+    with pytest.raises(EffdepthError, match="is not a file"):
+        cached_tuned_lens("tiny", tiny, training)
+    path.rmdir()
+    shape = (tiny.n_layers, tiny.d_model)
+    for bias, info in [
+        (torch.full(shape, float("nan")), "{}"),
+        (torch.zeros(shape), '{"heldout_kl_tuned": ["abc", 1, 2]}'),
+        (torch.zeros(shape), "[1, 2]"),
+    ]:
+        weight = torch.zeros(tiny.n_layers, tiny.d_model, tiny.d_model)
+        save_file({"weight": weight, "bias": bias}, str(path), metadata={"effdepth_tuned_lens": info})
+        with pytest.raises(EffdepthError, match="is damaged; delete it"):
+            cached_tuned_lens("tiny", tiny, training)
+    assert not [p for p in path.parent.iterdir() if "effdepth-tmp" in p.name]
+
+
+@pytest.mark.parametrize("ridge", ["nan", "inf", "-1"])
+def test_map_ridge_must_be_finite(tiny_dir, capsys, ridge):
+    from effdepth_core.cli import main
+
+    argv = ["map", "--small", str(tiny_dir), "--big", str(tiny_dir), "--task", "addition", "--n", "4"]
+    assert main([*argv, "--ridge", ridge, "--no-progress"]) == 2
+    assert "--ridge must be a finite number" in capsys.readouterr().err
+
+
+def test_table_skips_hand_edited_tuned_rules(tmp_path, capsys):
+    from effdepth_core.cli import main
+
+    good = {"model": "m", "task": "gsm8k", "n_layers": 30, "n_examples": 2, "cosine": {"ed": 3, "ratio": 4 / 30}}
+    bad = [
+        {"ed": True, "ratio": 0.5},
+        {"ed": 10**400, "ratio": 0.5},
+        {"ed": -7, "ratio": -2.0},
+        {"ed": 3, "ratio": 0.1, "ci_low": float("inf")},
+    ]
+    for index, entry in enumerate(bad):
+        folder = tmp_path / f"run{index}"
+        folder.mkdir()
+        text = json.dumps({**good, "tuned_lens_kl": entry}).replace("Infinity", "1e999")
+        (folder / "effective_depth.json").write_text(text)
+    (tmp_path / "fine").mkdir()
+    (tmp_path / "fine" / "effective_depth.json").write_text(json.dumps(good))
+    assert main(["table", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert len([line for line in out.splitlines() if line.startswith("m ")]) == 1
+    assert err.count("effdepth: warning: skipping") == len(bad), err

@@ -755,7 +755,7 @@ def pruning_curves(prune: pl.DataFrame, summary: pl.DataFrame | None = None, rul
     frame = _rounded(
         prune.filter(rule="block", metric="delta_nll")
         .select("model", "task", "k", "start", "removed", "value")
-        .with_columns(pl.col("value").clip(lower_bound=1e-3).alias("shown"), pl.format("k = {}", "k").alias("block"))
+        .with_columns(pl.format("k = {}", "k").alias("block"))
     )
     sizes = sorted(frame["k"].unique().to_list())
     line = (
@@ -763,7 +763,7 @@ def pruning_curves(prune: pl.DataFrame, summary: pl.DataFrame | None = None, rul
         .mark_line(point=alt.OverlayMarkDef(size=20))
         .encode(
             x=alt.X("start:Q", title="first removed layer"),
-            y=alt.Y("shown:Q", title="Δ answer NLL (nats, log)", scale=alt.Scale(type="log")),
+            y=alt.Y("value:Q", title="Δ answer NLL (nats, symlog)", scale=alt.Scale(type="symlog", constant=0.1)),
             color=alt.Color("block:N", sort=[f"k = {k}" for k in sizes], title="layers removed"),
             tooltip=["model:N", "task:N", "removed:N", alt.Tooltip("value:Q", title="Δ NLL", format=".3f")],
         )

@@ -69,8 +69,11 @@ class TunedLens(nn.Module):
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.effdepth-tmp-{os.getpid()}")
         tensors = {"weight": self.weight.detach().float().cpu().contiguous(), "bias": self.bias.detach().float().cpu()}
-        save_file(tensors, str(temporary), metadata={"effdepth_tuned_lens": json.dumps(self.info)})
-        os.replace(temporary, path)
+        try:
+            save_file(tensors, str(temporary), metadata={"effdepth_tuned_lens": json.dumps(self.info)})
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)  # only ever effdepth's own temporary
 
     @classmethod
     def load(cls, path: Path) -> TunedLens:
@@ -84,13 +87,29 @@ class TunedLens(nn.Module):
             raise EffdepthError(
                 f"cannot read the cached tuned lens {path} ({type(exc).__name__}); delete it to train it again"
             ) from exc
-        if weight.ndim != 3 or bias.shape != weight.shape[:2] or not torch.isfinite(weight).all():
+        finite = torch.isfinite(weight).all() and torch.isfinite(bias).all()
+        if weight.ndim != 3 or bias.shape != weight.shape[:2] or not finite or not _valid_info(info, weight.shape[0]):
             raise EffdepthError(f"the cached tuned lens {path} is damaged; delete it to train it again")
         lens = cls(weight.shape[0], weight.shape[1], info)
         with torch.no_grad():
             lens.weight.copy_(weight)
             lens.bias.copy_(bias)
         return lens
+
+
+def _valid_info(info, n_layers: int) -> bool:
+    """The record a trained lens carries: a dict whose held-out KL lists are L finite numbers."""
+    import math
+
+    if not isinstance(info, dict):
+        return False
+    for key in ("heldout_kl_logit", "heldout_kl_tuned"):
+        values = info.get(key, [])
+        if not isinstance(values, list) or (values and len(values) != n_layers):
+            return False
+        if not all(type(v) in (int, float) and math.isfinite(v) for v in values):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -308,6 +327,8 @@ def cached_tuned_lens(
     training.check()
     texts = lens_corpus() if texts is None else texts
     path = tuned_lens_path(spec, loaded, training, corpus_digest(texts))
+    if path.exists() and not path.is_file():  # found before hours of training, not after
+        raise EffdepthError(f"the tuned-lens cache path {path} is not a file; move it away or set EFFDEPTH_CACHE")
     if path.is_file():
         lens = TunedLens.load(path)
         if lens.weight.shape != (loaded.n_layers, loaded.d_model, loaded.d_model):
