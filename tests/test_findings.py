@@ -190,9 +190,10 @@ def _lens_summary(tuned_shift: int) -> pl.DataFrame:
 
 def test_lens_finding_verdict_follows_the_numbers():
     assert "**no**" in findings.lens_finding(_lens_summary(0))
-    assert "**yes, in part**" in findings.lens_finding(_lens_summary(-8))
-    assert "earlier" in findings.lens_finding(_lens_summary(-8))
-    assert "later" in findings.lens_finding(_lens_summary(+6))
+    assert "**yes**: no tuned-lens ED agrees with the logit lens's (4 earlier)" in findings.lens_finding(
+        _lens_summary(-8)
+    )
+    assert "(4 later)" in findings.lens_finding(_lens_summary(+6))
     mixed = _lens_summary(0).with_columns(
         pl.when((pl.col("rule") == "tuned KL") & (pl.col("task") == "gsm8k"))
         .then(5)

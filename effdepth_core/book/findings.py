@@ -324,9 +324,13 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None) -> str:
         verdict = "**cannot tell**: every comparison is a logit-lens artefact"
     elif differ == 0:
         verdict = "**no**: with the tuned lens every ED lands where the logit lens put it"
-    elif agree == 0 and earlier in (0, differ):
-        side = "earlier" if earlier == differ else "later"
-        verdict = f"**yes, in part**: every tuned-lens ED lies {side}, outside the logit lens's interval"
+    elif agree == 0:
+        later = differ - earlier
+        moves = " and ".join(f"{n} {side}" for n, side in ((earlier, "earlier"), (later, "later")) if n)
+        verdict = (
+            f"**yes**: no tuned-lens ED agrees with the logit lens's ({moves}), so where ED lands depends on the "
+            "lens that reads the residual stream"
+        )
     else:
         verdict = f"**unclear**: {agree} of {agree + differ} comparisons agree, {differ} do not"
     text = (
