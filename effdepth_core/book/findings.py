@@ -332,7 +332,8 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None) -> str:
             "lens that reads the residual stream"
         )
     else:
-        verdict = f"**unclear**: {agree} of {agree + differ} comparisons agree, {differ} {'does' if differ == 1 else 'do'} not"
+        verb = "does" if differ == 1 else "do"
+        verdict = f"**unclear**: {agree} of {agree + differ} comparisons agree, {differ} {verb} not"
     text = (
         "**Is ED an artefact of the logit lens?** ED by the logit lens → by the tuned lens (ED (ratio) "
         f"[interval]): {' | '.join(parts)}. Verdict: {verdict}."
