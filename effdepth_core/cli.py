@@ -274,7 +274,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .zoo import ZOO, cache_dir, cache_state, corrupted_message, ensure_model
+    from .zoo import ZOO, cache_dir, cache_state, corrupted_message, dequantized_dtypes, ensure_model
 
     if args.refetch:
         if args.refetch not in ZOO:
@@ -295,6 +295,9 @@ def _cmd_models(args: argparse.Namespace) -> int:
             "unverified": "cached, changed since its last check: re-hashed on next load (or --verify now)",
             "corrupted": "CORRUPTED",
         }[state]
+        dtypes = dequantized_dtypes(alias) if state != "missing" else []
+        if dtypes:  # loads read these in seconds instead of parsing the GGUF
+            label += f"; dequantized weights cached: {', '.join(dtypes)}"
         print(f"  {alias:<20} {entry.description}  [{label}]")
         if state == "corrupted":
             corrupted.append(alias)

@@ -10,7 +10,15 @@ import torch
 from torch import nn
 
 from .errors import ModelNotFoundError, UnsupportedModelError
-from .zoo import ZOO, ensure_model, is_gguf
+from .zoo import (
+    DEQUANTIZED_FORMAT,
+    DEQUANTIZED_MARKER,
+    ZOO,
+    dequantized_marker,
+    dequantized_ready,
+    ensure_model,
+    is_gguf,
+)
 
 
 @dataclass(frozen=True)
@@ -371,15 +379,72 @@ def preflight_model(spec: str) -> dict:
     return {"vocab_size": None, "n_layers": None, "model_type": None}  # a hub id: only loading tells
 
 
+def dequantized_dir(spec: str, gguf: Path, dtype: torch.dtype) -> tuple[Path, str]:
+    """Where the dequantized weights of a GGUF model live, and the GGUF's sha256 they are keyed by:
+    next to an offline alias's GGUF (``models/<alias>/dequantized-<dtype>``), else
+    ``dequantized/<sha256 of the file>-<dtype>`` in effdepth's cache."""
+    name = str(dtype).removeprefix("torch.")
+    if spec in ZOO:
+        return gguf.parent / f"dequantized-{name}", ZOO[spec].sha256
+    from .zoo import cache_dir, sha256_file
+
+    digest = sha256_file(gguf)
+    return cache_dir() / "dequantized" / f"{digest[:32]}-{name}", digest
+
+
+def _save_dequantized(model: nn.Module, tokenizer, folder: Path, dtype: torch.dtype, sha256: str) -> None:
+    """Write the dequantized model and its tokenizer as a Hugging Face folder, atomically (a
+    temporary folder renamed into place; the marker written last inside it). Never fails a load:
+    a full disk or a read-only cache only means the next load parses the GGUF again."""
+    import os
+    import shutil
+    import warnings
+
+    if folder.exists() and dequantized_marker(folder) is None:  # not effdepth's (no marker): never touched
+        return
+    temporary = folder.with_name(f".{folder.name}.effdepth-tmp-{os.getpid()}")
+    try:
+        if folder.exists():
+            shutil.rmtree(folder)  # effdepth's own, for another GGUF, dtype or format: replaced
+        import copy
+
+        from safetensors.torch import save_model
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        temporary.mkdir()
+        # transformers will not save_pretrained a GGUF-loaded model; its weights are plain tensors
+        # once dequantized, so write them (tied ones once) and the config without the GGUF marker
+        save_model(model, str(temporary / "model.safetensors"), metadata={"format": "pt"})
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(temporary)
+        tokenizer.save_pretrained(temporary)
+        marker = {"format": DEQUANTIZED_FORMAT, "dtype": str(dtype), "gguf_sha256": sha256}
+        (temporary / DEQUANTIZED_MARKER).write_text(json.dumps(marker))
+        os.replace(temporary, folder)
+    except OSError as exc:
+        warnings.warn(
+            f"could not cache the dequantized weights in {folder} ({exc}); loads parse the GGUF again", stacklevel=3
+        )
+    finally:
+        if temporary.exists():
+            shutil.rmtree(temporary, ignore_errors=True)  # only effdepth's own temporary folder
+
+
 def load_model(
     spec: str,
     device: str = "auto",
     dtype: str | torch.dtype = "auto",
     device_map: str | None = None,
     progress: bool = True,
+    cached_weights: bool = True,
 ) -> LoadedModel:
     """Load ``spec``: an offline alias (see ``effdepth models``), a local HF directory, a ``.gguf``
-    file, or a Hugging Face hub id. ``device_map="auto"`` spreads a large model over devices."""
+    file, or a Hugging Face hub id. ``device_map="auto"`` spreads a large model over devices.
+    A GGUF model is parsed and dequantized once: its weights are cached as safetensors (per dtype,
+    next to the GGUF; ``dequantized_dir``) and later loads read them (``cached_weights=False``
+    parses the GGUF again)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)
@@ -388,11 +453,18 @@ def load_model(
     kwargs: dict = {}
     name = spec
     path = Path(spec).expanduser()
+    gguf: Path | None = None
     if spec in ZOO:
-        gguf = ensure_model(spec, progress=progress)
-        source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
+        gguf = ensure_model(spec, progress=progress)  # verified against its sha256
     elif path.is_file():  # a GGUF file (preflight checked its header)
-        source, kwargs = str(path.parent), {"gguf_file": path.name}
+        gguf = path
+    cache: Path | None = None
+    if gguf is not None:
+        source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
+        if cached_weights and device_map is None:
+            cache, sha256 = dequantized_dir(spec, gguf, torch_dtype)
+            if dequantized_ready(cache, str(torch_dtype), sha256):  # parsed and dequantized once: read in seconds
+                source, kwargs, cache = str(cache), {}, None
     elif path.is_dir():
         source = str(path)
     else:
@@ -413,6 +485,8 @@ def load_model(
             raise _hub_error(spec, exc) from exc
         first_line = (str(exc).strip().splitlines() or [""])[0][:200]
         raise ModelNotFoundError(f"cannot load model {spec!r} ({type(exc).__name__}: {first_line})") from exc
+    if cache is not None:
+        _save_dequantized(model, tokenizer, cache, torch_dtype, sha256)
     if device_map is None:
         model = model.to(device)
     return wrap_model(model, tokenizer, name=name)

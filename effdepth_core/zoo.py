@@ -388,3 +388,38 @@ def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Pa
         os.replace(partial, target)
     _record_fingerprint(alias, digest)
     return target
+
+
+# --- dequantized weights: a GGUF parsed and dequantized once, kept as safetensors (models.load_model)
+DEQUANTIZED_MARKER = "effdepth-dequantized.json"
+DEQUANTIZED_FORMAT = 1
+
+
+def dequantized_marker(folder: Path) -> dict | None:
+    """The marker effdepth writes last into a dequantized folder (None: not effdepth's, or unfinished)."""
+    try:
+        marker = json.loads((folder / DEQUANTIZED_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and "format" in marker else None
+
+
+def dequantized_ready(folder: Path, dtype: str, sha256: str) -> bool:
+    """Whether ``folder`` holds finished dequantized weights of the GGUF with ``sha256`` in ``dtype``."""
+    marker = dequantized_marker(folder) or {}
+    return (
+        marker.get("format") == DEQUANTIZED_FORMAT
+        and marker.get("dtype") == dtype
+        and marker.get("gguf_sha256") == sha256
+    )
+
+
+def dequantized_dtypes(alias: str) -> list[str]:
+    """The dtypes an offline alias's dequantized weights are cached in (for ``effdepth models``)."""
+    folder = model_path(alias).parent
+    found = []
+    for candidate in sorted(folder.glob("dequantized-*")) if folder.is_dir() else []:
+        marker = dequantized_marker(candidate) or {}
+        if dequantized_ready(candidate, str(marker.get("dtype")), ZOO[alias].sha256):
+            found.append(str(marker["dtype"]).removeprefix("torch."))
+    return found

@@ -126,3 +126,23 @@ def test_pruning_and_early_exit_on_the_real_model(smollm2):
     assert early_exit(smollm2, [example], lens=TunedLens.identity(smollm2)).equals(exits)
     prompts = [example.prompt]
     assert logit_lens(smollm2, prompts, lens=TunedLens.identity(smollm2)).equals(logit_lens(smollm2, prompts))
+
+
+def test_dequantized_weights_equal_the_gguf_parse(smollm2):
+    """The second load reads the cached safetensors: the same weights, tokens and logits as parsing
+    and dequantizing the GGUF again."""
+    from effdepth_core.models import dequantized_dir, load_model
+    from effdepth_core.zoo import dequantized_ready, model_path
+
+    folder, sha256 = dequantized_dir("smollm2-135m", model_path("smollm2-135m"), torch.float32)
+    assert dequantized_ready(folder, "torch.float32", sha256)  # the fixture's load wrote it (or read it)
+    warm = load_model("smollm2-135m", device="cpu", dtype="float32", progress=False)
+    cold = load_model("smollm2-135m", device="cpu", dtype="float32", progress=False, cached_weights=False)
+    warm_state, cold_state = warm.model.state_dict(), cold.model.state_dict()
+    assert warm_state.keys() == cold_state.keys()
+    assert all(torch.equal(warm_state[k], cold_state[k]) for k in cold_state)  # bit for bit
+    text = "Question: 123 + 456 = ? Answer: 579"
+    assert torch.equal(warm.encode(text), cold.encode(text))
+    with torch.no_grad():
+        ids = cold.encode(text)[None]
+        assert torch.equal(warm.model(ids).logits, cold.model(ids).logits)

@@ -208,3 +208,30 @@ def test_plain_models_remembers_a_corrupted_file(fake_zoo, capsys):
     assert zoo.cache_state("fake", full=True) == "corrupted"
     assert zoo.cache_state("fake") == "corrupted"  # without hashing again
     assert main(["models"]) == 1 and "CORRUPTED" in capsys.readouterr().out
+
+
+def test_dequantized_cache_is_written_atomically_and_never_over_a_foreign_folder(tmp_path):
+    """The dequantized-weights folder (what a GGUF load writes once): a folder without effdepth's
+    marker is left alone; effdepth's own stale one is replaced; the written folder loads the same model."""
+    import torch
+    from conftest import char_tokenizer, make_tiny
+    from transformers import AutoModelForCausalLM
+
+    from effdepth_core.models import _save_dequantized
+    from effdepth_core.zoo import DEQUANTIZED_MARKER, dequantized_ready
+
+    tiny = make_tiny("qwen2")
+    folder = tmp_path / "dequantized-float32"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, "ab" * 32)
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]  # not effdepth's: untouched
+    (folder / "notes.txt").unlink()
+    (folder / DEQUANTIZED_MARKER).write_text('{"format": 0}')  # effdepth's own, stale
+    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, "ab" * 32)
+    assert dequantized_ready(folder, "torch.float32", "ab" * 32)
+    assert not dequantized_ready(folder, "torch.float32", "cd" * 32)  # another GGUF: not reused
+    assert not [p for p in tmp_path.iterdir() if "effdepth-tmp" in p.name]
+    again = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    for name, value in tiny.model.state_dict().items():
+        assert torch.equal(value, again.state_dict()[name]), name
