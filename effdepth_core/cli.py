@@ -567,6 +567,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("effdepth: interrupted; finished results are kept, rerun to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `effdepth table | head`: the reader left; not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's exit flush would fail again otherwise
+        return 141
     except Exception as exc:
         if args.debug:
             raise
