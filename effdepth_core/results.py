@@ -38,7 +38,7 @@ from .probes import (
 )
 from .probes.early_exit import early_exit, early_exit_summary
 from .probes.pruning import layer_pruning, prune_summary
-from .probes.tuned_lens import LensTraining, cached_tuned_lens
+from .probes.tuned_lens import LensTraining, cached_tuned_lens, fit_frame
 from .rundir import OutputDirectoryError, RunDirectory
 from .tasks import AIME_MAX_TOKENS, Example, check_task, load_task
 
@@ -99,8 +99,6 @@ def _lens_training(settings: RunSettings) -> LensTraining:
 
 
 def _tuned(loaded: LoadedModel, examples: list[Example], settings: RunSettings):
-    from .probes.tuned_lens import fit_frame
-
     lens = cached_tuned_lens(settings.model, loaded, _lens_training(settings), progress=settings.progress)
     frame = logit_lens(
         loaded,

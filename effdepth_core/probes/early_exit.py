@@ -16,6 +16,7 @@ from ..models import LoadedModel
 from ..replay import clean_run
 from ..trace import require_finite
 from .answers import AnswerInput, answer_splits
+from .reduce import token_weighted_mean
 
 if TYPE_CHECKING:
     from .tuned_lens import TunedLens
@@ -69,9 +70,4 @@ def early_exit(
 
 def early_exit_summary(per_example: pl.DataFrame) -> pl.DataFrame:
     """Token-weighted means over prompts per (lens, layer, metric) — ``lens`` where the frame has it."""
-    keys = [c for c in ("lens", "layer", "metric") if c in per_example.columns]
-    return (
-        per_example.group_by(keys)
-        .agg(((pl.col("value") * pl.col("n_tokens")).sum() / pl.col("n_tokens").sum()).alias("value"))
-        .sort(keys)
-    )
+    return token_weighted_mean(per_example, [c for c in ("lens", "layer", "metric") if c in per_example.columns])

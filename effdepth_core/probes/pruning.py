@@ -28,6 +28,7 @@ from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layer
 from ..trace import require_finite, tokenize
 from .answers import AnswerInput, AnswerSplit, answer_splits
+from .reduce import token_weighted_mean
 
 PRUNE_METRICS = ("answer_nll", "answer_accuracy")
 SCHEMA = {
@@ -153,11 +154,7 @@ def prune_summary(per_example: pl.DataFrame) -> pl.DataFrame:
     """Token-weighted means over prompts per (rule, k, start, removed, metric), plus ``delta_nll``:
     the answer NLL's increase over the clean model's."""
     keys = ["rule", "k", "start", "removed", "metric"]
-    mean = (
-        per_example.group_by(keys)
-        .agg(((pl.col("value") * pl.col("n_tokens")).sum() / pl.col("n_tokens").sum()).alias("value"))
-        .sort(keys, nulls_last=True)
-    )
+    mean = token_weighted_mean(per_example, keys)
     clean = mean.filter(rule="none", metric="answer_nll")["value"]
     delta = mean.filter(pl.col("metric") == "answer_nll", pl.col("rule").is_in(["block", "shortgpt"])).with_columns(
         metric=pl.lit("delta_nll"), value=pl.col("value") - (clean[0] if len(clean) else None)

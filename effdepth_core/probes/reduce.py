@@ -33,12 +33,13 @@ def per_example_frame(
     )
 
 
-def token_weighted_mean(per_example: pl.DataFrame) -> pl.DataFrame:
-    """Collapse a per-example frame to one value per (layer, metric): the mean over all tokens of
-    all prompts (each example weighted by its token count)."""
-    return (
-        per_example.group_by("layer", "metric")
-        .agg(((pl.col("value") * pl.col("n_tokens")).sum() / pl.col("n_tokens").sum()).alias("value"))
-        .sort("metric", "layer")
-        .select("layer", "metric", "value")
+def token_weighted_mean(per_example: pl.DataFrame, by: Sequence[str] | None = None) -> pl.DataFrame:
+    """Collapse a per-example frame to one value per (layer, metric) — or per ``by``, sorted by it:
+    the mean over all tokens of all prompts (each example weighted by its token count)."""
+    keys = list(by) if by is not None else ["layer", "metric"]
+    mean = per_example.group_by(keys).agg(
+        ((pl.col("value") * pl.col("n_tokens")).sum() / pl.col("n_tokens").sum()).alias("value")
     )
+    if by is not None:
+        return mean.sort(keys, nulls_last=True)
+    return mean.sort("metric", "layer").select("layer", "metric", "value")
