@@ -78,9 +78,15 @@ class WorkCounter:
         for handle in self._handles:
             handle.remove()
 
+    @property
+    def layer_params(self) -> int:
+        return sum(p.numel() for p in self.loaded.layers[0].parameters())
+
+    @property
+    def head_params(self) -> int:
+        return self.loaded.lm_head.weight.numel()
+
     def forward_equivalents(self, n_tokens: int) -> float:
         """Work in units of one plain forward of ``n_tokens`` (layers + head, weighted by parameters)."""
-        layer_params = sum(p.numel() for p in self.loaded.layers[0].parameters())
-        head_params = self.loaded.lm_head.weight.numel()
-        work = self.layer_tokens * layer_params + self.head_tokens * head_params
-        return work / (n_tokens * (self.loaded.n_layers * layer_params + head_params))
+        work = self.layer_tokens * self.layer_params + self.head_tokens * self.head_params
+        return work / (n_tokens * (self.loaded.n_layers * self.layer_params + self.head_params))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,11 +128,11 @@ class LoadedModel:
 
     @property
     def input_device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
+        return execution_device(self.model.get_input_embeddings())
 
     @property
     def head_device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return execution_device(self.lm_head)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -158,7 +159,8 @@ class LoadedModel:
         out = out[: residual.shape[0]]
         normed = self.final_norm(residual.to(self.head_device))
         weight = self.lm_head.weight
-        if weight.dtype == torch.float32 and out.dtype == torch.float32:
+        # offloaded, the weight is a meta tensor until lm_head's own forward loads it
+        if weight.dtype == torch.float32 and out.dtype == torch.float32 and weight.device == out.device:
             torch.matmul(normed, weight.t(), out=out)
             if getattr(self.lm_head, "bias", None) is not None:
                 out.add_(self.lm_head.bias)
@@ -179,6 +181,18 @@ class LoadedModel:
             raise ValueError(f"model {self.name!r} has no tokenizer; pass token id tensors instead of text")
         ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
         return torch.tensor(ids, dtype=torch.long)
+
+
+def execution_device(module: nn.Module) -> torch.device:
+    """Where ``module`` computes: accelerate's execution device for a dispatched module (offloaded
+    weights sit on the meta device until its hook loads them for a forward), else its weights'."""
+    hook = getattr(module, "_hf_hook", None)
+    for part in getattr(hook, "hooks", (hook,)):  # a SequentialHook wraps several
+        device = getattr(part, "execution_device", None)
+        if device is not None:
+            return torch.device(device)
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
 
 
 def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | None = None) -> LoadedModel:
@@ -436,12 +450,15 @@ def load_model(
     spec: str,
     device: str = "auto",
     dtype: str | torch.dtype = "auto",
-    device_map: str | None = None,
+    device_map: str | dict[str, str | int] | None = None,
     progress: bool = True,
     cached_weights: bool = True,
+    max_memory: dict[str | int, int | str] | None = None,
+    offload_folder: str | Path | None = None,
 ) -> LoadedModel:
     """Load ``spec``: an offline alias (see ``effdepth models``), a local HF directory, a ``.gguf``
-    file, or a Hugging Face hub id. ``device_map="auto"`` spreads a large model over devices.
+    file, or a Hugging Face hub id. ``device_map="auto"`` spreads a large model over devices (with
+    ``max_memory`` per device and ``offload_folder`` for the layers that fit nowhere: accelerate).
     A GGUF model is parsed and dequantized once: its weights are cached as safetensors (per dtype,
     next to the GGUF; ``dequantized_dir``) and later loads read them (``cached_weights=False``
     parses the GGUF again)."""
@@ -476,6 +493,10 @@ def load_model(
         load_kwargs = dict(kwargs, dtype=torch_dtype)
         if device_map is not None:
             load_kwargs["device_map"] = device_map
+            if max_memory is not None:
+                load_kwargs["max_memory"] = max_memory
+            if offload_folder is not None:
+                load_kwargs["offload_folder"] = str(offload_folder)
         model = AutoModelForCausalLM.from_pretrained(source, **load_kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (UnsupportedModelError, ModelNotFoundError):

@@ -1,45 +1,87 @@
 """Replay decoder layers from any depth on a batch of modified residual streams.
 
-One clean forward pass of a single prompt records every layer's input h_l and the keyword
-arguments the model called it with (attention mask, rotary embeddings, …). Any layer can then be
-re-run on a batch of ``rows`` different residual streams for the same tokens, so an intervention
-at layer s costs layers s..L-1 only, with many interventions stacked as batch rows. Causal masks
-and position embeddings recorded with batch size 1 broadcast over the rows.
+One clean forward pass of a single prompt records every layer's input h_l, the keyword arguments
+the model called it with (attention mask, rotary embeddings, …) and, through the model's own
+``DynamicCache``, every layer's keys and values. Any layer can then be re-run on a batch of
+``rows`` different residual streams for the same tokens, so an intervention at layer s costs layers
+s..L-1 only, with many interventions stacked as batch rows. Causal masks and position embeddings
+recorded with batch size 1 broadcast over the rows.
+
+Prefix reuse (``run_suffix_layer``): an intervention at position t leaves positions < t unchanged
+at every layer (attention is causal), so only positions t.. are replayed, attending to the prefix's
+cached keys/values through the layer's own cache argument; the recorded mask (full, sliding-window
+or Gemma's hybrid layers alike) is sliced to the replayed queries.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
-from .models import LoadedModel
+from .models import LoadedModel, execution_device
 from .trace import Hook, first_tensor, intervene, require_finite
+
+# attention implementations whose masks effdepth can slice (flash kernels take no mask)
+_PREFIX_ATTENTION = ("sdpa", "eager")
+_CACHE_ARGS = ("past_key_values", "layer_past")  # the keyword decoder layers take a cache under
+_POSITION_ARGS = ("position_ids", "cache_position")  # [..., token]
 
 
 @dataclass
 class CleanRun:
-    """One prompt's clean forward pass: ``hidden[l]`` is h_l ``[1, token, d_model]`` for l = 0..L."""
+    """One prompt's clean forward pass: ``hidden[l]`` is h_l ``[1, token, d_model]`` for l = 0..L;
+    ``keys_values[l]`` layer l's cached (keys, values) ``[1, kv_head, token, head_dim]``."""
 
     input_ids: torch.Tensor  # [1, token]
     hidden: list[torch.Tensor]
     layer_kwargs: list[dict]
+    keys_values: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    cache_arg: str | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(self.input_ids.shape[1])
+
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether ``run_suffix_layer`` can replay a suffix against cached prefix keys/values."""
+        return bool(self.keys_values) and self.cache_arg is not None
+
+
+def _prefix_supported(loaded: LoadedModel, kwargs: list[dict], cache_arg: str | None) -> bool:
+    if cache_arg is None or getattr(loaded.model.config, "_attn_implementation", None) not in _PREFIX_ATTENTION:
+        return False
+    known = {"attention_mask", "use_cache", *_CACHE_ARGS, *_POSITION_ARGS}
+    for layer_kwargs in kwargs:
+        for name, value in layer_kwargs.items():
+            tensors = value if isinstance(value, tuple) else (value,)
+            if name not in known and not name.startswith("position_embeddings"):
+                if any(isinstance(x, torch.Tensor) for x in tensors):
+                    return False  # a per-token argument effdepth does not know how to slice
+            mask = layer_kwargs.get("attention_mask")
+            if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[0] == 1):
+                return False
+    return True
 
 
 def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     """Run ``ids`` ``[token]`` once and record what every decoder layer received and returned."""
     hidden: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
     kwargs: list[dict] = [{} for _ in range(loaded.n_layers)]
+    cache = DynamicCache()  # no config: full layers keep every position, sliding ones included
+    cache_arg: list[str] = []
 
     def record(index: int):
         def fn(h: torch.Tensor, call_kwargs: dict) -> None:
             hidden[index] = h
             if index < loaded.n_layers:
                 kwargs[index] = {k: v for k, v in call_kwargs.items() if k != "hidden_states"}
+                for name, value in kwargs[index].items():
+                    if value is cache:  # replays get a cache of their own, never this one
+                        kwargs[index][name] = None
+                        cache_arg.append(name)
 
         return fn
 
@@ -47,16 +89,20 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     hooks.append(Hook(loaded.layers[-1], "output", record(loaded.n_layers)))
     input_ids = ids.view(1, -1).to(loaded.input_device)
     with intervene(hooks), torch.no_grad():  # not inference_mode: replays may differentiate through these
-        loaded.base_model()(input_ids=input_ids, use_cache=False)
+        loaded.base_model()(input_ids=input_ids, use_cache=True, past_key_values=cache)
     for index, h in enumerate(hidden):
         require_finite(h, "the embedding output" if index == 0 else f"the output of layer {index - 1}", loaded.name)
-    return CleanRun(input_ids, [h.clone() for h in hidden], kwargs)
+    keys_values = [(layer.keys, layer.values) for layer in cache.layers]
+    arg = cache_arg[0] if len(cache_arg) == loaded.n_layers and len(keys_values) == loaded.n_layers else None
+    if arg is None or not _prefix_supported(loaded, kwargs, arg):
+        keys_values, arg = [], None
+    return CleanRun(input_ids, [h.clone() for h in hidden], kwargs, keys_values, arg)
 
 
 def run_layer(loaded: LoadedModel, run: CleanRun, layer: int, hidden: torch.Tensor) -> torch.Tensor:
     """Layer ``layer`` applied to ``hidden`` ``[rows, token, d_model]`` (same tokens as ``run``)."""
     module = loaded.layers[layer]
-    device = next(module.parameters()).device
+    device = execution_device(module)
     return first_tensor(module(hidden.to(device), **run.layer_kwargs[layer]))
 
 
@@ -65,3 +111,53 @@ def run_layers(loaded: LoadedModel, run: CleanRun, start: int, hidden: torch.Ten
     for layer in range(start, loaded.n_layers if stop is None else stop):
         hidden = run_layer(loaded, run, layer, hidden)
     return hidden
+
+
+def _suffix_mask(mask: torch.Tensor | None, cut: int, stop: int, device: torch.device) -> torch.Tensor:
+    """Queries cut..stop-1 against keys 0..stop-1: the recorded mask sliced, or (where the model
+    recorded none, meaning plain causal) a boolean causal mask ``[1, 1, query, key]``."""
+    if mask is not None:
+        return mask[:, :, cut:stop, :stop]
+    query = torch.arange(cut, stop, device=device).view(-1, 1)
+    return (torch.arange(stop, device=device).view(1, -1) <= query).view(1, 1, stop - cut, stop)
+
+
+def suffix_kwargs(run: CleanRun, layer: int, cut: int, stop: int, cache: DynamicCache | None) -> dict:
+    """Layer ``layer``'s recorded keyword arguments for positions cut..stop-1, with ``cache``."""
+    out = {}
+    for name, value in run.layer_kwargs[layer].items():
+        if name == run.cache_arg:
+            value = cache
+        elif name == "attention_mask":
+            value = _suffix_mask(value, cut, stop, run.hidden[layer].device)
+        elif name in _POSITION_ARGS and value is not None:
+            value = value[..., cut:stop]
+        elif name.startswith("position_embeddings") and value is not None:
+            value = tuple(x[:, cut:stop] for x in value)  # (cos, sin) [1, token, head_dim]
+        out[name] = value
+    return out
+
+
+def run_suffix_layer(
+    loaded: LoadedModel,
+    run: CleanRun,
+    layer: int,
+    hidden: torch.Tensor,
+    cut: int,
+    prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Layer ``layer`` on ``hidden`` ``[rows, n, d_model]`` = positions cut..cut+n-1, attending to
+    the keys/values of positions < cut: ``prefix`` ``[1 or rows, kv_head, cut, head_dim]``, by
+    default the clean run's. Returns the output and the layer's keys/values of all cut+n positions
+    ``[rows, kv_head, cut+n, head_dim]``. Needs ``run.reuses_prefixes``."""
+    if not run.reuses_prefixes:
+        raise ValueError("this run recorded no keys/values to reuse (see CleanRun.reuses_prefixes)")
+    rows, stop = hidden.shape[0], cut + hidden.shape[1]
+    cache = DynamicCache()
+    if cut:
+        keys, values = prefix if prefix is not None else (kv[:, :, :cut] for kv in run.keys_values[layer])
+        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
+    module = loaded.layers[layer]
+    device = execution_device(module)
+    out = first_tensor(module(hidden.to(device), **suffix_kwargs(run, layer, cut, stop, cache)))
+    return out, (cache.layers[layer].keys, cache.layers[layer].values)

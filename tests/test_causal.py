@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import ARCHS, make_tiny, random_prompts
 
+from effdepth_core import replay
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
 from effdepth_core.probes import depth_score, depth_scores, erasure_map, integrated_gradients, skip_effects
@@ -19,7 +20,7 @@ from effdepth_core.probes.answers import AnswerSplit, answer_split
 from effdepth_core.probes.erasure import _map_fast
 from effdepth_core.probes.igrad import make_baseline, quadrature_rule
 from effdepth_core.probes.skip import Intervention, _effects_fast, sample_positions
-from effdepth_core.replay import clean_run
+from effdepth_core.replay import clean_run, run_suffix_layer
 from effdepth_core.tasks import Example
 
 SKIP_KEYS = ["example", "variant", "position", "part", "skipped_layer", "layer", "metric"]
@@ -41,6 +42,52 @@ def test_skip_fast_equals_slow(arch):
     assert fast.height == 3 * ((1 + 2) + (1 + 3)) * loaded.n_layers * (loaded.n_layers + 1)
     assert _max_diff(fast, slow, SKIP_KEYS) < 1e-5
     assert fast["value"].max() > 0.05  # the interventions do something
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_prefix_replay_reproduces_the_clean_run(arch):
+    # replaying positions cut..stop-1 against the cached keys/values of positions < cut must give
+    # the clean pass's residuals there: the prefix reuse of erasure and the future-token skip rests on it
+    loaded = make_tiny(arch)
+    run = clean_run(loaded, random_prompts([14])[0])
+    assert run.reuses_prefixes  # every supported architecture takes the prefix path
+    scale = max(float(h.abs().max()) for h in run.hidden)
+    for cut, stop in ((1, 14), (5, 14), (6, 10), (13, 14)):
+        hidden = run.hidden[0][:, cut:stop].expand(2, -1, -1)  # two rows: the prefix broadcasts
+        with torch.no_grad():
+            for layer in range(loaded.n_layers):
+                hidden, (keys, _) = run_suffix_layer(loaded, run, layer, hidden, cut)
+                # float32 rounding of a batched replay against the one-row pass: ~1e-6 of the scale
+                assert (hidden - run.hidden[layer + 1][:, cut:stop]).abs().max() < 1e-5 * scale
+                assert keys.shape[2] == stop
+                assert torch.allclose(keys[:1, :, :cut], run.keys_values[layer][0][:, :, :cut])
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_future_only_skip_fast_equals_slow(arch):
+    # without the all-token variant the fast path records the skipped prefixes on its own
+    loaded = make_tiny(arch)
+    prompts = random_prompts([26])
+    fast = skip_effects(loaded, prompts, variants=("future",), max_rows=2)
+    slow = skip_effects(loaded, prompts, variants=("future",), method="slow")
+    assert fast.height == 3 * 2 * loaded.n_layers * (loaded.n_layers + 1)  # cuts 8 and 16
+    assert _max_diff(fast, slow, SKIP_KEYS) < 1e-5
+    assert fast["value"].max() > 0.05
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_fast_paths_without_prefix_reuse_equal_slow(arch, monkeypatch):
+    # an attention kernel whose mask effdepth cannot slice (flash) falls back to whole-prompt replays
+    monkeypatch.setattr(replay, "_PREFIX_ATTENTION", ())
+    loaded = make_tiny(arch)
+    prompts = random_prompts([21])
+    assert not clean_run(loaded, prompts[0]).reuses_prefixes
+    fast = skip_effects(loaded, prompts, max_rows=2)
+    assert _max_diff(fast, skip_effects(loaded, prompts, method="slow"), SKIP_KEYS) < 1e-5
+    items = [(prompts[0], 4)]
+    fast = erasure_map(loaded, items, max_rows=5)
+    slow = erasure_map(loaded, items, method="slow")
+    assert _max_diff(fast, slow, ["example", "layer", "position", "metric"]) < 1e-5
 
 
 def test_skip_invariants():

@@ -2,8 +2,9 @@
 dataset mean and record the largest change in the distributions that predict the answer tokens.
 
 - ``method="slow"``: one full forward pass per (layer, position), as the published loop;
-- ``method="fast"``: per layer, all positions as batch rows replayed from that layer on; the last
-  token (which predicts nothing inside the prompt) is dropped by causality.
+- ``method="fast"``: per position t, the erasures at every layer as batch rows replayed from their
+  layer on over positions t.. only (prefix reuse: the clean run's keys/values serve positions < t);
+  tokens after the last answer-predicting one are dropped by causality.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from ..models import LoadedModel
-from ..replay import clean_run, run_layers
+from ..replay import CleanRun, clean_run, run_layers, run_suffix_layer
 from ..trace import (
     Hook,
     LayerTrace,
@@ -28,7 +29,7 @@ from ..trace import (
     trace_layers,
 )
 from .answers import AnswerInput, AnswerSplit, answer_splits
-from .output_change import output_change
+from .output_change import head_buffer, output_change
 
 
 def residual_means(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], batch_size: int = 4) -> torch.Tensor:
@@ -50,21 +51,59 @@ def residual_means(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], b
 
 
 def _map_fast(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int) -> torch.Tensor:
-    """The ``[layer 0..L, position]`` map: per layer, erased positions as batch rows replayed from it."""
-    run = clean_run(loaded, split.without_last())
+    """The ``[layer 0..L, position]`` map by prefix reuse: erasing h_l[t] leaves positions < t
+    unchanged at every layer, so per position t the erasures at every layer l are batch rows that
+    join at their layer and replay positions t..last only, against the clean run's cached keys and
+    values of positions < t. Positions after the last one that predicts an answer token are never
+    run; erasing there changes nothing measured (0)."""
+    last = split.measured.stop - 1  # the last position whose distribution is measured
+    run = clean_run(loaded, split.ids[: last + 1])
+    if not run.reuses_prefixes:
+        return _map_rows(loaded, split, baselines, max_rows, run)
+    measure, n_layers = split.measured, loaded.n_layers
+    effects = torch.zeros(n_layers + 1, split.n_tokens)  # [layer 0..L, position]
+    buffer = head_buffer(loaded)
+    with torch.inference_mode():
+        clean_probs = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
+        require_finite(clean_probs, "the final distribution (final norm + LM head)", loaded.name)
+        for t in range(last + 1):
+            first = max(measure.start, t)  # measured positions t.. (those before t cannot change)
+            for low in range(0, n_layers + 1, max_rows):
+                high = min(low + max_rows, n_layers + 1)  # erased layers [low, high) as rows
+                hidden = run.hidden[low][:, :0].new_empty(0, last + 1 - t, loaded.d_model)  # [rows, token ≥ t, d]
+                for layer in range(low, n_layers + 1):
+                    if layer < high:  # the row erasing at this layer joins
+                        erased = run.hidden[layer][:, t : last + 1].clone()
+                        erased[:, 0] = baselines[layer].to(erased.device, erased.dtype)
+                        hidden = torch.cat([hidden, erased])
+                    if layer < n_layers:
+                        hidden, _ = run_suffix_layer(loaded, run, layer, hidden, t)
+                changed = output_change(
+                    loaded, clean_probs[first - measure.start :], hidden[:, first - t :], buffer=buffer
+                )
+                effects[low:high, t] = changed
+    return effects
+
+
+def _map_rows(
+    loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int, run: CleanRun
+) -> torch.Tensor:
+    """Without cached keys/values (an attention kernel that takes no mask): per layer, all
+    positions as batch rows replayed from that layer on over the whole prompt."""
     measure = split.measured
     effects = torch.zeros(loaded.n_layers + 1, split.n_tokens)  # [layer 0..L, position]
+    buffer = head_buffer(loaded)
     with torch.inference_mode():
         clean_probs = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
         require_finite(clean_probs, "the final distribution (final norm + LM head)", loaded.name)
         for layer in range(loaded.n_layers + 1):
             base = baselines[layer].to(run.hidden[layer].device, run.hidden[layer].dtype)
-            for start in range(0, split.n_tokens - 1, max_rows):
-                positions = torch.arange(start, min(start + max_rows, split.n_tokens - 1))
+            for start in range(0, measure.stop, max_rows):
+                positions = torch.arange(start, min(start + max_rows, measure.stop))
                 hidden = run.hidden[layer].expand(len(positions), -1, -1).clone()  # [rows, token, d]
                 hidden[torch.arange(len(positions)), positions] = base
                 final = run_layers(loaded, run, layer, hidden)
-                effects[layer, positions] = output_change(loaded, clean_probs, final[:, measure])
+                effects[layer, positions] = output_change(loaded, clean_probs, final[:, measure], buffer=buffer)
     return effects
 
 

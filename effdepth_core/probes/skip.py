@@ -4,7 +4,9 @@ contributions and on the output distribution (method.md §3, Csordás Fig. 3).
 Two paths give the same numbers:
 - ``method="slow"``: one full forward pass per intervention, as the published loops do (the oracle);
 - ``method="fast"``: one clean pass per prompt, then interventions stacked as batch rows and replayed
-  from the skipped layer on (layers before it cannot change), in chunks of ``max_rows``.
+  from the skipped layer on (layers before it cannot change), in chunks of ``max_rows``; the
+  future-token variant replays positions ≥ t from layer s + 1 only, against the prefixes of the
+  all-token skip of the same layer (``_future_fast``; method.md §8).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from tqdm import tqdm
 
 from ..errors import EffdepthError
 from ..models import LoadedModel
-from ..replay import CleanRun, clean_run, run_layer
+from ..replay import CleanRun, clean_run, run_layer, run_suffix_layer
 from ..trace import Hook, intervene, replace_positions, require_finite, tokenize
-from .output_change import output_change
+from .output_change import head_buffer, output_change
 
 SKIP_PARTS = ("layer", "attn", "mlp")
 VARIANTS = ("future", "current")
@@ -97,32 +99,91 @@ def _relative_change(clean: torch.Tensor, changed: torch.Tensor) -> torch.Tensor
     return ((clean - changed).norm(dim=-1) / clean.norm(dim=-1).clamp_min(1e-12)).amax(dim=-1)
 
 
+Prefixes = dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]  # (skipped, layer) → keys, values
+
+
 def _effects_fast(
-    loaded: LoadedModel, run: CleanRun, group: list[Intervention], clean_probs: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    loaded: LoadedModel,
+    run: CleanRun,
+    group: list[Intervention],
+    clean_probs: torch.Tensor | None,
+    prefixes: Prefixes | None = None,
+    record: int = 0,
+    stop: int | None = None,
+    buffer: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Layer effects ``[rows, L]`` and output effects ``[rows]`` for interventions sharing part and
-    positions, replayed from the lowest skipped layer with rows joining at their own layer."""
+    positions, replayed from the lowest skipped layer with rows joining at their own layer.
+
+    With ``prefixes``, the keys/values of positions < ``record`` at every layer above a row's
+    skipped layer are stored there (the future-token variant's prefixes); ``stop`` replays
+    positions < stop only, and ``clean_probs=None`` skips the output effects."""
     n_layers = loaded.n_layers
     part, measure = group[0].part, group[0].measure
     layers = torch.tensor([i.layer for i in group])
     effects = torch.zeros(len(group), n_layers)
     start = int(layers.min())
+    stop = run.n_tokens if stop is None else stop
     active = 0  # rows are sorted by layer: rows [0, active) are running
-    hidden = run.hidden[start][:, :0].new_empty(0, run.n_tokens, run.hidden[0].shape[-1])
+    hidden = run.hidden[start][:, :0].new_empty(0, stop, run.hidden[0].shape[-1])
     with torch.inference_mode():
         for layer in range(start, n_layers):
             joining = int((layers == layer).sum())
             if joining:
-                hidden = torch.cat([hidden, run.hidden[layer].expand(joining, -1, -1)])
+                hidden = torch.cat([hidden, run.hidden[layer][:, :stop].expand(joining, -1, -1)])
                 active += joining
             rows = torch.zeros(active, dtype=torch.bool)
             rows[active - joining : active] = True
             with intervene(skip_hooks(loaded, part, layer, rows, group[0].skip)):
-                out = run_layer(loaded, run, layer, hidden)
+                if run.reuses_prefixes:
+                    out, (keys, values) = run_suffix_layer(loaded, run, layer, hidden, 0)
+                else:
+                    out = run_layer(loaded, run, layer, hidden)
+            if prefixes is not None:
+                for row in range(active - joining):  # rows whose skipped layer lies below this one
+                    prefixes[int(layers[row]), layer] = (  # copies: the replay's [rows, kv, T, hd] can go
+                        keys[row : row + 1, :, :record].clone(),
+                        values[row : row + 1, :, :record].clone(),
+                    )
             clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, measure]
             effects[:active, layer] = _relative_change(clean_delta, (out - hidden)[:, measure]).cpu()
             hidden = out
-        outputs = output_change(loaded, clean_probs, hidden[:, measure])
+        outputs = None if clean_probs is None else output_change(loaded, clean_probs, hidden[:, measure], buffer=buffer)
+    return effects, outputs
+
+
+def _future_fast(
+    loaded: LoadedModel,
+    run: CleanRun,
+    group: list[Intervention],
+    clean_probs: torch.Tensor,
+    prefixes: Prefixes,
+    buffer: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The future-token variant by prefix reuse. Skipping layer s at positions < t leaves layers
+    ≤ s unchanged at positions ≥ t, and the skipped prefix at layers > s is the prefix of the
+    all-token skip of s (``prefixes``, by causality). So each row starts at layer s + 1 from the
+    clean h_{s+1}[t:] and replays positions t.. only, attending to those prefixes."""
+    n_layers, t = loaded.n_layers, group[0].position
+    skipped = [item.layer for item in group]  # sorted
+    effects = torch.zeros(len(group), n_layers)
+    hidden = run.hidden[0][:, :0].new_empty(0, run.n_tokens - t, run.hidden[0].shape[-1])  # [rows, token ≥ t, d]
+    active = 0
+    with torch.inference_mode():
+        for layer in range(skipped[0] + 1, n_layers + 1):
+            joining = skipped.count(layer - 1)
+            if joining:
+                hidden = torch.cat([hidden, run.hidden[layer][:, t:].expand(joining, -1, -1)])
+                active += joining
+            if layer == n_layers:
+                break
+            keys = torch.cat([prefixes[s, layer][0][:, :, :t] for s in skipped[:active]])
+            values = torch.cat([prefixes[s, layer][1][:, :, :t] for s in skipped[:active]])
+            out, _ = run_suffix_layer(loaded, run, layer, hidden, t, (keys, values))
+            clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, t:]
+            effects[:active, layer] = _relative_change(clean_delta, out - hidden).cpu()
+            hidden = out
+        outputs = output_change(loaded, clean_probs, hidden, buffer=buffer)
     return effects, outputs
 
 
@@ -195,27 +256,59 @@ def skip_effects(
             positions = sample_positions(ids.numel(), n_positions, seed, example)
             todo = interventions_for(ids.numel(), n_layers, positions, parts, variants)
             probs_cache: dict[tuple[int, int], torch.Tensor] = {}
-            results: list[tuple[Intervention, torch.Tensor, torch.Tensor]] = []
             groups: dict[tuple, list[Intervention]] = {}
             for item in todo:
                 groups.setdefault((item.variant, item.position, item.part), []).append(item)
-            for group in groups.values():
+            # future-token skips reuse the all-token skip's prefixes: per part, the all-token skips run first
+            reuse = method == "fast" and run.reuses_prefixes and bool(positions) and "future" in variants
+            prefixes: Prefixes = {}
+            buffer = head_buffer(loaded) if method == "fast" else None
+            prefixes_of = None  # the part whose skips filled ``prefixes``
+            done: dict[tuple, list] = {}
+            for key in sorted(groups, key=lambda k: (parts.index(k[2]), k[0] == "future")):
+                group, (variant, _, part) = groups[key], key
                 measure = group[0].measure
-                key = (measure.start, measure.stop)
-                if key not in probs_cache:
+                span = (measure.start, measure.stop)
+                if span not in probs_cache:
                     with torch.inference_mode():
-                        probs_cache[key] = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
-                    require_finite(probs_cache[key], "the final distribution (final norm + LM head)", loaded.name)
-                clean_probs = probs_cache[key]
+                        probs_cache[span] = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
+                    require_finite(probs_cache[span], "the final distribution (final norm + LM head)", loaded.name)
+                clean_probs = probs_cache[span]
+                done[key] = []
                 if method == "slow":
                     for item in group:
                         effects, output = _effects_slow(loaded, run, item, clean_probs)
-                        results.append((item, effects[0], output[0]))
-                else:
-                    for start in range(0, len(group), max_rows):
-                        chunk = group[start : start + max_rows]
-                        effects, outputs = _effects_fast(loaded, run, chunk, clean_probs)
-                        results += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
+                        done[key].append((item, effects[0], output[0]))
+                    continue
+                if variant == "current" or not reuse:
+                    if reuse:
+                        prefixes.clear()
+                        prefixes_of = part
+                    for chunk in _chunks(group, max_rows):
+                        effects, outputs = _effects_fast(
+                            loaded,
+                            run,
+                            chunk,
+                            clean_probs,
+                            prefixes if reuse else None,
+                            positions[-1] if reuse else 0,
+                            buffer=buffer,
+                        )
+                        done[key] += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
+                    continue
+                if prefixes_of != part:  # future-token skips only: record the skipped prefixes first
+                    prefixes.clear()
+                    prefixes_of = part
+                    cut = positions[-1]
+                    record_only = [
+                        Intervention("current", None, part, s, slice(1, cut), slice(0, cut)) for s in range(n_layers)
+                    ]
+                    for chunk in _chunks(record_only, max_rows):
+                        _effects_fast(loaded, run, chunk, None, prefixes, record=cut, stop=cut)
+                for chunk in _chunks(group, max_rows):
+                    effects, outputs = _future_fast(loaded, run, chunk, clean_probs, prefixes, buffer)
+                    done[key] += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
+            results = [entry for key in groups for entry in done[key]]  # in the order of the frame
             for item, effects, output in results:
                 where = f"skipping {item.part} of layer {item.layer} ({item.variant} tokens) in prompt {example}"
                 require_finite(torch.cat([effects, output.view(1)]), f"the effect of {where}", loaded.name)
@@ -265,3 +358,7 @@ def skip_summary(frame: pl.DataFrame) -> pl.DataFrame:
         )
         .sort(keys, nulls_last=True)
     )
+
+
+def _chunks(items: list, size: int):
+    return (items[start : start + size] for start in range(0, len(items), size))
