@@ -25,6 +25,7 @@ import resource
 import time
 
 import polars as pl
+import torch
 from measure import PeakRSS, WorkCounter
 
 from effdepth_core.models import load_model
@@ -103,7 +104,10 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--probes", default="skip,erasure,igrad")
     parser.add_argument("--igrad-layers", default="0,10,20,29")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     loaded = load_model(args.model, device="cpu", progress=False)
     n_layers = loaded.n_layers
@@ -143,7 +147,8 @@ def main() -> None:
     forward = n_layers * counter.layer_params + counter.head_params  # one token through the model
 
     print(
-        f"model {loaded.name} ({n_layers} layers); skip: GSM8K prompts of {lengths} tokens, cuts {cuts}; "
+        f"model {loaded.name} ({n_layers} layers, {torch.get_num_threads()} threads); "
+        f"skip: GSM8K prompts of {lengths} tokens, cuts {cuts}; "
         f"erasure and igrad: a 6-digit addition of {n_add} tokens ({n_answer} answer tokens); "
         f"igrad layers {igrad_layers}"
     )

@@ -71,7 +71,9 @@ class WorkCounter:
         self._handles = [
             layer.register_forward_pre_hook(self._count_layer, with_kwargs=True) for layer in self.loaded.layers
         ]
-        self._handles.append(self.loaded.lm_head.register_forward_pre_hook(self._count_head))
+        # the head's tokens are counted at the final norm: ``LoadedModel.head_into`` multiplies by
+        # the head's weight without calling the module, and every head application normalises first
+        self._handles.append(self.loaded.final_norm.register_forward_pre_hook(self._count_head))
         return self
 
     def __exit__(self, *exc) -> None:

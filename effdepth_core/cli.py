@@ -98,6 +98,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (a tolerance as a share of something)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 < value < 1:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1 (exclusive), got {text}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2), like every other user error of effdepth."""
 
@@ -157,6 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--igrad-steps", type=_positive, default=128, help="quadrature nodes or adaptive budget (igrad)")
     run.add_argument("--igrad-quadrature", default="adaptive", choices=["adaptive", "riemann", "gauss"])
     run.add_argument("--igrad-baseline", default="position-mean", choices=["position-mean", "hidden-mean"])
+    run.add_argument(
+        "--igrad-tol",
+        type=_fraction,
+        default=0.01,
+        help="completeness tolerance per layer, a share of the target change (igrad; 0.01 = 1 %%)",
+    )
+    run.add_argument(
+        "--igrad-max-steps",
+        type=_positive,
+        help="cap on the adaptive rule's gradient evaluations per layer (igrad; default 8 × --igrad-steps)",
+    )
     run.add_argument(
         "--lens", default="logit", choices=LENSES, help="the lens of logit_lens and early_exit: logit, tuned or both"
     )
@@ -247,6 +269,8 @@ def _settings(args: argparse.Namespace):
         igrad_steps=args.igrad_steps,
         igrad_quadrature=args.igrad_quadrature,
         igrad_baseline=args.igrad_baseline,
+        igrad_tol=args.igrad_tol,
+        igrad_max_steps=args.igrad_max_steps,
         method="slow" if args.slow else "fast",
         device_map=args.device_map,
         lens=args.lens,

@@ -1,6 +1,10 @@
 """Errors that the command line reports as one clear line (no traceback)."""
 
 
+class EffdepthWarning(UserWarning):
+    """Something the user should know about a run that still went ahead (the CLI prints one line)."""
+
+
 class EffdepthError(Exception):
     """A problem with the user's input or environment; the message says what to do."""
 

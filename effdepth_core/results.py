@@ -20,10 +20,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import polars as pl
+import torch
 
 from . import __version__
 from .depth import KL_FRACTION, OVERLAP_THRESHOLD, DepthResult, effective_depth
-from .errors import EffdepthError, NonFiniteActivationError
+from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError
 from .labels import CELL_LEGEND, DEFAULT_PROBES, LENSES, PROBE_NAMES, RULE_LABELS, TUNED_RULE_LABELS, format_rule
 from .models import LoadedModel, load_model, preflight_model
 from .probes import (
@@ -41,10 +42,6 @@ from .probes.pruning import layer_pruning, prune_summary
 from .probes.tuned_lens import LensTraining, cached_tuned_lens, fit_frame
 from .rundir import OutputDirectoryError, RunDirectory
 from .tasks import AIME_MAX_TOKENS, Example, check_task, load_task
-
-
-class EffdepthWarning(UserWarning):
-    """Something the user should know about a run that still went ahead (the CLI prints one line)."""
 
 
 def _prompts(examples: list[Example]) -> list[str]:
@@ -87,6 +84,8 @@ def _igrad(loaded: LoadedModel, examples: list[Example], settings: RunSettings) 
         baseline=settings.igrad_baseline,
         method=settings.method,
         progress=settings.progress,
+        tolerance=settings.igrad_tol,
+        max_steps=settings.igrad_max_steps,
     )
 
 
@@ -187,6 +186,8 @@ class RunSettings:
     igrad_steps: int = 128  # the budget of gradient evaluations for the adaptive rule
     igrad_quadrature: str = "adaptive"
     igrad_baseline: str = "position-mean"
+    igrad_tol: float = 0.01  # completeness tolerance, a share of |target change|, the adaptive rule stops at
+    igrad_max_steps: int | None = None  # the adaptive rule's cap on gradient evaluations (None: 8 × igrad_steps)
     method: str = "fast"  # "slow": the one-forward-per-intervention oracle (same numbers)
     device_map: str | None = None
     lens: str = "logit"  # logit | tuned | both: the lens probe's and early exit's lens(es)
@@ -217,15 +218,19 @@ class RunSettings:
         model_path = Path(self.model).expanduser()
         if model_path.exists():  # a path: the same spelling elsewhere is another model
             fields["model_path"] = str(model_path.resolve())
-        if self.dtype == "auto":  # the dtype it resolves to changes the numbers (bf16 on a GPU)
-            from .models import resolve_device, resolve_dtype
+        from .models import resolve_device, resolve_dtype
 
-            try:
-                resolved = str(resolve_dtype("auto", resolve_device(self.device))).removeprefix("torch.")
-            except EffdepthError:
-                resolved = "float32"  # an unusable device is refused before the run starts
+        try:
+            device = resolve_device(self.device)
+        except EffdepthError:
+            device = "cpu"  # an unusable device is refused before the run starts
+        if self.dtype == "auto":  # the dtype it resolves to changes the numbers (bf16 on a GPU)
+            resolved = str(resolve_dtype("auto", device)).removeprefix("torch.")
             if resolved != "float32":  # float32 keeps the key results cached before this was added
                 fields["dtype"] = f"auto:{resolved}"
+        device_type = "cuda" if self.device_map and torch.cuda.is_available() else torch.device(device).type
+        if device_type != "cpu":  # GPU kernels round otherwise: a GPU run never resumes a CPU run's results
+            fields["device_type"] = device_type
         fields["version"] = __version__
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -240,6 +245,8 @@ _KEY_OPTIONAL = {
     "lens_steps": 200,
     "lens_tokens": 8192,
     "prune_sizes": "",
+    "igrad_tol": 0.01,
+    "igrad_max_steps": None,
 }
 
 
@@ -397,6 +404,14 @@ def check_settings(
                 raise EffdepthError(
                     "--slow has no adaptive quadrature; add --igrad-quadrature riemann (the paper's, 256 steps)"
                 )
+        tol = settings.igrad_tol
+        if not (isinstance(tol, int | float) and math.isfinite(tol) and 0 < tol < 1):
+            raise EffdepthError(f"--igrad-tol must be a fraction of the target change in (0, 1), got {tol!r}")
+        if settings.igrad_max_steps is not None and settings.igrad_max_steps < settings.igrad_steps:
+            raise EffdepthError(
+                f"--igrad-max-steps {settings.igrad_max_steps} is below --igrad-steps {settings.igrad_steps}; "
+                "the cap must be at least the budget"
+            )
 
 
 def _load_examples(settings: RunSettings, loaded: LoadedModel | None) -> list[Example]:
@@ -506,6 +521,7 @@ def run(
     directory = RunDirectory.open(plan.out, plan.key, settings.numbers(), PROBE_NAMES, overwrite)
     try:
         missing = [p for p in plan.names if not directory.has_probe(p)]
+        _warn_outdated(directory, [p for p in plan.names if p not in missing], settings)
         foreign = directory.foreign_files_for(missing)
         if foreign:
             raise OutputDirectoryError(
@@ -523,6 +539,8 @@ def run(
                 if name:
                     directory.save_probe(name, frames)
                     metadata["probes"][name] = {"seconds": round(time.perf_counter() - started, 2)}
+                    if name == "igrad":
+                        metadata["probes"][name]["revision"] = IGRAD_REVISION
                     directory.write_metadata(metadata)
                     directory.metadata = metadata
         return _summarize(settings, directory, n_bootstrap)
@@ -531,6 +549,24 @@ def run(
         raise
     finally:
         directory.release()
+
+
+# 2: the adaptive rule stops on a completeness tolerance (grad_evals, tolerance_met); the fixed
+# rules' numbers did not change
+IGRAD_REVISION = 2
+
+
+def _warn_outdated(directory: RunDirectory, cached: list[str], settings: RunSettings) -> None:
+    """One warning for a cached adaptive igrad result of the earlier fixed-budget rule: it is kept
+    (effdepth never recomputes finished results unasked), and the warning says how to renew it."""
+    entry = (directory.metadata or {}).get("probes", {}).get("igrad") or {}
+    if "igrad" in cached and settings.igrad_quadrature == "adaptive" and entry.get("revision", 1) < IGRAD_REVISION:
+        warnings.warn(
+            f"the igrad results cached in {directory.path} come from the earlier adaptive rule (a fixed budget "
+            f"of --igrad-steps, no completeness tolerance); rerun into a new --out to apply the tolerance",
+            EffdepthWarning,
+            stacklevel=3,
+        )
 
 
 def _new_metadata(settings: RunSettings, key: str, loaded: LoadedModel, examples: list[Example]) -> dict:

@@ -223,3 +223,19 @@ def test_a_fifo_in_place_of_effdepths_files_does_not_hang(tiny_dir, tmp_path, ca
     table.mkdir()
     os.mkfifo(table / "effective_depth.json")
     assert _run(capsys, "table", str(table))[0] == 2
+
+
+def test_the_key_records_the_resolved_dtype_and_device(monkeypatch):
+    # a bf16 GPU run must never resume a float32 CPU run's directory (nor the other way round)
+    import torch
+
+    cpu = RunSettings("m", "gsm8k", device="cpu").key()
+    assert RunSettings("m", "gsm8k", device="auto").key() == cpu  # no GPU here: auto is the CPU
+    assert RunSettings("m", "gsm8k", device="cpu", dtype="float32").key() != cpu  # as spelt: kept for old keys
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert RunSettings("m", "gsm8k", device="cpu").key() == cpu
+    gpu_auto = RunSettings("m", "gsm8k", device="auto").key()  # bfloat16 on cuda
+    gpu_float32 = RunSettings("m", "gsm8k", device="cuda", dtype="float32").key()
+    assert len({cpu, gpu_auto, gpu_float32}) == 3
+    assert RunSettings("m", "gsm8k", device="cuda:1").key() == gpu_auto  # which GPU does not matter
+    assert RunSettings("m", "gsm8k", device_map="auto").key() == gpu_auto  # sharded over the GPUs
