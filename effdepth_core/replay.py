@@ -60,9 +60,9 @@ def _prefix_supported(loaded: LoadedModel, kwargs: list[dict], cache_arg: str | 
             if name not in known and not name.startswith("position_embeddings"):
                 if any(isinstance(x, torch.Tensor) for x in tensors):
                     return False  # a per-token argument effdepth does not know how to slice
-            mask = layer_kwargs.get("attention_mask")
-            if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[0] == 1):
-                return False
+        mask = layer_kwargs.get("attention_mask")
+        if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[0] == 1):
+            return False
     return True
 
 
@@ -115,9 +115,12 @@ def run_layers(loaded: LoadedModel, run: CleanRun, start: int, hidden: torch.Ten
 
 def _suffix_mask(mask: torch.Tensor | None, cut: int, stop: int, device: torch.device) -> torch.Tensor:
     """Queries cut..stop-1 against keys 0..stop-1: the recorded mask sliced, or (where the model
-    recorded none, meaning plain causal) a boolean causal mask ``[1, 1, query, key]``."""
+    recorded none, meaning plain causal) a boolean causal mask ``[1, 1, query, key]``; none again
+    without a prefix, where SDPA's own (top-left aligned) causal flag is right and faster."""
     if mask is not None:
         return mask[:, :, cut:stop, :stop]
+    if cut == 0:
+        return None
     query = torch.arange(cut, stop, device=device).view(-1, 1)
     return (torch.arange(stop, device=device).view(1, -1) <= query).view(1, 1, stop - cut, stop)
 
