@@ -15,7 +15,9 @@ or Gemma's hybrid layers alike) is sliced to the replayed queries.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 from transformers import DynamicCache
@@ -25,7 +27,9 @@ from .trace import Hook, first_tensor, intervene, require_finite
 
 # attention implementations whose masks effdepth can slice (flash kernels take no mask)
 _PREFIX_ATTENTION = ("sdpa", "eager")
-_CACHE_ARGS = ("past_key_values", "layer_past")  # the keyword decoder layers take a cache under
+# the keyword decoder layers take a cache under: ``cache`` from transformers 5.24 (``past_key_values``
+# is deprecated there), ``past_key_values`` before, ``layer_past`` in GPT-NeoX layers
+_CACHE_ARGS = ("cache", "past_key_values", "layer_past")
 _POSITION_ARGS = ("position_ids", "cache_position")  # [..., token]
 
 
@@ -66,6 +70,18 @@ def _prefix_supported(loaded: LoadedModel, kwargs: list[dict], cache_arg: str | 
     return True
 
 
+@lru_cache(maxsize=None)
+def _model_cache_keyword(forward) -> str:
+    """The keyword a decoder stack's ``forward`` takes its cache under: ``cache`` where the installed
+    transformers has it (5.24 and newer warn on ``past_key_values``), else ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def cache_keyword(module: torch.nn.Module) -> str:
+    """``_model_cache_keyword`` of ``module``'s class (a model or its base model)."""
+    return _model_cache_keyword(type(module).forward)
+
+
 def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     """Run ``ids`` ``[token]`` once and record what every decoder layer received and returned."""
     hidden: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
@@ -89,7 +105,8 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     hooks.append(Hook(loaded.layers[-1], "output", record(loaded.n_layers)))
     input_ids = ids.view(1, -1).to(loaded.input_device)
     with intervene(hooks), torch.no_grad():  # not inference_mode: replays may differentiate through these
-        loaded.base_model()(input_ids=input_ids, use_cache=True, past_key_values=cache)
+        base = loaded.base_model()
+        base(input_ids=input_ids, use_cache=True, **{cache_keyword(base): cache})
     for index, h in enumerate(hidden):
         require_finite(h, "the embedding output" if index == 0 else f"the output of layer {index - 1}", loaded.name)
     keys_values = [(layer.keys, layer.values) for layer in cache.layers]

@@ -1,0 +1,57 @@
+"""effdepth's own calls into transformers and torch raise no warning (deprecations included), on every
+architecture: a dependency release that deprecates something effdepth uses fails here, by name, rather
+than printing a stranger's warning in every user's run (transformers 5.24 renamed ``past_key_values``)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import ARCHS, make_tiny, random_prompts
+
+from effdepth_core.errors import EffdepthWarning
+from effdepth_core.probes import (
+    early_exit,
+    erasure_map,
+    integrated_gradients,
+    layer_pruning,
+    logit_lens,
+    residual_cosine,
+    skip_effects,
+)
+from effdepth_core.replay import cache_keyword, clean_run, run_suffix_layer
+
+
+def _answered(loaded) -> list[tuple[torch.Tensor, int]]:
+    return [(ids, 3) for ids in random_prompts([16, 21])]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_effdepths_calls_raise_no_dependency_warning(arch):
+    loaded = make_tiny(arch)
+    prompts = random_prompts([16, 21])
+    answered = _answered(loaded)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = clean_run(loaded, prompts[0])
+        with torch.no_grad():
+            run_suffix_layer(loaded, run, 0, run.hidden[0][:, 5:], 5)
+        residual_cosine(loaded, prompts)
+        logit_lens(loaded, prompts)
+        skip_effects(loaded, prompts, n_positions=1, parts=["layer"])
+        erasure_map(loaded, answered[:1])
+        integrated_gradients(loaded, answered[:1], steps=8, quadrature="gauss", layers=[1])
+        early_exit(loaded, answered[:1])
+        layer_pruning(loaded, answered[:1], block_sizes=[1])
+    others = [w for w in caught if not issubclass(w.category, EffdepthWarning)]
+    assert not others, [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in others]
+
+
+def test_the_cache_keyword_follows_the_installed_transformers():
+    import inspect
+
+    loaded = make_tiny("llama")
+    base = loaded.base_model()
+    expected = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    assert cache_keyword(base) == expected
