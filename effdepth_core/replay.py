@@ -15,9 +15,9 @@ or Gemma's hybrid layers alike) is sliced to the replayed queries.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import torch
 from transformers import DynamicCache
@@ -70,7 +70,7 @@ def _prefix_supported(loaded: LoadedModel, kwargs: list[dict], cache_arg: str | 
     return True
 
 
-@lru_cache(maxsize=None)
+@functools.cache
 def _model_cache_keyword(forward) -> str:
     """The keyword a decoder stack's ``forward`` takes its cache under: ``cache`` where the installed
     transformers has it (5.24 and newer warn on ``past_key_values``), else ``past_key_values``."""
