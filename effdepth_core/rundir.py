@@ -1,78 +1,78 @@
 """Run directories — the cache format, read and written here only — and their safety: effdepth
-writes only into its own, never deletes a file it did not write, and lets one run at a time write
-into a directory.
+writes only into its own, never deletes a file it did not write, lets one process at a time write
+into a directory, and verifies every file it reads back.
 
-Layout: ``metadata.json`` (settings, key, provenance, time per probe; written first, so it marks the
-directory as effdepth's), ``examples.jsonl``, per probe ``<probe>.parquet`` (its saved result) and
-``<probe>_by_example.parquet`` (written last: marks the probe done), derived frames such as
-``depth_score.parquet``, and ``effective_depth.json``. Every file is written to a temporary name
-and renamed. A run directory is one whose ``metadata.json`` carries a ``key`` and
-``effdepth_version``. Before any model loads, ``RunDirectory.open`` refuses an ``--out`` that is a
-file, cannot be created, is a non-empty directory of someone else's files, holds a run with other
-parameters (unless ``overwrite``), or is being written by another effdepth process (a lock file).
+Layout: ``metadata.json`` (settings, key, provenance, per probe its time, peak memory, key and the
+sha256 of each file it wrote), ``examples.jsonl``, per probe ``<probe>.parquet`` and
+``<probe>_by_example.parquet`` plus its derived frames (``depth_score.parquet``, …), and
+``effective_depth.json``. A run directory is one whose ``metadata.json`` carries a ``key`` and
+``effdepth_version``.
+
+Crash consistency (format 2): before writing any file, ``metadata.json`` lists it under
+``pending``; then each file is written atomically (``cache.atomic_write``); then ``metadata.json``
+records the files with their sha256 and drops them from ``pending``. A process killed at any point
+leaves either a finished record or files that ``pending`` names as effdepth's own; the next run
+(holding the lock) deletes those and computes them again. Directories written before format 2
+(``format`` absent) carry no sha256: they are read after the structural checks alone
+(``COMPATIBILITY`` in ``settings.py``).
+
+Before any model loads, ``RunDirectory.open`` refuses an ``--out`` that is a link, a file, cannot
+be created, is a non-empty directory of someone else's files, holds a run with other parameters
+(unless ``overwrite``), or is locked by another effdepth process.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
+from .cache import (
+    LOCK_NAME,
+    CacheLockError,
+    DirectoryLock,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_parquet,
+    remove_stale_temporaries,
+    sha256_file,
+    temporary_of,
+)
 from .errors import EffdepthError
 
-LOCK_NAME = ".effdepth.lock"
+FORMAT = 2
 METADATA = "metadata.json"
 EXAMPLES = "examples.jsonl"
 SUMMARY = "effective_depth.json"
-DERIVED = {"skip": ("depth_score",), "tuned_lens": ("tuned_lens_fit",)}  # probe → frames derived from it
 _OWN_FIXED = {METADATA, EXAMPLES, SUMMARY, LOCK_NAME}
-_TMP = re.compile(r"^\.(?P<name>.+)\.effdepth-tmp-\d+$")  # atomic_write_*: .<own file name>.effdepth-tmp-<pid>
+_KEPT = "the probes finished before are kept; free space (or fix the permission) and rerun to resume"
+
+__all__ = [
+    "EXAMPLES",
+    "LOCK_NAME",
+    "METADATA",
+    "SUMMARY",
+    "OutputDirectoryError",
+    "RunDirectory",
+    "is_complete",
+    "read_metadata",
+]
 
 
 class OutputDirectoryError(EffdepthError):
     """``--out`` cannot be used without risking files effdepth did not write."""
 
 
-def is_own_file(name: str, probes: tuple[str, ...]) -> bool:
-    """Whether effdepth writes files of this name into a run directory (for ``probes``)."""
+def is_own_file(name: str, frames: Mapping[str, tuple[str, ...]], probes) -> bool:
+    """Whether effdepth writes a file of this name into a run directory, for ``probes`` (``frames``:
+    probe → the frame names it saves, each as ``<frame>.parquet``)."""
     if name in _OWN_FIXED:
         return True
     stem = name.removesuffix(".parquet")
-    return name.endswith(".parquet") and (
-        stem in probes
-        or stem.removesuffix("_by_example") in probes
-        or any(stem in names and probe in probes for probe, names in DERIVED.items())
-    )
-
-
-def is_own_temporary(path: Path, probes: tuple[str, ...]) -> bool:
-    """A temporary file of effdepth's atomic writes (a file, named after one of its own files)."""
-    match = _TMP.match(path.name)
-    return bool(match) and is_own_file(match["name"], probes) and path.is_file() and not path.is_symlink()
-
-
-def _temporary(path: Path) -> Path:
-    return path.with_name(f".{path.name}.effdepth-tmp-{os.getpid()}")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = _temporary(path)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, payload: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(payload, indent=2) + "\n").encode())
-
-
-def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
-    tmp = _temporary(path)
-    frame.write_parquet(tmp)
-    os.replace(tmp, path)
+    return name.endswith(".parquet") and any(stem in frames.get(p, ()) for p in probes)
 
 
 def read_cached_frame(path: Path) -> pl.DataFrame:
@@ -85,22 +85,11 @@ def read_cached_frame(path: Path) -> pl.DataFrame:
         ) from exc
 
 
-def is_complete(out: Path, key: str, probes) -> bool:
-    """Whether ``out`` holds a finished run of ``key`` with every probe in ``probes``."""
-    metadata = read_metadata(out)
-    return (
-        metadata is not None
-        and metadata["key"] == key
-        and (out / EXAMPLES).is_file()
-        and all((out / f"{p}_by_example.parquet").is_file() for p in probes)
-    )
-
-
 def read_metadata(out: Path) -> dict | None:
     """The run directory's metadata, or None when ``out`` holds no effdepth metadata (a missing,
     unreadable or hand-damaged file is not effdepth's)."""
     path = out / METADATA
-    if not path.is_file():  # a FIFO or a directory of that name is not effdepth's (and reading a FIFO hangs)
+    if path.is_symlink() or not path.is_file():  # a FIFO, a link or a directory is not effdepth's
         return None
     try:
         metadata = json.loads(path.read_text(encoding="utf-8"))
@@ -110,7 +99,21 @@ def read_metadata(out: Path) -> dict | None:
         return None
     if not isinstance(metadata.get("settings", {}), dict) or not isinstance(metadata.get("probes", {}), dict):
         return None
+    if not isinstance(metadata.get("pending", {}), dict) or not isinstance(metadata.get("files", {}), dict):
+        return None
     return metadata
+
+
+def is_complete(out: Path, key: str, probes) -> bool:
+    """Whether ``out`` holds a finished run of ``key`` with every probe in ``probes``."""
+    metadata = read_metadata(out)
+    return (
+        metadata is not None
+        and metadata["key"] == key
+        and not metadata.get("pending")
+        and (out / EXAMPLES).is_file()
+        and all(p in metadata.get("probes", {}) and (out / f"{p}_by_example.parquet").is_file() for p in probes)
+    )
 
 
 def describes_a_run(metadata: dict) -> bool:
@@ -123,42 +126,93 @@ def describes_a_run(metadata: dict) -> bool:
     return count(metadata.get("n_layers")) and count(metadata.get("n_examples")) and count(asked)
 
 
+def verified_files(folder: Path, records: Mapping) -> str | None:
+    """None when every recorded file of ``folder`` has its recorded sha256, else the first that
+    does not (missing, a link, or changed)."""
+    for name, sha in records.items():
+        path = folder / name
+        if path.is_symlink() or not path.is_file() or not isinstance(sha, str) or sha256_file(path) != sha:
+            return name
+    return None
+
+
 def _differences(old: dict, new: dict) -> str:
     names = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in ("progress",))
     listed = ", ".join(f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in names[:4])
-    return listed or "the same options, but another task file content, model path or effdepth version"
+    return listed or "the same options, but another task file content, model files or effdepth version"
+
+
+def _check_out(out: Path) -> None:
+    if out.is_symlink():
+        target = out.readlink()
+        if not out.exists():
+            raise OutputDirectoryError(
+                f"--out {out} is a dangling symbolic link (to {target}); effdepth never writes through links: "
+                "give a real directory"
+            )
+        raise OutputDirectoryError(
+            f"--out {out} is a symbolic link (to {target}); effdepth never writes through links: "
+            f"give the directory itself ({out.resolve()})"
+        )
+    if out.exists() and not out.is_dir():
+        raise OutputDirectoryError(f"--out {out} is a file, not a directory; choose a directory")
 
 
 @dataclass
 class RunDirectory:
     """An output directory this process holds the lock of. ``stale`` is true when it holds a run
-    with other parameters that ``overwrite`` allowed replacing (see ``clear_stale``)."""
+    with other parameters that ``overwrite`` allowed replacing (see ``clear_stale``). ``frames``
+    maps each probe to the frames it saves (how effdepth knows its own files)."""
 
     path: Path
-    probes: tuple[str, ...]
+    frames: Mapping[str, tuple[str, ...]]
     stale: bool = False
     metadata: dict | None = None
     created: list[Path] = field(default_factory=list)  # directories this run made, deepest last
     opened_metadata: dict | None = None  # what the directory held when opened
     wrote: bool = False
     finished: int = 0  # probes finished by this process
-    _lock: int | None = None
+    _lock: DirectoryLock | None = None
+
+    @property
+    def probes(self) -> tuple[str, ...]:
+        return tuple(self.frames)
 
     @classmethod
-    def open(cls, out: Path, key: str, settings: dict, probes: tuple[str, ...], overwrite: bool) -> RunDirectory:
+    def open(
+        cls, out: Path, key: str, settings: dict, frames: Mapping[str, tuple[str, ...]], overwrite: bool
+    ) -> RunDirectory:
         """Check ``out`` and lock it (creating it if needed). Raises OutputDirectoryError with one
-        line naming the problem and the fix; nothing is deleted here."""
-        metadata = None
-        if out.exists() or out.is_symlink():
-            if not out.is_dir():
-                raise OutputDirectoryError(f"--out {out} is a file, not a directory; choose a directory")
+        line naming the problem and the fix; nothing is deleted here but effdepth's own leftovers."""
+        _check_out(out)
+        directory = cls(out, frames)
+        directory._inspect(key, settings, overwrite)
+        directory._create()
+        try:
+            directory._lock = DirectoryLock(out)
+            directory._lock.acquire()
+        except CacheLockError as exc:
+            directory._lock = None
+            directory.abandon()
+            raise OutputDirectoryError(str(exc).replace("another effdepth process", "another effdepth run")) from exc
+        try:  # what the directory holds now that nobody else writes: read it again
+            directory._inspect(key, settings, overwrite)
+            directory._clean_leftovers()
+        except BaseException:
+            directory.abandon()
+            raise
+        return directory
+
+    def _inspect(self, key: str, settings: dict, overwrite: bool) -> None:
+        out, metadata = self.path, None
+        if out.is_dir():
             metadata = read_metadata(out)
-            others = [p for p in out.iterdir() if p.name != LOCK_NAME and not is_own_temporary(p, probes)]
+            others = [p for p in out.iterdir() if p.name != LOCK_NAME and not self._is_own_temporary(p)]
             if metadata is None and others:
                 what = (
                     f"its {METADATA} is not effdepth's or is damaged"
-                    if (out / METADATA).exists()
-                    else (f"no effdepth {METADATA}")
+                    if (out / METADATA).exists() or (out / METADATA).is_symlink()
+                    else f"no effdepth {METADATA}"
                 )
                 raise OutputDirectoryError(
                     f"--out {out} is not empty and is not an effdepth run directory ({what}); "
@@ -170,16 +224,22 @@ class RunDirectory:
                     f"({_differences(metadata.get('settings', {}), settings)}); "
                     "pass --overwrite to replace its effdepth files, or choose another --out"
                 )
-        stale = metadata is not None and metadata["key"] != key
-        directory = cls(out, tuple(probes), stale=stale, metadata=metadata, opened_metadata=metadata)
-        directory._create()
-        directory._acquire()
-        return directory
+        self.stale = metadata is not None and metadata["key"] != key
+        self.metadata = self.opened_metadata = metadata
+
+    def _is_own_temporary(self, path: Path) -> bool:
+        name = temporary_of(path.name)
+        return (
+            name is not None
+            and is_own_file(name, self.frames, self.probes)
+            and path.is_file()
+            and not path.is_symlink()
+        )
 
     def _create(self) -> None:
         missing = []
         for parent in [self.path, *self.path.parents]:
-            if parent.exists():
+            if parent.exists() or parent.is_symlink():
                 break
             missing.append(parent)
         try:
@@ -188,59 +248,51 @@ class RunDirectory:
             raise OutputDirectoryError(
                 f"cannot create --out {self.path} ({exc.strerror or exc}); choose another"
             ) from exc
+        import os
+
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise OutputDirectoryError(f"--out {self.path} is not writable; choose another directory")
         self.created = list(reversed(missing))
 
-    def _acquire(self) -> None:
-        lock_path = self.path / LOCK_NAME
-        for _ in range(3):  # a lock file unlinked by its releasing holder between open and flock: retry
-            try:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
-                self.abandon()
-                raise OutputDirectoryError(f"cannot write in --out {self.path} ({exc.strerror or exc})") from exc
-            try:
-                import fcntl
-
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except ImportError:  # no flock (Windows): one run per directory is then up to the user
-                pass
-            except OSError as exc:
-                os.close(fd)
-                holder = lock_path.read_text().strip() if lock_path.is_file() else ""
-                raise OutputDirectoryError(
-                    f"--out {self.path} is being written by another effdepth run ({holder or 'a live process'}); "
-                    "wait for it to finish or choose another --out"
-                ) from exc
-            try:
-                same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        else:
-            raise OutputDirectoryError(f"could not lock --out {self.path}; another effdepth run keeps starting there")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}".encode())
-        self._lock = fd
-        for leftover in self.path.iterdir():  # temporaries of a killed run: we hold the lock, so none is live
-            if is_own_temporary(leftover, self.probes):
-                leftover.unlink(missing_ok=True)
+    def _clean_leftovers(self) -> None:
+        """With the lock held: temporaries of killed writes, and the files a killed run listed as
+        pending (effdepth's own, half done) are removed; the metadata then forgets them."""
+        remove_stale_temporaries(self.path, lambda name: is_own_file(name, self.frames, self.probes))
+        pending = (self.metadata or {}).get("pending") or {}
+        if not pending:
+            return
+        for names in pending.values():
+            for name in names if isinstance(names, list) else []:
+                path = self.path / str(name)
+                if is_own_file(path.name, self.frames, self.probes) and path.is_file() and not path.is_symlink():
+                    path.unlink()
+        self.metadata = {**self.metadata, "pending": {}}
+        for entry in pending:  # a half-written probe is not finished, whatever else says so
+            self.metadata["probes"].pop(entry, None)
+        self._write_metadata()
 
     def clear_stale(self) -> None:
         """Delete the effdepth files of the earlier run with other parameters (``overwrite``), and
         only those: files effdepth did not write stay."""
         if not self.stale:
             return
-        written = tuple(p for p in (self.metadata or {}).get("probes", {}) if p in self.probes)  # by the old run
+        written = tuple(p for p in (self.metadata or {}).get("probes", {}) if p in self.frames)  # by the old run
         for entry in self.path.iterdir():
-            if entry.is_file() and entry.name != LOCK_NAME and is_own_file(entry.name, written):
+            if entry.is_symlink() or not entry.is_file() or entry.name == LOCK_NAME:
+                continue
+            if is_own_file(entry.name, self.frames, written):
                 entry.unlink()
         self.stale, self.metadata = False, None
 
     # --- the cache format ---------------------------------------------------------------------
+
+    @property
+    def verifies(self) -> bool:
+        """Whether this run's files carry sha256 records (format 2 and later)."""
+        return int((self.metadata or {}).get("format", 1)) >= FORMAT
+
+    def probe_record(self, name: str) -> dict:
+        return ((self.metadata or {}).get("probes") or {}).get(name) or {}
 
     def has_probe(self, name: str) -> bool:
         """Finished here: recorded in the metadata, and its marker file is present."""
@@ -251,40 +303,73 @@ class RunDirectory:
         """Files that writing ``probes`` would replace but that no effdepth run here recorded (a
         user's file of the same name): effdepth refuses rather than overwrite them."""
         recorded = tuple((self.metadata or {}).get("probes", {}))  # by the run here (also a stale one)
-        names = [f"{p}.parquet" for p in probes] + [f"{p}_by_example.parquet" for p in probes]
-        names += [f"{d}.parquet" for probe, derived in DERIVED.items() if probe in probes for d in derived]
-        return [n for n in names if (self.path / n).exists() and not is_own_file(n, recorded)]
+        names = [f"{frame}.parquet" for p in probes for frame in self.frames.get(p, ())]
+        return [n for n in names if (self.path / n).exists() and not is_own_file(n, self.frames, recorded)]
 
     def has_examples(self) -> bool:
         return not self.stale and (self.path / EXAMPLES).is_file()
 
+    def _write_metadata(self) -> None:
+        atomic_write_json(self.path / METADATA, self.metadata, _KEPT)
+
+    def _write_recorded(self, entry: str, files: dict[str, object], where: dict) -> dict[str, str]:
+        """Write ``files`` (name → bytes or frame) under the pending protocol; returns name → sha256."""
+        self.metadata.setdefault("pending", {})[entry] = list(files)
+        self._write_metadata()
+        hashes = {}
+        for name, content in files.items():
+            path = self.path / name
+            if isinstance(content, bytes):
+                atomic_write_bytes(path, content, _KEPT)
+            else:
+                atomic_write_parquet(path, content, _KEPT)
+            hashes[name] = sha256_file(path)
+        where.update(hashes)
+        del self.metadata["pending"][entry]
+        self._write_metadata()
+        return hashes
+
     def start(self, metadata: dict, examples) -> dict:
         """Begin (or continue) writing: replace a stale run's files, then write the metadata (kept
-        from an earlier call of the same run, with its probe timings) and the examples."""
+        from an earlier call of the same run, with its probe records) and the examples."""
         previous = None if self.stale else self.metadata
         self.clear_stale()
         if previous is not None:
             metadata["probes"] = dict(previous.get("probes", {}))
-        self.write_metadata(metadata)  # first: marks the directory as effdepth's
-        text = "".join(json.dumps(e.to_json()) + "\n" for e in examples)
-        atomic_write_bytes(self.path / EXAMPLES, text.encode())
+            if int(previous.get("format", 1)) < FORMAT:  # its probes carry no sha256: keep it format 1
+                metadata["format"] = previous.get("format", 1)
+        metadata.setdefault("format", FORMAT)
+        metadata.setdefault("files", {})
+        metadata.setdefault("pending", {})
         self.metadata, self.wrote = metadata, True
-        return metadata
+        text = "".join(json.dumps(e.to_json()) + "\n" for e in examples)
+        self._write_recorded("examples", {EXAMPLES: text.encode()}, self.metadata["files"])
+        return self.metadata
 
-    def write_metadata(self, metadata: dict) -> None:
-        atomic_write_json(self.path / METADATA, metadata)
-
-    def write_json(self, name: str, payload: dict) -> None:
-        atomic_write_json(self.path / name, payload)
-
-    def save_probe(self, name: str, frames: dict[str, pl.DataFrame]) -> None:
-        """A finished probe's frames, its per-example frame last (that one marks the probe done)."""
-        marker = f"{name}_by_example"
-        for frame_name, frame in frames.items():
-            if frame_name != marker:
-                atomic_write_parquet(self.path / f"{frame_name}.parquet", frame)
-        atomic_write_parquet(self.path / f"{marker}.parquet", frames[marker])
+    def save_probe(self, name: str, frames: dict[str, pl.DataFrame], record: dict) -> None:
+        """A finished probe's frames, then its record (``record`` plus each file's sha256)."""
+        self.metadata["probes"].pop(name, None)
+        files = {f"{frame_name}.parquet": frame for frame_name, frame in frames.items()}
+        entry = dict(record, files={})
+        self._write_recorded(name, files, entry["files"])
+        self.metadata["probes"][name] = entry
+        self._write_metadata()
         self.finished += 1
+
+    def write_summary(self, payload: dict) -> None:
+        """``effective_depth.json`` (not rewritten when it holds the same, verified content)."""
+        data = (json.dumps(payload, indent=2) + "\n").encode()
+        path = self.path / SUMMARY
+        import hashlib
+
+        digest = hashlib.sha256(data).hexdigest()
+        files = self.metadata.setdefault("files", {})
+        if files.get(SUMMARY) == digest and path.is_file() and not path.is_symlink() and sha256_file(path) == digest:
+            return
+        if not self.verifies:  # a format-1 run: the summary is rewritten as before, unrecorded
+            atomic_write_bytes(path, data, _KEPT)
+            return
+        self._write_recorded("summary", {SUMMARY: data}, files)
 
     def read_metadata_or_fail(self) -> dict:
         metadata = read_metadata(self.path)
@@ -298,17 +383,35 @@ class RunDirectory:
     def _read(self, name: str) -> pl.DataFrame:
         return read_cached_frame(self.path / name)
 
+    def check_files(self, metadata: dict) -> None:
+        """Every file the metadata records has its recorded sha256 (format 2), else one line."""
+        if int(metadata.get("format", 1)) < FORMAT:
+            return
+        records = dict(metadata.get("files", {}))
+        for entry in metadata.get("probes", {}).values():
+            records.update((entry or {}).get("files", {}))
+        records.pop(SUMMARY, None)  # derived: rewritten from the probes on every run
+        bad = verified_files(self.path, records)
+        if bad is not None:
+            raise EffdepthError(
+                f"the cached probe files in {self.path} do not match its metadata ({bad} is damaged: its sha256 "
+                "differs from the one effdepth recorded when writing it); delete the directory's effdepth files, or "
+                "rerun with --overwrite into a new --out"
+            )
+
     def read_probes(self, metadata: dict) -> tuple[dict[str, pl.DataFrame], dict[str, pl.DataFrame]]:
         """Per-example frames and saved frames (derived ones included) of every probe the run's
-        metadata records as finished (a file of a probe's name that no run wrote is not read)."""
+        metadata records as finished (a file of a probe's name that no run wrote is not read),
+        after checking each file's sha256."""
+        self.check_files(metadata)
         recorded = metadata.get("probes", {})
         done = [p for p in self.probes if p in recorded and (self.path / f"{p}_by_example.parquet").is_file()]
         per_example = {p: self._read(f"{p}_by_example.parquet") for p in done}
-        saved = {p: self._read(f"{p}.parquet") for p in done}
-        for probe, derived in DERIVED.items():
-            for name in derived:
-                if probe in done and (self.path / f"{name}.parquet").is_file():
-                    saved[name] = self._read(f"{name}.parquet")
+        saved = {}
+        for probe in done:
+            for frame in self.frames[probe]:
+                if frame != f"{probe}_by_example" and (self.path / f"{frame}.parquet").is_file():
+                    saved[frame] = self._read(f"{frame}.parquet")
         return per_example, saved
 
     def discard_if_empty(self) -> None:
@@ -323,11 +426,9 @@ class RunDirectory:
 
     def release(self) -> None:
         """Drop the lock (the lock file goes with it)."""
-        if self._lock is None:
-            return
-        (self.path / LOCK_NAME).unlink(missing_ok=True)  # while still holding it
-        os.close(self._lock)
-        self._lock = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def abandon(self) -> None:
         """After a failure before anything was written: release, and remove the directories this

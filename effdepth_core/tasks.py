@@ -13,7 +13,8 @@ from pathlib import Path
 
 from .errors import TaskError
 
-TASKS = ("gsm8k", "hellaswag", "aime24", "math", "addition", "multiplication")
+ARITHMETIC = ("addition", "multiplication")  # generated tasks, sized by --digits
+TASKS = ("gsm8k", "hellaswag", "aime24", "math", *ARITHMETIC)
 AIME_MAX_TOKENS = 400
 
 _REASON_HEADER = (
@@ -261,7 +262,7 @@ def load_task(
     is_file = name not in TASKS
     if is_file:
         pool = _jsonl(path)
-    elif name in ("addition", "multiplication"):
+    elif name in ARITHMETIC:
         return _arithmetic("+" if name == "addition" else "*", n, digits, rng)
     elif name == "gsm8k":
         pool = _gsm8k(source)

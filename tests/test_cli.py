@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 from conftest import save_tiny_dir
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from effdepth_core import results
+from effdepth_core import registry
 from effdepth_core.cli import main
 
 
@@ -64,18 +65,19 @@ def test_run_writes_the_contract_files(tiny_dir, tmp_path, capsys):
 def test_rerun_reuses_and_interrupted_run_resumes(tiny_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "resume"
     calls: list[str] = []
-    original = dict(results.PROBES)
+    specs = registry.specs()
 
     def counting(name):
         def compute(*args):
             calls.append(name)
             if name == "logit_lens" and calls.count(name) == 1:
                 raise KeyboardInterrupt  # the user presses Ctrl-C during the lens
-            return original[name].compute(*args)
+            return specs[name].compute(*args)
 
-        return results.Probe(compute, original[name].aggregate)
+        return dataclasses.replace(specs[name], compute=compute)
 
-    monkeypatch.setattr(results, "PROBES", {name: counting(name) for name in original})
+    for name in specs:
+        monkeypatch.setitem(registry._all(), name, counting(name))
     argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "2", "--out", str(out), "--no-progress"]
     code, _, err = _run(capsys, *argv)
     assert code == 130 and "interrupted" in err

@@ -6,7 +6,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from effdepth_core.depth import ed_cosine, ed_kl, ed_overlap, effective_depth
+from effdepth_core.probes import effective_depth
+from effdepth_core.probes.logit_lens import ed_kl, ed_overlap
+from effdepth_core.probes.residual import ed_cosine
 
 
 def test_cosine_takes_the_last_negative_to_nonnegative_crossing():

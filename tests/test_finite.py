@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import polars as pl
 import pytest
 import torch
 from conftest import char_tokenizer, make_tiny, random_prompts
 
-from effdepth_core import results
+from effdepth_core import registry, results
 from effdepth_core.errors import NonFiniteActivationError
 from effdepth_core.models import wrap_model
 from effdepth_core.probes import erasure_map, integrated_gradients, logit_lens, residual_cosine, skip_effects
@@ -54,13 +56,13 @@ def test_a_broken_final_norm_is_named(probe):
 def test_nothing_non_finite_is_cached(tmp_path, monkeypatch):
     loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
     examples = [Example("1 + 2 =", " 3", {"task": "addition"})]
-    original = results.PROBES["cosine"]
+    original = registry.get("cosine")
 
     def with_a_nan(*args):
         frame = original.compute(*args)
         return frame.with_columns(pl.when(pl.col("layer") == 2).then(float("nan")).otherwise("value").alias("value"))
 
-    monkeypatch.setitem(results.PROBES, "cosine", results.Probe(with_a_nan, original.aggregate))
+    monkeypatch.setitem(registry._all(), "cosine", dataclasses.replace(original, compute=with_a_nan))
     settings = results.RunSettings(model="tiny", task="addition", n=1, progress=False)
     with pytest.raises(NonFiniteActivationError, match="cosine probe produced 6 NaN"):
         results.run(settings, ["cosine"], tmp_path / "run", loaded=loaded, examples=examples)

@@ -5,7 +5,6 @@ tolerance are in the frame, and every miss is named in one warning."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 from conftest import make_tiny, random_prompts
 
-from effdepth_core import results
+from effdepth_core import registry
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
 from effdepth_core.probes import integrated_gradients
@@ -311,8 +310,8 @@ def test_the_new_settings_keep_old_cache_keys(monkeypatch):
     assert RunSettings("m", "addition", igrad_max_steps=1024).key() != key
     # a version without these settings hashed the other fields only: at the defaults, the same key
     older = {"igrad_tol", "igrad_max_steps"}
-    monkeypatch.setattr(results, "asdict", lambda s: {k: v for k, v in dataclasses.asdict(s).items() if k not in older})
-    monkeypatch.setattr(results, "_KEY_OPTIONAL", {k: v for k, v in results._KEY_OPTIONAL.items() if k not in older})
+    options = registry.options()
+    monkeypatch.setattr(registry, "options", lambda: {k: v for k, v in options.items() if k not in older})
     assert default.key() == key
 
 

@@ -25,7 +25,7 @@ from effdepth_core.probes import (
     train_tuned_lens,
 )
 from effdepth_core.probes.tuned_lens import LensTraining
-from effdepth_core.results import PROBES
+from effdepth_core.registry import BUILTIN as PROBES
 
 TOP_K = 5
 LENS_TRAINING = LensTraining(train_tokens=120, heldout_tokens=60, steps=4, batch_tokens=32, lr=1e-3)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from effdepth_core import results
+from effdepth_core import registry, results
 from effdepth_core.cli import main
 from effdepth_core.results import RunSettings, default_out_dir
 from effdepth_core.rundir import LOCK_NAME, RunDirectory
@@ -88,7 +88,7 @@ def test_default_directories_differ_whenever_the_numbers_could(tmp_path):
 
 def test_a_directory_being_written_is_refused(tiny_dir, tmp_path, capsys):
     out = tmp_path / "busy"
-    held = RunDirectory.open(out, "key", {}, tuple(results.PROBES), overwrite=False)  # another run holds it
+    held = RunDirectory.open(out, "key", {}, registry.frames(), overwrite=False)  # another run holds it
     try:
         code, err = _run(capsys, "run", "--model", str(tiny_dir), "--task", "addition", "--out", str(out))
         assert code == 2 and "being written by another effdepth run" in err
@@ -181,6 +181,7 @@ def test_skip_variants_other_than_the_default_run_without_a_depth_score(tiny_dir
 
 def test_a_tilde_in_out_means_home(tiny_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))  # the model's fingerprints go to effdepth's cache
     (tmp_path / "home").mkdir()
     argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "1", "--out", "~/efd", "--no-progress"]
     assert _run(capsys, *argv)[0] == 0

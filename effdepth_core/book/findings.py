@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
-from ..labels import RULE_LABELS, format_ed
+from ..labels import format_ed
+from .reference import RULE_LABELS
 
 TASK_ORDER = ("hellaswag", "gsm8k", "aime24")  # the paper's difficulty order
 TASK_NAMES = {"hellaswag": "HellaSwag", "gsm8k": "GSM8K", "aime24": "AIME24"}

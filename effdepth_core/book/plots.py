@@ -20,9 +20,8 @@ from collections.abc import Sequence
 import altair as alt
 import polars as pl
 
-from ..labels import RULE_LABELS
 from ..probes import skip_summary, token_weighted_mean
-from .reference import OURS, PAPER
+from .reference import OURS, PAPER, RULE_LABELS
 
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 PALETTE = ["#1f6f8b", "#e07a1f", "#4c9a2a", "#b23a48", "#7a5195", "#8c8c8c"]

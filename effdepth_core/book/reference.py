@@ -8,7 +8,22 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..labels import RULE_LABELS, format_ed
+from .. import registry
+from ..labels import format_ed
+
+# The paper's three ED rules (its Table 1), in its order, and the tuned-lens rules the fourth section
+# adds: which rules the book reports is the book's choice (the registry has every probe's rules).
+PAPER_RULES = ("cosine", "logit_lens_kl", "logit_lens_overlap")
+TUNED_RULES = ("tuned_lens_kl", "tuned_lens_overlap")
+
+
+def _labels(keys: tuple[str, ...]) -> dict[str, str]:
+    rules = registry.rules()
+    return {key: rules[key][1].label for key in keys}
+
+
+RULE_LABELS = _labels(PAPER_RULES)  # rule key → label, the paper's rules
+TUNED_RULE_LABELS = _labels(TUNED_RULES)
 
 PAPER = "paper (bf16 hub weights)"
 OURS = "ours (quantized GGUF, fp32)"

@@ -9,30 +9,22 @@ on an offline machine) is recorded with its reason instead of failing the whole 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
-from ..errors import EffdepthError
-from ..labels import RULE_LABELS, TUNED_RULE_LABELS
-from ..models import LoadedModel, load_model, needs_download, quiet_libraries
+from .. import registry
 from ..probes import rule_comparison
-from ..results import (
-    DEFAULT_PROBES,
-    PROBES,
-    MapSettings,
-    RunResult,
-    RunSettings,
-    default_out_dir,
-    parse_probes,
-    run,
-    run_map,
-)
+from ..errors import EffdepthError
+from ..models import LoadedModel, load_model, needs_download, quiet_libraries
+from ..results import RunResult, run, run_map
 from ..rundir import is_complete
+from ..settings import MapSettings, RunSettings, default_out_dir, parse_probes, setting_names
+from .reference import RULE_LABELS, TUNED_RULE_LABELS
 
 RULES = RULE_LABELS
-_SETTING_NAMES = {f.name for f in fields(RunSettings)} - {"model", "task"}
+_SETTING_NAMES = set(setting_names())
 _SPEC_ONLY = {"task", "probes", "label"}
 
 
@@ -250,7 +242,7 @@ def run_study(
         records = []
         for spec in (specs_by_model or {}).get(model, specs):
             settings = task_settings(model, spec, defaults)
-            probes = parse_probes(spec.get("probes", DEFAULT_PROBES), settings.lens)
+            probes = parse_probes(spec.get("probes", registry.DEFAULT), settings)
             records.append(RunRecord(model, task_label(spec), settings, probes))
         loaded: LoadedModel | None = None
         for record in records:
@@ -309,7 +301,6 @@ def map_study(pair: Mapping, defaults: Mapping | None, results_dir: str | Path, 
 
 
 __all__ = [
-    "PROBES",
     "RULES",
     "RunRecord",
     "Study",

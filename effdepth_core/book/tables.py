@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 import polars as pl
 from great_tables import GT, loc, style
 
-from ..labels import CELL_LEGEND, RULE_LABELS, TUNED_RULE_LABELS, format_ed
+from ..labels import CELL_LEGEND, format_ed
 from .findings import TASK_NAMES, TASK_ORDER
-from .reference import OURS, PAPER
+from .reference import OURS, PAPER, RULE_LABELS, TUNED_RULE_LABELS
 
 HIGHLIGHT = "#fff3cd"
 # our model → the paper's model of the same architecture (both Qwen2.5, 28 layers, 12/2 heads)

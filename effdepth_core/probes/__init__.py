@@ -1,7 +1,9 @@
-"""Probes: each a function (LoadedModel, prompts or examples, ...) -> long-format Polars frame."""
+"""Probes: each a function (LoadedModel, prompts or examples, ...) -> long-format Polars frame,
+declared with its spec (``spec.ProbeSpec``) in the same module; ``effdepth_core.registry`` collects them."""
 
 from .depth_score import depth_score, depth_scores
 from .early_exit import early_exit, early_exit_summary
+from .effective import effective_depth
 from .erasure import erasure_map, residual_means
 from .igrad import integrated_gradients
 from .linear_map import cross_model_map
@@ -21,6 +23,7 @@ __all__ = [
     "depth_scores",
     "early_exit",
     "early_exit_summary",
+    "effective_depth",
     "erasure_map",
     "integrated_gradients",
     "layer_pruning",

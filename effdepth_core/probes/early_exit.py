@@ -16,7 +16,10 @@ from ..models import LoadedModel
 from ..replay import clean_run
 from ..trace import require_finite
 from .answers import AnswerInput, answer_splits
+from .logit_lens import LENS
 from .reduce import token_weighted_mean
+from .spec import Context, ProbeSpec
+from .tuned_lens import LENS_STEPS, LENS_TOKENS, lens_identity, run_tuned_lens
 
 if TYPE_CHECKING:
     from .tuned_lens import TunedLens
@@ -51,7 +54,10 @@ def early_exit(
                 nll, correct = [], []
                 for s in range(0, run.n_tokens, chunk):
                     logits = loaded.head(hidden[s : s + chunk]).float()  # [rows, vocab]
-                    require_finite(logits, f"the early-exit decode of layer {layer}'s input", loaded.name)
+                    what = (
+                        "early-exit decode (final norm + LM head)" if lens is None else "early-exit tuned-lens decode"
+                    )
+                    require_finite(logits, f"the {what} of layer {layer}'s input", loaded.name)
                     top = logits.argmax(-1)
                     agree += (top == final_top[s : s + chunk]).sum()
                     rows_measured = measured[s : s + chunk].to(logits.device)
@@ -71,3 +77,45 @@ def early_exit(
 def early_exit_summary(per_example: pl.DataFrame) -> pl.DataFrame:
     """Token-weighted means over prompts per (lens, layer, metric) — ``lens`` where the frame has it."""
     return token_weighted_mean(per_example, [c for c in ("lens", "layer", "metric") if c in per_example.columns])
+
+
+def _lenses(settings) -> list[str]:
+    return [name for name in ("logit", "tuned") if settings.lens in (name, "both")]
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
+    frames = []
+    for lens_name in _lenses(context.settings):
+        lens = run_tuned_lens(loaded, context) if lens_name == "tuned" else None
+        frame = early_exit(loaded, examples, lens=lens, progress=context.progress)
+        frames.append(frame.with_columns(lens=pl.lit(lens_name)))
+    return pl.concat(frames)
+
+
+def _identity(loaded: LoadedModel, context: Context) -> dict:
+    return lens_identity(loaded, context) if "tuned" in _lenses(context.settings) else {}
+
+
+def _cell(summary, frames) -> str:
+    saved = frames.get("early_exit")
+    if saved is None or saved.is_empty():
+        return "—"
+    agree = saved.filter(metric="agreement").sort("layer")
+    first = agree.filter(pl.col("value") >= 0.5)
+    lens = agree["lens"][0] if "lens" in agree.columns else "logit"
+    where = f"top-1 agrees on half the tokens from layer {first['layer'][0]}" if first.height else "never agrees"
+    return f"{where} ({lens} lens)"
+
+
+SPEC = ProbeSpec(
+    name="early_exit",
+    title="early exit",
+    compute=_compute,
+    options=(LENS, LENS_STEPS, LENS_TOKENS),
+    aggregate=early_exit_summary,
+    cell=_cell,
+    needs_answers=True,
+    reusable=True,
+    identity=_identity,
+    description="decode every layer as if the model stopped there: agreement, answer NLL and accuracy (§7b)",
+)

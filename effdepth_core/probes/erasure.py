@@ -30,6 +30,7 @@ from ..trace import (
 )
 from .answers import AnswerInput, AnswerSplit, answer_splits
 from .output_change import head_buffer, output_change
+from .spec import Chart, Context, ProbeSpec
 
 
 def residual_means(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], batch_size: int = 4) -> torch.Tensor:
@@ -50,7 +51,13 @@ def residual_means(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], b
     return (sums / count).float()
 
 
-def _map_fast(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int) -> torch.Tensor:
+def _no_step(done: int) -> None:
+    pass
+
+
+def _map_fast(
+    loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int, step=_no_step
+) -> torch.Tensor:
     """The ``[layer 0..L, position]`` map by prefix reuse: erasing h_l[t] leaves positions < t
     unchanged at every layer, so per position t the erasures at every layer l are batch rows that
     join at their layer and replay positions t..last only, against the clean run's cached keys and
@@ -59,7 +66,7 @@ def _map_fast(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, 
     last = split.measured.stop - 1  # the last position whose distribution is measured
     run = clean_run(loaded, split.ids[: last + 1])
     if not run.reuses_prefixes:
-        return _map_rows(loaded, split, baselines, max_rows, run)
+        return _map_rows(loaded, split, baselines, max_rows, run, step)
     measure, n_layers = split.measured, loaded.n_layers
     effects = torch.zeros(n_layers + 1, split.n_tokens)  # [layer 0..L, position]
     buffer = head_buffer(loaded)
@@ -82,11 +89,12 @@ def _map_fast(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, 
                     loaded, clean_probs[first - measure.start :], hidden[:, first - t :], buffer=buffer
                 )
                 effects[low:high, t] = changed
+                step(high - low)
     return effects
 
 
 def _map_rows(
-    loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int, run: CleanRun
+    loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int, run: CleanRun, step=_no_step
 ) -> torch.Tensor:
     """Without cached keys/values (an attention kernel that takes no mask): per layer, all
     positions as batch rows replayed from that layer on over the whole prompt."""
@@ -104,10 +112,11 @@ def _map_rows(
                 hidden[torch.arange(len(positions)), positions] = base
                 final = run_layers(loaded, run, layer, hidden)
                 effects[layer, positions] = output_change(loaded, clean_probs, final[:, measure], buffer=buffer)
+                step(len(positions))
     return effects
 
 
-def _map_slow(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor) -> torch.Tensor:
+def _map_slow(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, step=_no_step) -> torch.Tensor:
     """The oracle: one full forward pass per (layer, position), the residual replaced through a hook
     on the input of layer l (l < L) or the output of the last layer (l = L)."""
     measure = split.measured
@@ -127,6 +136,7 @@ def _map_slow(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor) 
                 logits = loaded.model(input_ids=input_ids, use_cache=False).logits[0, measure]
             probs = torch.softmax(logits.float(), dim=-1)
             effects[layer, position] = (probs - clean_probs).norm(dim=-1).amax().cpu()
+            step(1)
     return effects
 
 
@@ -153,18 +163,18 @@ def erasure_map(
     if tuple(baselines.shape) != (loaded.n_layers + 1, loaded.d_model):
         raise ValueError(f"baselines must be [{loaded.n_layers + 1}, {loaded.d_model}], got {tuple(baselines.shape)}")
     frames = []
-    with tqdm(total=len(splits), desc=f"erasure ({method})", unit="prompt", disable=not progress) as bar:
+    sites = [(loaded.n_layers + 1) * (s.measured.stop if method == "fast" else s.n_tokens) for s in splits]
+    with tqdm(total=sum(sites), desc=f"erasure ({method})", unit="intervention", disable=not progress) as bar:
         for example, split in enumerate(splits):
             effects = (
-                _map_fast(loaded, split, baselines, max_rows)
+                _map_fast(loaded, split, baselines, max_rows, bar.update)
                 if method == "fast"
-                else _map_slow(loaded, split, baselines)
+                else _map_slow(loaded, split, baselines, bar.update)
             )
             for layer in range(effects.shape[0]):
                 where = f"the effect of erasing layer {layer}'s residual (prompt {example})"
                 require_finite(effects[layer], where, loaded.name)
             frames.append(_frame(loaded, example, split, effects))
-            bar.update(1)
     return pl.concat(frames)
 
 
@@ -194,3 +204,28 @@ def _frame(loaded: LoadedModel, example: int, split: AnswerSplit, effects: torch
             "value": pl.Float64,
         },
     )
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
+    return erasure_map(loaded, examples, method=context.settings.method, progress=context.progress)
+
+
+def _cell(summary, frames) -> str:
+    saved = frames.get("erasure")
+    if saved is None or saved.is_empty():
+        return "—"
+    by_layer = saved.group_by("layer").agg(pl.col("value").max()).sort("value", descending=True)
+    top = by_layer.row(0, named=True)
+    return f"largest effect {top['value']:.2f} (erasing at layer {top['layer']})"
+
+
+SPEC = ProbeSpec(
+    name="erasure",
+    title="residual erasure",
+    compute=_compute,
+    cell=_cell,
+    charts=(Chart("erasure", "erasure_heatmap", "erasure_by_example"),),
+    unit="intervention",
+    needs_answers=True,
+    description="the (L+1)×T map of how erasing one residual (the data set's mean) changes the answer (§4)",
+)

@@ -35,11 +35,12 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
-from ..errors import EffdepthWarning
+from ..errors import EffdepthError, EffdepthWarning
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layers
 from ..trace import Hook, intervene, require_finite
 from .answers import AnswerInput, AnswerSplit, answer_splits
+from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec
 
 BASELINES = ("position-mean", "hidden-mean")
 QUADRATURES = ("riemann", "gauss", "adaptive")
@@ -376,3 +377,107 @@ def integrated_gradients(
         )
     schema = {"example": pl.Int64, "layer": pl.Int64, "position": pl.Int64, "metric": pl.String, "value": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
+
+
+# --- the probe -------------------------------------------------------------------------------
+
+IGRAD_STEPS = Option(
+    "igrad_steps", 128, "quadrature nodes or adaptive budget (igrad)", type=int, minimum=1, key=KEY_ALWAYS
+)
+IGRAD_QUADRATURE = Option(
+    "igrad_quadrature", "adaptive", "the α quadrature (igrad)", choices=("adaptive", "riemann", "gauss"), key=KEY_ALWAYS
+)
+IGRAD_BASELINE = Option(
+    "igrad_baseline",
+    "position-mean",
+    "the baseline: the layer's output averaged over positions, or over the hidden dimension (the paper's code)",
+    choices=BASELINES,
+    key=KEY_ALWAYS,
+)
+IGRAD_TOL = Option(
+    "igrad_tol",
+    DEFAULT_TOLERANCE,
+    "completeness tolerance per layer, a share of the target change (igrad; 0.01 = 1 %)",
+    type=float,
+    minimum=0,
+    maximum=1,
+    open_interval=True,
+)
+IGRAD_MAX_STEPS = Option(
+    "igrad_max_steps",
+    None,
+    "cap on the adaptive rule's gradient evaluations per layer (igrad; default 8 × --igrad-steps)",
+    type=int,
+    minimum=1,
+)
+
+
+def _check(settings, facts) -> None:
+    if settings.igrad_quadrature == "adaptive":
+        if settings.igrad_steps < _PANEL_ORDER:
+            raise EffdepthError(
+                f"--igrad-steps {settings.igrad_steps} is too few for the adaptive quadrature "
+                f"(its panels have {_PANEL_ORDER} Gauss nodes; give at least {_PANEL_ORDER}, 128 by default)"
+            )
+        if settings.method == "slow":
+            raise EffdepthError(
+                "--slow has no adaptive quadrature; add --igrad-quadrature riemann (the paper's, 256 steps)"
+            )
+    if settings.igrad_max_steps is not None and settings.igrad_max_steps < settings.igrad_steps:
+        raise EffdepthError(
+            f"--igrad-max-steps {settings.igrad_max_steps} is below --igrad-steps {settings.igrad_steps}; "
+            "the cap must be at least the budget"
+        )
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
+    settings = context.settings
+    return integrated_gradients(
+        loaded,
+        examples,
+        steps=settings.igrad_steps,
+        quadrature=settings.igrad_quadrature,
+        baseline=settings.igrad_baseline,
+        method=settings.method,
+        progress=context.progress,
+        tolerance=settings.igrad_tol,
+        max_steps=settings.igrad_max_steps,
+    )
+
+
+def _outdated(record, settings) -> str | None:
+    """Revision 2: the adaptive rule stops on a completeness tolerance (grad_evals, tolerance_met);
+    the fixed rules' numbers did not change."""
+    if settings.igrad_quadrature == "adaptive" and int(record.get("revision", 1)) < 2:
+        return (
+            "come from the earlier adaptive rule (a fixed budget of --igrad-steps, no completeness tolerance); "
+            "rerun into a new --out to apply the tolerance"
+        )
+    return None
+
+
+def _cell(summary, frames) -> str:
+    saved = frames.get("igrad")
+    if saved is None or saved.is_empty():
+        return "—"
+    per_layer = saved.filter(metric="attribution").group_by("layer").agg(pl.col("value").abs().sum())
+    top = per_layer.sort("value", descending=True).row(0, named=True)
+    met = saved.filter(metric="tolerance_met")["value"]
+    return f"most attribution at layer {top['layer']}; tolerance met in {int(met.sum())}/{met.len()} layers"
+
+
+SPEC = ProbeSpec(
+    name="igrad",
+    title="integrated gradients",
+    compute=_compute,
+    options=(IGRAD_STEPS, IGRAD_QUADRATURE, IGRAD_BASELINE, IGRAD_TOL, IGRAD_MAX_STEPS),
+    cell=_cell,
+    charts=(Chart("igrad", "attribution_heatmap", "igrad_by_example"),),
+    unit="layer",
+    needs_answers=True,
+    reusable=True,
+    check=_check,
+    revision=2,
+    outdated=_outdated,
+    description="per-layer integrated gradients towards the answer tokens, to a completeness tolerance (§5)",
+)

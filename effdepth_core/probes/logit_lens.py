@@ -3,9 +3,10 @@ a tuned lens (method.md §7a), each layer's residual is translated first."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 import torch
 from tqdm import tqdm
@@ -13,7 +14,8 @@ from tqdm import tqdm
 from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..trace import Batch, LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
-from .reduce import per_example_frame
+from .reduce import per_example_frame, token_weighted_mean
+from .spec import KEY_ALWAYS, KEY_NEVER, Chart, Context, Option, ProbeSpec, Rule
 
 if TYPE_CHECKING:
     from .tuned_lens import TunedLens
@@ -144,3 +146,103 @@ def logit_lens(
             sums[batch.examples] = _batch_sums(loaded, batch, top_k, buffers, lens)
             bar.update(len(batch.examples))
     return per_example_frame(sums, counts, LENS_METRICS)
+
+
+# --- effective depth from the lens (method.md §2) ----------------------------------------------
+
+KL_FRACTION = 0.5
+OVERLAP_THRESHOLD = 0.3
+LENSES = ("logit", "tuned", "both")  # --lens: which lens the lens probe and early exit decode with
+
+
+def ed_kl(kl: np.ndarray, fraction: float = KL_FRACTION) -> int | None:
+    """First l in 0..L-2 with kl[l] < fraction · max kl (max over layers 0..L-1)."""
+    kl = np.asarray(kl, dtype=float)
+    below = np.flatnonzero(kl[:-1] < fraction * kl.max())
+    return int(below[0]) if below.size else None
+
+
+def ed_overlap(overlap: np.ndarray, threshold: float = OVERLAP_THRESHOLD) -> int | None:
+    """First l in 0..L-2 with overlap[l] > threshold."""
+    above = np.flatnonzero(np.asarray(overlap, dtype=float)[:-1] > threshold)
+    return int(above[0]) if above.size else None
+
+
+def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
+    """The two lens rules for a lens probe: ``<prefix>_kl`` and ``<prefix>_overlap``."""
+
+    def kl(curves: Mapping[str, np.ndarray], settings) -> int | None:
+        return ed_kl(curves["kl"], settings.kl_fraction)
+
+    def overlap(curves: Mapping[str, np.ndarray], settings) -> int | None:
+        return ed_overlap(curves["overlap"], settings.overlap_threshold)
+
+    return (
+        Rule(
+            f"{prefix}_kl", f"{label} KL", ("kl",), kl, lambda s: f"KL never falls below {s.kl_fraction} of its maximum"
+        ),
+        Rule(
+            f"{prefix}_overlap",
+            f"{label} overlap",
+            ("overlap",),
+            overlap,
+            lambda s: f"top-k overlap never exceeds {s.overlap_threshold}",
+        ),
+    )
+
+
+TOP_K = Option(
+    "top_k", 5, "logit-lens overlap k (the final top-k tokens compared)", type=int, minimum=1, key=KEY_ALWAYS
+)
+KL_FRACTION_OPTION = Option(
+    "kl_fraction",
+    KL_FRACTION,
+    "the lens-KL rule's fraction of the maximum KL",
+    type=float,
+    minimum=0,
+    maximum=1,
+    open_interval=True,
+    key=KEY_NEVER,
+)
+OVERLAP_THRESHOLD_OPTION = Option(
+    "overlap_threshold",
+    OVERLAP_THRESHOLD,
+    "the lens-overlap rule's threshold",
+    type=float,
+    minimum=0,
+    maximum=1,
+    open_interval=True,
+    key=KEY_NEVER,
+)
+LENS = Option("lens", "logit", "the lens of logit_lens and early_exit: logit, tuned or both", choices=LENSES)
+
+
+def check_top_k(settings, facts: Mapping) -> None:
+    vocab = facts.get("vocab_size")
+    if vocab is not None and settings.top_k > vocab:
+        raise EffdepthError(f"--top-k {settings.top_k} exceeds the vocabulary of {settings.model} ({vocab})")
+
+
+def _expand(settings) -> tuple[str, ...]:
+    return {"logit": ("logit_lens",), "tuned": ("tuned_lens",), "both": ("logit_lens", "tuned_lens")}[settings.lens]
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
+    settings = context.settings
+    prompts = [getattr(e, "prompt", e) for e in examples]
+    return logit_lens(loaded, prompts, top_k=settings.top_k, batch_size=settings.batch_size, progress=context.progress)
+
+
+SPEC = ProbeSpec(
+    name="logit_lens",
+    title="logit lens",
+    compute=_compute,
+    options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, LENS),
+    aggregate=token_weighted_mean,
+    rules=lens_rules("logit_lens", "lens"),
+    charts=(Chart("lens", "lens_curves", "logit_lens"),),
+    reusable=True,
+    check=check_top_k,
+    expand=_expand,
+    description="each layer's residual decoded by the final norm and head: KL to the output, top-k overlap (§2)",
+)

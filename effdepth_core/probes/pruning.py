@@ -29,6 +29,7 @@ from ..replay import CleanRun, clean_run, run_layer
 from ..trace import require_finite, tokenize
 from .answers import AnswerInput, AnswerSplit, answer_splits
 from .reduce import token_weighted_mean
+from .spec import Context, Option, ProbeSpec
 
 PRUNE_METRICS = ("answer_nll", "answer_accuracy")
 SCHEMA = {
@@ -136,9 +137,11 @@ def layer_pruning(
     sets += [("block", k, s, tuple(range(s, s + k))) for k in sizes for s in range(n_layers - k + 1)]
     sets += [("shortgpt", k, None, tuple(sorted(least[:k]))) for k in sizes]
     pairs = list(zip(runs, splits, strict=True))
-    for example, (run, split) in enumerate(tqdm(pairs, desc="pruning", disable=not progress)):
+    bar = tqdm(total=len(pairs) * len(sets), desc="pruning", unit="removal", disable=not progress)
+    for example, (run, split) in enumerate(pairs):
         for first in range(0, len(sets), max_rows):
             chunk = sets[first : first + max_rows]
+            bar.update(len(chunk))
             final = pruned_final(loaded, run, [s[3] for s in chunk])
             require_finite(final, "a pruned model's last residual", loaded.name)
             nll, accuracy = answer_scores(loaded, final, split)
@@ -147,6 +150,7 @@ def layer_pruning(
                 names = ",".join(map(str, removed))
                 rows.append((example, rule, k, start, names, "answer_nll", n, split.n_answer))
                 rows.append((example, rule, k, start, names, "answer_accuracy", a, split.n_answer))
+    bar.close()
     return pl.DataFrame(rows, schema=SCHEMA, orient="row")
 
 
@@ -195,3 +199,80 @@ def rule_comparison(summary: pl.DataFrame, eds: dict[str, int | None], n_layers:
         "answer_accuracy": pl.Float64,
     }
     return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+# --- the probe -------------------------------------------------------------------------------
+
+PRUNE_CALIBRATION_TEXTS = 32  # lens-corpus texts (~2,500 tokens) that block influence and angles are measured on
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(k) for k in str(text).split(",") if k.strip()]
+
+
+def _normalize_sizes(text: str) -> str:
+    """One spelling per set of sizes ("2,1", "1,,2" → "1,2"); anything else is left for the check."""
+    names = [k.strip() for k in str(text).split(",") if k.strip()]
+    if all(k.isdigit() for k in names):
+        return ",".join(str(k) for k in sorted({int(k) for k in names}))
+    return str(text)
+
+
+def _check_sizes(text: str) -> str | None:
+    names = [k.strip() for k in str(text).split(",") if k.strip()]
+    if not all(k.isdigit() and int(k) >= 1 for k in names):
+        return f"must be whole numbers of at least 1, got {text!r}"
+    return None
+
+
+PRUNE_SIZES = Option(
+    "prune_sizes",
+    "",
+    "pruned block sizes k, comma list (default 1,2,4,ceil(L/4))",
+    normalize=_normalize_sizes,
+    check_value=_check_sizes,
+)
+
+
+def _check(settings, facts) -> None:
+    n_layers = facts.get("n_layers")
+    if n_layers is not None and any(k >= n_layers for k in _sizes(settings.prune_sizes)):
+        raise EffdepthError(
+            f"--prune-sizes {settings.prune_sizes} must stay below the model's {n_layers} layers "
+            "(removing every layer leaves no model)"
+        )
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
+    from ..tasks import lens_corpus
+
+    # the rules choose layers on calibration text (never probed), so the scored prompts stay held out
+    calibration = lens_corpus()[:PRUNE_CALIBRATION_TEXTS]
+    sizes = _sizes(context.settings.prune_sizes) or None
+    return layer_pruning(loaded, examples, block_sizes=sizes, calibration=calibration, progress=context.progress)
+
+
+def _cell(summary, frames) -> str:
+    saved = frames.get("prune")
+    if saved is None or saved.is_empty():
+        return "—"
+    single = saved.filter(rule="block", k=1, metric="delta_nll").sort("value")
+    if single.is_empty():
+        return "—"
+    best = single.row(0, named=True)
+    return f"cheapest single layer to remove: {best['start']} (ΔNLL {best['value']:+.2f})"
+
+
+SPEC = ProbeSpec(
+    name="prune",
+    title="layer pruning",
+    compute=_compute,
+    options=(PRUNE_SIZES,),
+    aggregate=prune_summary,
+    cell=_cell,
+    unit="removal",
+    needs_answers=True,
+    check=_check,
+    description="remove blocks of layers (every start; ShortGPT's least influential): the answer's NLL and "
+    "accuracy (§7b)",
+)

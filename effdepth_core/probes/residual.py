@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import polars as pl
 import torch
 from tqdm import tqdm
 
 from ..models import LoadedModel
 from ..trace import Batch, LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
-from .reduce import per_example_frame
+from .reduce import per_example_frame, token_weighted_mean
+from .spec import Chart, Context, ProbeSpec, Rule
 
 RESIDUAL_METRICS = ("cos_attn", "cos_mlp", "cos_layer", "rel_attn", "rel_mlp", "rel_layer")
+COSINE_PARTS = ("cos_attn", "cos_mlp", "cos_layer")  # the cosine rule averages these three
 _EPS = 1e-12
 
 
@@ -69,3 +72,39 @@ def residual_cosine(
             sums[batch.examples] = _batch_sums(loaded, batch)
             bar.update(len(batch.examples))
     return per_example_frame(sums, counts, RESIDUAL_METRICS)
+
+
+def ed_cosine(mean_cos: np.ndarray) -> int | None:
+    """Last l in 0..L-2 with c[l] < 0 and c[l+1] >= 0 (c: mean of the three cosines per layer; method.md §1)."""
+    c = np.asarray(mean_cos, dtype=float)
+    crossings = np.flatnonzero((c[:-1] < 0) & (c[1:] >= 0))
+    return int(crossings[-1]) if crossings.size else None
+
+
+def _cosine_rule(curves: Mapping[str, np.ndarray], settings) -> int | None:
+    return ed_cosine(np.mean([curves[name] for name in COSINE_PARTS], axis=0))
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
+    prompts = [getattr(e, "prompt", e) for e in examples]
+    return residual_cosine(loaded, prompts, batch_size=context.settings.batch_size, progress=context.progress)
+
+
+SPEC = ProbeSpec(
+    name="cosine",
+    title="residual cosine",
+    compute=_compute,
+    aggregate=token_weighted_mean,
+    rules=(
+        Rule(
+            "cosine",
+            "cosine",
+            COSINE_PARTS,
+            _cosine_rule,
+            lambda settings: "the mean cosine never crosses from negative to non-negative",
+        ),
+    ),
+    charts=(Chart("cosine", "contribution_bars", "cosine"),),
+    reusable=True,
+    description="cosine and relative norm of what attention, MLP and each layer write into the residual (§1)",
+)

@@ -23,7 +23,9 @@ from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layer, run_suffix_layer
 from ..trace import Hook, intervene, replace_positions, require_finite, tokenize
+from .depth_score import depth_scores
 from .output_change import head_buffer, output_change
+from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec
 
 SKIP_PARTS = ("layer", "attn", "mlp")
 VARIANTS = ("future", "current")
@@ -224,9 +226,11 @@ def skip_effects(
     method: str = "fast",
     max_rows: int = 16,
     progress: bool = False,
+    first_example: int = 0,
 ) -> pl.DataFrame:
     """Per prompt and intervention: effect of skipping a layer on every layer's contribution and on
-    the output distribution.
+    the output distribution. Prompt i is example ``first_example + i`` (positions are sampled per
+    (seed, example), so a run extended by more prompts samples the first ones as before).
 
     Long frame: ``example, variant, position, part, skipped_layer, layer, metric, value`` with
     metric ``layer_effect`` (``layer`` = the layer measured) or ``output_effect`` (``layer`` null).
@@ -250,11 +254,14 @@ def skip_effects(
             )
     n_layers = loaded.n_layers
     frames = []
-    with tqdm(total=len(token_lists), desc=f"skip ({method})", unit="prompt", disable=not progress) as bar:
-        for example, ids in enumerate(token_lists):
+    plans = []
+    for example, ids in enumerate(token_lists, start=first_example):
+        positions = sample_positions(ids.numel(), n_positions, seed, example)
+        plans.append((example, ids, positions, interventions_for(ids.numel(), n_layers, positions, parts, variants)))
+    total = sum(len(todo) for *_, todo in plans)
+    with tqdm(total=total, desc=f"skip ({method})", unit="intervention", disable=not progress) as bar:
+        for example, ids, positions, todo in plans:
             run = clean_run(loaded, ids)
-            positions = sample_positions(ids.numel(), n_positions, seed, example)
-            todo = interventions_for(ids.numel(), n_layers, positions, parts, variants)
             probs_cache: dict[tuple[int, int], torch.Tensor] = {}
             groups: dict[tuple, list[Intervention]] = {}
             for item in todo:
@@ -313,7 +320,7 @@ def skip_effects(
                 where = f"skipping {item.part} of layer {item.layer} ({item.variant} tokens) in prompt {example}"
                 require_finite(torch.cat([effects, output.view(1)]), f"the effect of {where}", loaded.name)
             frames.append(_frame(example, results, n_layers))
-            bar.update(1)
+            bar.update(len(todo))
     return pl.concat(frames)
 
 
@@ -362,3 +369,117 @@ def skip_summary(frame: pl.DataFrame) -> pl.DataFrame:
 
 def _chunks(items: list, size: int):
     return (items[start : start + size] for start in range(0, len(items), size))
+
+
+# --- the probe -------------------------------------------------------------------------------
+
+
+def _unknown(kind: str, known: tuple[str, ...]):
+    def check(value: str) -> str | None:
+        try:
+            check_skip_options(*((_names(value), VARIANTS) if kind == "part" else (SKIP_PARTS, _names(value))))
+        except EffdepthError as exc:
+            return f"names {exc}"
+        return None
+
+    return check
+
+
+SKIP_POSITIONS = Option(
+    "skip_positions", 4, "future-token positions per prompt (skip)", type=int, minimum=1, key=KEY_ALWAYS
+)
+SKIP_PARTS_OPTION = Option(
+    "skip_parts",
+    "layer,attn,mlp",
+    "what to skip: layer, attn, mlp (comma list)",
+    key=KEY_ALWAYS,
+    check_value=_unknown("part", SKIP_PARTS),
+)
+SKIP_VARIANTS = Option(
+    "skip_variants",
+    "future,current",
+    "future (tokens after a cut), current (all tokens)",
+    check_value=_unknown("variant", VARIANTS),
+)
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
+def group_label(example) -> str:
+    """Difficulty group of an example for the depth score: MATH level, operand digits, or task."""
+    meta = getattr(example, "meta", {}) or {}
+    if "level" in meta:
+        return f"level {meta['level']}"
+    if "digits" in meta:
+        return f"{meta['digits']} digits"
+    return str(meta.get("task", "all"))
+
+
+def _depth_score(skip: pl.DataFrame, examples: Sequence) -> pl.DataFrame | None:
+    """The depth score needs the future-token, whole-layer skips (None when they were not run)."""
+    if skip.filter(variant="future", part="layer", metric="output_effect").is_empty():
+        return None
+    return depth_scores(skip, {i: group_label(e) for i, e in enumerate(examples)})
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
+    settings = context.settings
+    frame = skip_effects(
+        loaded,
+        [getattr(e, "prompt", e) for e in examples],
+        n_positions=settings.skip_positions,
+        parts=_names(settings.skip_parts),
+        variants=_names(settings.skip_variants),
+        seed=settings.seed,
+        method=settings.method,
+        progress=context.progress,
+        first_example=context.first_example,
+    )
+    return frame.with_columns(pl.col("example") - context.first_example)  # the run numbers its examples
+
+
+def _summarize(frames) -> dict:
+    scores = frames.get("depth_score")
+    if scores is None:
+        return {}
+    rows = scores.filter(pl.col("example").is_null(), metric="depth_score")
+    return {"depth_score": {row["group"]: row["value"] for row in rows.iter_rows(named=True)}}
+
+
+def _cell(summary, frames) -> str:
+    scores = summary.get("depth_score") or {}
+    if scores:
+        return ", ".join(f"{g}: {v:.1f}" if v is not None else f"{g}: —" for g, v in scores.items())
+    saved = frames.get("skip")
+    if saved is None or saved.is_empty():
+        return "—"
+    top = saved.filter(metric="output_effect").sort("value", descending=True).row(0, named=True)
+    return f"largest output effect {top['value']:.2f} (skipping {top['part']} of layer {top['skipped_layer']})"
+
+
+def _variant(frame: pl.DataFrame) -> dict:
+    variants = set(frame["variant"].unique().to_list()) if "variant" in frame.columns else set()
+    return {"variant": "future" if "future" in variants or not variants else sorted(variants)[0]}
+
+
+SPEC = ProbeSpec(
+    name="skip",
+    title="layer skipping",
+    compute=_compute,
+    options=(SKIP_POSITIONS, SKIP_PARTS_OPTION, SKIP_VARIANTS),
+    aggregate=skip_summary,
+    derived={"depth_score": _depth_score},
+    summarize=_summarize,
+    cell=_cell,
+    cell_label="depth score",
+    charts=(
+        Chart("skip", "skip_heatmap", "skip", _variant),
+        Chart("skip-output", "output_effect_bars", "skip", _variant),
+    ),
+    unit="intervention",
+    reusable=True,
+    description="the effect of skipping a layer, its attention or MLP on later layers and the output (§3) and "
+    "the depth score (§6)",
+)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import time
 from collections.abc import Sequence
@@ -28,10 +27,14 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..cache import atomic_write, atomic_write_json, check_file, file_record
 from ..errors import EffdepthError
-from ..models import LoadedModel
+from ..models import LoadedModel, model_files_digest
 from ..trace import residual_states, tokenize
 from ..zoo import ZOO, cache_dir
+from .logit_lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
+from .reduce import token_weighted_mean
+from .spec import Context, Option, ProbeSpec
 
 LENS_FORMAT = 1  # bump when training changes, so older cached lenses are not reused
 
@@ -63,22 +66,21 @@ class TunedLens(nn.Module):
         return hidden + nn.functional.linear(hidden, weight, bias)
 
     def save(self, path: Path) -> None:
-        """Write atomically (a temporary name in the same folder, then a rename)."""
+        """Write atomically, then the record of its sha256 (``<file>.json``) that loads check it by."""
         from safetensors.torch import save_file
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.effdepth-tmp-{os.getpid()}")
         tensors = {"weight": self.weight.detach().float().cpu().contiguous(), "bias": self.bias.detach().float().cpu()}
-        try:
-            save_file(tensors, str(temporary), metadata={"effdepth_tuned_lens": json.dumps(self.info)})
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)  # only ever effdepth's own temporary
+        metadata = {"effdepth_tuned_lens": json.dumps(self.info)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata), "no lens was cached there")
+        atomic_write_json(record_path(path), {"format": LENS_FORMAT, **file_record(path)})
 
     @classmethod
     def load(cls, path: Path) -> TunedLens:
+        """Read a cached lens after checking it against the sha256 recorded when it was written."""
         from safetensors import safe_open
 
+        verify_lens_file(path)
         try:
             with safe_open(str(path), framework="pt") as handle:
                 info = json.loads((handle.metadata() or {})["effdepth_tuned_lens"])
@@ -95,6 +97,38 @@ class TunedLens(nn.Module):
             lens.weight.copy_(weight)
             lens.bias.copy_(bias)
         return lens
+
+
+def record_path(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def verify_lens_file(path: Path) -> str:
+    """The sha256 of a cached lens file, after checking it is the one effdepth wrote (its record's
+    sha256, re-hashed when its size, inode or times changed); one-line error otherwise."""
+    try:
+        record = json.loads(record_path(path).read_text())
+    except (OSError, ValueError):
+        record = None
+    state, fresh = check_file(path, record)
+    if state == "unrecorded":
+        raise EffdepthError(
+            f"the cached tuned lens {path} is damaged; delete it to train it again (it carries no effdepth record "
+            "of its sha256, so it cannot be verified: written by an older effdepth, or its record was removed)"
+        )
+    if state == "changed":
+        raise EffdepthError(
+            f"the cached tuned lens {path} is damaged; delete it to train it again (its sha256 differs from the "
+            "one effdepth recorded when writing it)"
+        )
+    if state == "missing":
+        raise EffdepthError(f"the cached tuned lens {path} is not a regular file; delete it to train it again")
+    if fresh != record:  # same content, new inode or times (a copy, a restore): remember the new fingerprint
+        try:
+            atomic_write_json(record_path(path), {**record, **fresh})
+        except EffdepthError:
+            pass
+    return fresh["sha256"]
 
 
 def _valid_info(info, n_layers: int) -> bool:
@@ -274,12 +308,8 @@ def model_identity(spec: str, loaded: LoadedModel) -> dict:
     if spec in ZOO:
         return {"alias": spec, "sha256": ZOO[spec].sha256}
     path = Path(spec).expanduser()
-    if path.is_file():
-        stat = path.stat()
-        return {"path": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime_ns}
-    if path.is_dir():  # every file of the folder (weights, config): a change to any is another model
-        files = sorted(p for p in path.iterdir() if p.is_file())
-        return {"path": str(path.resolve()), "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]}
+    if path.exists():  # every file of the model (weights, config): a change to any is another model
+        return {"path": str(path.resolve()), "files_sha256": model_files_digest(path)}
     return {"hub": spec, "revision": getattr(loaded.model.config, "_commit_hash", None)}
 
 
@@ -327,7 +357,7 @@ def cached_tuned_lens(
     training.check()
     texts = lens_corpus() if texts is None else texts
     path = tuned_lens_path(spec, loaded, training, corpus_digest(texts))
-    if path.exists() and not path.is_file():  # found before hours of training, not after
+    if path.is_symlink() or (path.exists() and not path.is_file()):  # found before hours of training, not after
         raise EffdepthError(f"the tuned-lens cache path {path} is not a file; move it away or set EFFDEPTH_CACHE")
     if path.is_file():
         lens = TunedLens.load(path)
@@ -340,3 +370,63 @@ def cached_tuned_lens(
     except OSError as exc:
         raise EffdepthError(f"cannot write the tuned lens to {path} ({exc.strerror}); set EFFDEPTH_CACHE") from exc
     return lens
+
+
+# --- the probe -----------------------------------------------------------------------------------
+
+LENS_STEPS = Option(
+    "lens_steps", 200, "tuned-lens training steps (the lens is cached per model and setting)", type=int, minimum=1
+)
+LENS_TOKENS = Option("lens_tokens", 8192, "tuned-lens training tokens", type=int, minimum=1)
+
+
+def lens_training(settings) -> LensTraining:
+    """The training a run's ``lens_steps`` and ``lens_tokens`` ask for."""
+    heldout = min(1024, max(128, settings.lens_tokens // 8))  # 1024 at the default 8192 training tokens
+    return LensTraining(train_tokens=settings.lens_tokens, heldout_tokens=heldout, steps=settings.lens_steps)
+
+
+_LOADED: dict[tuple, TunedLens] = {}  # the lens of this process's model, shared by the probes that decode with it
+
+
+def run_tuned_lens(loaded: LoadedModel, context: Context) -> TunedLens:
+    """The tuned lens a run uses (trained and cached on first use), kept for the run's other probes."""
+    settings = context.settings
+    key = (id(loaded), settings.model, lens_training(settings))
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = cached_tuned_lens(settings.model, loaded, lens_training(settings), progress=context.progress)
+    return _LOADED[key]
+
+
+def lens_identity(loaded: LoadedModel, context: Context) -> dict:
+    """What pins a tuned-lens result besides the settings: the sha256 of the lens file it decoded with."""
+    settings = context.settings
+    run_tuned_lens(loaded, context)
+    path = tuned_lens_path(settings.model, loaded, lens_training(settings))
+    return {"lens_sha256": verify_lens_file(path)} if path.is_file() else {}
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context):
+    settings = context.settings
+    lens = run_tuned_lens(loaded, context)
+    prompts = [getattr(e, "prompt", e) for e in examples]
+    frame = logit_lens(
+        loaded, prompts, top_k=settings.top_k, batch_size=settings.batch_size, progress=context.progress, lens=lens
+    )
+    return frame, {"tuned_lens_fit": fit_frame(lens)}
+
+
+SPEC = ProbeSpec(
+    name="tuned_lens",
+    title="tuned lens",
+    compute=_compute,
+    options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, LENS_STEPS, LENS_TOKENS),
+    aggregate=token_weighted_mean,
+    extra_frames=("tuned_lens_fit",),
+    rules=lens_rules("tuned_lens", "tuned"),
+    reusable=True,
+    check=check_top_k,
+    identity=lens_identity,
+    description="the lens probe through trained per-layer translators (§7a); its held-out fit in tuned_lens_fit",
+)

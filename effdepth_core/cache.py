@@ -1,0 +1,292 @@
+"""The one cache layer under every cache effdepth keeps (run directories, the cross-model map, tuned
+lenses, model files and dequantized weights): atomic writes, verified files, and a directory lock.
+
+- **Atomic writes.** A file is written under ``.<name>.effdepth-tmp-<pid>`` in its own folder and
+  renamed into place, so a reader never sees half a file. A failed write (a full disk, say) removes
+  its temporary and raises ``CacheWriteError``, one line naming the path; nothing already cached is
+  touched. A folder is built the same way and renamed whole.
+- **Verified files.** ``file_record`` is what effdepth writes down when it writes a file: its sha256
+  and a *fingerprint* (size, inode, mtime, ctime). ``check_file`` compares the fingerprint first: if
+  it is unchanged the file is the one that was hashed (ctime cannot be set back from user space, so
+  any rewrite or flipped bit since then changes it); otherwise the file is hashed again in full.
+- **The lock.** ``DirectoryLock`` holds ``.effdepth.lock`` in a directory for one process at a time
+  (``flock``; on Linux NFS v4 this is a POSIX lock the server arbitrates, so two machines sharing
+  the folder exclude each other too). The file is created whole by ``link`` (never truncated or
+  written through a link), carries effdepth's mark, and is removed on release only while it is
+  still the file this process created or adopted. Anything else at that path is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from .errors import EffdepthError
+
+LOCK_NAME = ".effdepth.lock"
+LOCK_MARK = "effdepth lock"  # the first words of every lock file effdepth writes
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.effdepth-tmp-(?P<pid>\d+)$")
+
+
+class CacheWriteError(EffdepthError):
+    """A cache file could not be written (a full disk, no permission); nothing cached was lost."""
+
+
+class CacheLockError(EffdepthError):
+    """A directory is locked by another effdepth process, or its lock path holds something else."""
+
+
+# --- atomic writes ---------------------------------------------------------------------------
+
+
+def temporary_path(path: Path) -> Path:
+    """The temporary name an atomic write of ``path`` uses (same folder, so the rename is atomic)."""
+    return path.with_name(f".{path.name}.effdepth-tmp-{os.getpid()}")
+
+
+def temporary_of(name: str) -> str | None:
+    """The file name a temporary of effdepth's atomic writes stands for, or None."""
+    match = _TEMPORARY.match(name)
+    return match["name"] if match else None
+
+
+def _write_failed(path: Path, exc: OSError, kept: str) -> CacheWriteError:
+    why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+    return CacheWriteError(f"cannot write {path} ({why}); nothing was lost: {kept}")
+
+
+def atomic_write(path: Path, write: Callable[[Path], None], kept: str = "files written before are intact") -> None:
+    """``write(temporary)`` then rename onto ``path``; on failure the temporary is removed and a
+    one-line ``CacheWriteError`` says what happened (``kept``: what the user still has)."""
+    tmp = temporary_path(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise _write_failed(path, exc, kept) from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes, kept: str = "files written before are intact") -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data), kept)
+
+
+def atomic_write_json(path: Path, payload: dict, kept: str = "files written before are intact") -> None:
+    atomic_write_bytes(path, (json.dumps(payload, indent=2) + "\n").encode(), kept)
+
+
+def atomic_write_parquet(path: Path, frame, kept: str = "files written before are intact") -> None:
+    atomic_write(path, lambda tmp: frame.write_parquet(tmp), kept)
+
+
+def atomic_folder(folder: Path, build: Callable[[Path], None], kept: str = "nothing was cached there yet") -> None:
+    """``build(temporary folder)`` then rename it to ``folder`` (which must not exist); the
+    temporary folder, effdepth's own, is removed on any failure."""
+    tmp = temporary_path(folder)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        build(tmp)
+        os.rename(tmp, folder)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_failed(folder, exc, kept) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> None:
+    """Delete temporaries of killed writes in ``folder`` (call while holding its lock): regular
+    files (or effdepth's temporary folders) named ``.<own name>.effdepth-tmp-<pid>``."""
+    for entry in folder.iterdir():
+        name = temporary_of(entry.name)
+        if name is None or not owns(name) or entry.is_symlink():
+            continue
+        if entry.is_file():
+            entry.unlink(missing_ok=True)
+
+
+# --- verified files ------------------------------------------------------------------------
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint(path: Path) -> dict:
+    """Size, inode, mtime and ctime of ``path`` (the link itself is never followed)."""
+    st = os.lstat(path)
+    return {"size": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def file_record(path: Path, sha256: str | None = None) -> dict:
+    """What effdepth writes down about a file it wrote: its sha256 and fingerprint."""
+    return {"sha256": sha256 or sha256_file(path), **fingerprint(path)}
+
+
+def same_fingerprint(record: dict, path: Path) -> bool:
+    current = fingerprint(path)
+    return all(record.get(key) == value for key, value in current.items())
+
+
+def check_file(path: Path, record: dict | None, full: bool = False) -> tuple[str, dict | None]:
+    """``(state, record)`` of ``path`` against what was recorded when it was written:
+    ``verified`` (unchanged since hashed, or hashed again now and equal; the record is refreshed),
+    ``missing`` (no regular file there, or a link), ``unrecorded`` (no usable record) or ``changed``
+    (its sha256 differs: damaged or edited since). ``full`` hashes even an unchanged fingerprint."""
+    if path.is_symlink() or not path.is_file():
+        return "missing", record
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+        return "unrecorded", record
+    if not full and same_fingerprint(record, path):
+        return "verified", record
+    digest = sha256_file(path)
+    if digest != record["sha256"]:
+        return "changed", record
+    return "verified", file_record(path, digest)
+
+
+# --- the lock --------------------------------------------------------------------------------
+
+
+def _lock_text() -> str:
+    return f"{LOCK_MARK}\npid {os.getpid()}\nhost {socket.gethostname()}\n"
+
+
+def _holder(text: str) -> str:
+    words = dict(line.split(" ", 1) for line in text.splitlines()[1:] if " " in line)
+    return f"pid {words.get('pid', '?')} on {words.get('host', '?')}"
+
+
+class DirectoryLock:
+    """``.effdepth.lock`` in ``folder``, held by this process until ``release``."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.path = folder / LOCK_NAME
+        self._fd: int | None = None
+
+    def _foreign(self, what: str) -> CacheLockError:
+        return CacheLockError(
+            f"{self.path} is {what}, not effdepth's lock; effdepth does not touch it: move it away or use another "
+            "folder"
+        )
+
+    def _create(self) -> bool:
+        """Create the lock file whole (content first, then a hard link to its final name)."""
+        tmp = temporary_path(self.path)
+        try:
+            tmp.write_text(_lock_text())
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise CacheLockError(
+                f"cannot write in {self.folder} ({exc.strerror or exc}); choose another folder"
+            ) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+    def _open_existing(self) -> int | None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return None  # released between our link attempt and now: try again
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or self.path.is_symlink():
+                raise self._foreign("a symbolic link") from exc
+            if self.path.is_dir():
+                raise self._foreign("a directory") from exc
+            raise CacheLockError(f"cannot open {self.path} ({exc.strerror or exc})") from exc
+        st = os.fstat(fd)
+        import stat
+
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            raise self._foreign("a special file" if not stat.S_ISREG(st.st_mode) else "a file with other names")
+        text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        if not text.startswith(LOCK_MARK):
+            os.close(fd)
+            raise self._foreign("a file of other content")
+        return fd
+
+    def acquire(self) -> None:
+        for _ in range(5):  # the lock file can vanish (a holder releasing) between our steps: retry
+            created = self._create()
+            fd = self._open_existing()
+            if fd is None:
+                continue
+            try:
+                import fcntl
+
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except ImportError:  # no flock (Windows): one run per folder is then up to the user
+                pass
+            except OSError as exc:
+                text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+                os.close(fd)
+                raise CacheLockError(
+                    f"{self.folder} is being written by another effdepth process ({_holder(text)}); "
+                    "wait for it to finish or choose another folder"
+                ) from exc
+            try:
+                same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            if not created:  # a stale lock of a killed effdepth process: ours now; say who holds it
+                text = _lock_text().encode()
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, text, 0)
+            self._fd = fd
+            return
+        raise CacheLockError(f"could not lock {self.folder}; another effdepth process keeps starting there")
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Unlock; the lock file goes too, if it is still the one this process holds."""
+        if self._fd is None:
+            return
+        try:
+            if os.lstat(self.path).st_ino == os.fstat(self._fd).st_ino:
+                self.path.unlink()
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+
+@contextlib.contextmanager
+def locked(folder: Path) -> Iterator[DirectoryLock]:
+    """Hold ``folder``'s lock for the block."""
+    lock = DirectoryLock(folder)
+    lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()

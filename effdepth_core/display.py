@@ -1,0 +1,224 @@
+"""How runs are shown: the ED table (text, CSV, Markdown, JSON) of ``effdepth run`` and ``effdepth
+table``, a run's one-line and notebook display, and the check that an ``effective_depth.json`` is
+one effdepth wrote. Columns come from the probe registry: an ED column per rule of the probes the
+runs have, and a cell per probe without rules (its spec's ``cell``)."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from . import registry
+from .depth import DepthResult
+from .labels import CELL_LEGEND, format_rule
+from .tasks import ARITHMETIC
+
+
+def _rule_columns(summaries: Sequence[dict]) -> dict[str, str]:
+    """ED rule key → label, for every rule some summary has, in registry order."""
+    return {key: rule.label for key, (_, rule) in registry.rules().items() if any(key in s for s in summaries)}
+
+
+def _cell(summary: dict, probe: str) -> str:
+    """A probe's end-of-run cell: recorded in the summary, or (a summary written before cells were
+    recorded) what its spec makes of the summary alone."""
+    cells = summary.get("cells")
+    if cells is not None:
+        return str(cells.get(probe, "—"))
+    return registry.get(probe).cell(summary, {})
+
+
+def _cell_columns(summaries: Sequence[dict]) -> dict[str, str]:
+    """Probe → column label, for every probe without rules that some summary has a cell of."""
+    return {
+        name: spec.cell_label or spec.title
+        for name, spec in registry.specs().items()
+        if not spec.rules and spec.cell is not None and any(_cell(s, name) != "—" for s in summaries)
+    }
+
+
+def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the Table-1-style view: one row per run, ED (ratio) [interval] per rule,
+    then one cell per probe without rules."""
+    rules, cells = _rule_columns(summaries), _cell_columns(summaries)
+    header = ["model", "task", "level", "digits", "L", "n", "asked", *rules.values(), *cells.values()]
+    rows = [
+        [
+            str(s["model"]),
+            str(s["task"]),
+            str(s.get("level") or ""),
+            str(s.get("digits") or ""),
+            str(s["n_layers"]),
+            str(s["n_examples"]),
+            str(s.get("n_asked", s["n_examples"])),
+            *(format_rule(s.get(rule)) for rule in rules),
+            *(_cell(s, probe) for probe in cells),
+        ]
+        for s in summaries
+    ]
+    return header, rows
+
+
+def format_table(summaries: Sequence[dict], style: str = "text") -> str:
+    """The runs' ED table as aligned text (with a legend line and notes), CSV, Markdown or JSON."""
+    header, rows = table_rows(summaries)
+    if style == "json":
+        return json.dumps([dict(zip(header, row, strict=True)) for row in rows], indent=2, ensure_ascii=False)
+    if style == "csv":
+        import csv
+        import io
+
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows([header, *rows])
+        return buffer.getvalue().rstrip("\n")
+    if style == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if _rule_columns(summaries):
+        lines += ["", f"{CELL_LEGEND}; n = prompts kept of those asked"]
+    notes = [
+        f"  {s['model']} / {s['task']} / {label}: {s[rule]['reason']}"
+        for s in summaries
+        for rule, label in _rule_columns(summaries).items()
+        if s.get(rule) and s[rule].get("reason")
+    ]
+    if notes:
+        lines += ["undefined ED:", *notes]
+    return "\n".join(lines)
+
+
+def format_map(frame: pl.DataFrame) -> str:
+    """The cross-model map as text: per small-model layer, the best big layer and its held-out error,
+    and the error at equal relative depth."""
+    half = frame.filter(metric="n_train_prompts")["value"].item()
+    n_test = frame.filter(metric="n_test_prompts")["value"].item()
+    n_small = frame["small_layer"].max()
+    n_big = frame["big_layer"].max()
+    errors = frame.filter(metric="relative_error")
+    lines = [
+        f"held-out relative error |h_l - f(h_m)| / |h_l|; {half:.0f} prompts fit, {n_test:.0f} test",
+        f"{'small m':>8} {'best big l':>10} {'error':>7} {'equal-depth l':>14} {'error there':>12}",
+    ]
+    for m in range(n_small + 1):
+        row = errors.filter(small_layer=m)
+        best = row.sort("value").row(0, named=True)
+        equal = round(m * n_big / n_small)
+        at_equal = row.filter(big_layer=equal)["value"].item()
+        lines.append(f"{m:>8} {best['big_layer']:>10} {best['value']:>7.3f} {equal:>14} {at_equal:>12.3f}")
+    return "\n".join(lines)
+
+
+# --- effective_depth.json as effdepth writes it --------------------------------------------------
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def summary_problem(summary) -> str | None:
+    """Why an ``effective_depth.json`` is not one effdepth wrote (None when it is): the run facts,
+    and per rule an integer ED (or null) whose ratio is (ED+1)/L and whose interval is ordered and
+    inside the model; depth scores finite numbers (or null); cells text."""
+    if not isinstance(summary, dict) or not {"model", "task", "n_layers", "n_examples"} <= summary.keys():
+        return "not an effdepth summary"
+    if not all(type(summary[k]) is int and summary[k] > 0 for k in ("n_layers", "n_examples")):
+        return "not an effdepth summary (layer or example count)"
+    n_layers = summary["n_layers"]
+
+    def layer(value) -> bool:  # a layer index of this model (bool is not an int here)
+        return type(value) is int and 0 <= value < n_layers
+
+    for rule in registry.rules():
+        entry = summary.get(rule)
+        if entry is None:
+            continue
+        if not isinstance(entry, dict) or "ed" not in entry:
+            return f"its {rule} entry is not an ED"
+        if entry["ed"] is None:
+            continue
+        ratio = entry.get("ratio")
+        if not (layer(entry["ed"]) and _finite_number(ratio)):
+            return f"its {rule} ED or ratio is out of range"
+        if abs(ratio - (entry["ed"] + 1) / n_layers) > 1e-9:
+            return f"its {rule} ratio {ratio} is not (ED+1)/L = ({entry['ed']}+1)/{n_layers}"
+        low, high = entry.get("ci_low"), entry.get("ci_high")
+        if any(v is not None and not layer(v) for v in (low, high)) or (low is None) != (high is None):
+            return f"its {rule} interval is out of range"
+        if low is not None and low > high:
+            return f"its {rule} interval [{low}–{high}] is reversed"
+    scores = summary.get("depth_score", {})
+    if not isinstance(scores, dict) or not all(v is None or _finite_number(v) for v in scores.values()):
+        return "its depth scores are not finite numbers"
+    cells = summary.get("cells", {})
+    if not isinstance(cells, dict) or not all(isinstance(v, str) for v in cells.values()):
+        return "its cells are not text"
+    return None
+
+
+def read_summary(path: Path, warn) -> dict | None:
+    """An ``effective_depth.json`` that effdepth wrote (completed from its ``metadata.json`` where an
+    older version left out level, digits or n asked), or None after ``warn(message)``."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        why = summary_problem(summary)
+        if why is None:
+            try:
+                settings = json.loads((path.parent / "metadata.json").read_text(encoding="utf-8"))["settings"]
+            except (OSError, ValueError, KeyError, TypeError):
+                settings = {}
+            settings = settings if isinstance(settings, dict) else {}
+            summary.setdefault("n_asked", settings.get("n", summary["n_examples"]))
+            if settings.get("level") is not None:
+                summary.setdefault("level", settings["level"])
+            if summary["task"] in ARITHMETIC and settings.get("digits"):
+                summary.setdefault("digits", settings["digits"])
+            return summary
+    except (OSError, ValueError) as exc:
+        why = f"unreadable: {type(exc).__name__}"
+    warn(f"skipping {path} ({why})")
+    return None
+
+
+@dataclass(repr=False)
+class RunResult:
+    """What ``run`` produced: where, the saved frames, the per-example frames and the ED per rule."""
+
+    out_dir: Path
+    curves: dict[str, pl.DataFrame]
+    per_example: dict[str, pl.DataFrame]
+    depth: dict[str, DepthResult]
+    summary: dict = field(default_factory=dict)
+    metadata: dict = field(default_factory=dict)
+
+    def _cells(self) -> list[tuple[str, str]]:
+        header, rows = table_rows([self.summary])
+        return list(zip(header[7:], rows[0][7:], strict=True))
+
+    def __repr__(self) -> str:
+        s = self.summary
+        cells = ", ".join(f"{label} {cell}" for label, cell in self._cells())
+        return (
+            f"RunResult({s.get('model')!r} on {s.get('task')!r}, L={s.get('n_layers')}, n={s.get('n_examples')}; "
+            f"ED {cells}; probes {', '.join(self.per_example)}; in {str(self.out_dir)!r})"
+        )
+
+    def _repr_html_(self) -> str:
+        s = self.summary
+        head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in self._cells())
+        cells = "".join(f"<td>{html.escape(cell)}</td>" for _, cell in self._cells())
+        return (
+            f"<p><b>{html.escape(str(s.get('model')))}</b> on <b>{html.escape(str(s.get('task')))}</b>: "
+            f"L = {s.get('n_layers')}, n = {s.get('n_examples')} prompts; probes {', '.join(self.per_example)}; "
+            f"results in <code>{html.escape(str(self.out_dir))}</code></p>"
+            f"<table><tr>{head}</tr><tr>{cells}</tr></table><p><small>{html.escape(CELL_LEGEND)}</small></p>"
+        )

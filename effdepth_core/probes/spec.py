@@ -1,0 +1,190 @@
+"""What a probe is, as data (docs/probes.md): its function, options, frames, ED rules, summary,
+end-of-run cell, progress unit and chart. The command line (``--probes`` and each probe's flags),
+settings validation, the cache key, the run directory's files, ``effdepth table`` columns,
+``effdepth plot`` charts and the book's summaries are all generated from these specs
+(``registry.py`` collects them, built-in and from plugins).
+
+Import-light on purpose (no torch): a spec module may import its probe's heavy code freely, but
+this module is shared by all of them and by the registry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import EffdepthError
+
+KEY_ALWAYS = "always"  # in every cache key (options of the first release: their keys must not change)
+KEY_WHEN_SET = "when set"  # in the key only when not at the default (so adding an option keeps old keys)
+KEY_NEVER = "never"  # never in the key (how a result is shown, not what it is)
+# the settings every run has (``settings.RunSettings``): no probe option may take these names
+CORE_SETTINGS = (
+    "model",
+    "task",
+    "n",
+    "seed",
+    "source",
+    "level",
+    "digits",
+    "max_tokens",
+    "device",
+    "dtype",
+    "batch_size",
+    "method",
+    "device_map",
+    "progress",
+)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a probe: its default, command-line flag and help, valid values, and whether it
+    enters the cache key. ``name`` is the attribute of ``RunSettings`` (and the params/ key)."""
+
+    name: str
+    default: Any
+    help: str
+    type: Callable[[str], Any] = str  # how the command line reads it
+    choices: tuple | None = None
+    minimum: float | None = None  # inclusive, unless ``open_interval``
+    maximum: float | None = None
+    open_interval: bool = False
+    key: str = KEY_WHEN_SET
+    flag: str | None = None  # default: --<name with dashes>
+    check_value: Callable[[Any], str | None] | None = None  # further check: a message, or None when fine
+    normalize: Callable[[Any], Any] | None = None  # one spelling per value (before checks and the key)
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not valid for this option (None when it is)."""
+        if value is None and self.default is None:
+            return None
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}, got {value!r}"
+        if self.minimum is not None or self.maximum is not None:
+            low, high = self.minimum, self.maximum
+            fraction = self.open_interval and (low, high) == (0, 1)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                return (
+                    f"must be a fraction between 0 and 1 (exclusive), got {value}"
+                    if fraction
+                    else (f"must be a number, got {value!r}")
+                )
+            if fraction and not 0 < value < 1:
+                return f"must be a fraction between 0 and 1 (exclusive), got {value}"
+            if self.open_interval and not ((low is None or value > low) and (high is None or value < high)):
+                return f"must be in ({low}, {high}), got {value!r}"
+            if not self.open_interval and ((low is not None and value < low) or (high is not None and value > high)):
+                bounds = f"at least {low:g}" if high is None else f"in {low:g}..{high:g}"
+                return f"must be {bounds}, got {value!r}"
+        if self.check_value is not None:
+            return self.check_value(value)
+        return None
+
+    def check(self, value: Any) -> None:
+        problem = self.problem(value)
+        if problem:
+            raise EffdepthError(f"{self.cli_flag} {problem}")
+
+    def parse(self, text: str) -> Any:
+        """The command line's reading of ``text`` (a ValueError says why it is not valid)."""
+        try:
+            value = self.type(text)
+        except (TypeError, ValueError):
+            kind = {int: "a whole number", float: "a number"}.get(self.type, "a value")
+            raise ValueError(f"must be {kind}, got {text!r}") from None
+        problem = self.problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An effective-depth rule: ``find(curves, settings)`` → ED (a layer index) or None, where
+    ``curves`` holds each of ``metrics`` as an array over layers 0..L-1 (0..L with
+    ``needs_final_layer``) of the token-weighted mean. ``reason`` says why no layer was found."""
+
+    key: str  # as in effective_depth.json
+    label: str  # tables and charts
+    metrics: tuple[str, ...]
+    find: Callable[[Mapping[str, Any], Any], int | None]
+    reason: Callable[[Any], str]
+    needs_final_layer: bool = False
+    frame: str | None = None  # the probe's per-example frame it reads (default: the probe's own)
+
+
+@dataclass(frozen=True)
+class Chart:
+    """An ``effdepth plot`` chart: the book's ``plots.<builder>`` drawn from one of the probe's frames."""
+
+    name: str
+    builder: str
+    frame: str  # a saved frame name (``<probe>``, ``<probe>_by_example``, a derived one)
+    options: Callable[[Any], dict] | None = None  # frame → extra keyword arguments
+
+
+@dataclass
+class Context:
+    """What a probe's ``compute`` gets besides the model and examples: the run's settings, whether
+    to show progress, and the index of its first example (a run that extends an earlier one
+    computes only the new examples; index-seeded sampling must use the true index)."""
+
+    settings: Any
+    first_example: int = 0
+
+    @property
+    def progress(self) -> bool:
+        return bool(getattr(self.settings, "progress", False))
+
+
+Frames = Any  # pl.DataFrame, or (per-example frame, {extra frame name: frame})
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A probe, declared next to its function (docs/probes.md has a worked example).
+
+    ``compute(loaded, examples, context)`` returns the per-example frame (long format with an
+    ``example`` column), or that frame and a dict of extra frames. ``aggregate`` reduces it to the
+    saved ``<name>.parquet`` (None: the per-example frame is saved as such); ``derived`` frames are
+    computed from the per-example frame and the examples (None: not applicable to this run)."""
+
+    name: str
+    title: str  # what progress bars and messages call it
+    compute: Callable[..., Frames]
+    options: tuple[Option, ...] = ()
+    aggregate: Callable[[Any], Any] | None = None
+    derived: Mapping[str, Callable[[Any, Sequence[Any]], Any]] = field(default_factory=dict)
+    extra_frames: tuple[str, ...] = ()  # extra frames ``compute`` returns (per run, not per example)
+    rules: tuple[Rule, ...] = ()
+    summarize: Callable[[Mapping[str, Any]], dict] | None = None  # saved frames → keys of effective_depth.json
+    cell: Callable[[Mapping[str, Any], Mapping[str, Any]], str] | None = None  # (summary, saved frames) → text
+    cell_label: str | None = None  # its column in the end-of-run table (default: ``title``)
+    charts: tuple[Chart, ...] = ()
+    unit: str = "prompt"  # what its progress bar counts
+    needs_answers: bool = False  # examples need a question/answer split
+    min_tokens: int = 2  # shortest prompt its definition is meaningful for
+    reusable: bool = False  # an example's rows depend on that example alone: reused when n grows
+    check: Callable[[Any, Mapping[str, Any]], None] | None = None  # (settings, model facts) → raise on a bad mix
+    expand: Callable[[Any], tuple[str, ...]] | None = None  # settings → the probes asking for this one runs
+    identity: Callable[[Any, Any], dict] | None = None  # (loaded, context) → what else pins its numbers
+    outdated: Callable[[Mapping[str, Any], Any], str | None] | None = None  # (cached record, settings) → warning
+    revision: int = 1  # bump when the same settings give other numbers: enters the probe's own key
+    description: str = ""
+
+    @property
+    def frames(self) -> tuple[str, ...]:
+        """Every frame it saves, each as ``<frame>.parquet``: the saved one, the per-example one,
+        the extra and the derived ones."""
+        return (self.name, f"{self.name}_by_example", *self.extra_frames, *self.derived)
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.options)

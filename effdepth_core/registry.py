@@ -1,0 +1,158 @@
+"""The probe registry: effdepth's own probes (one line each in ``BUILTIN``) and those of other
+packages, found through the ``effdepth.probes`` entry-point group — a plugin adds a probe with one
+line in its own pyproject::
+
+    [project.entry-points."effdepth.probes"]
+    norm = "my_package.norm:SPEC"
+
+Names are known without importing anything (``names``); the specs load on first use, so the
+command line's ``--help`` starts without torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from .errors import EffdepthError, EffdepthWarning
+
+if TYPE_CHECKING:  # the spec classes load with the probes, not with the command line
+    from .probes.spec import Option, ProbeSpec, Rule
+
+ENTRY_POINT_GROUP = "effdepth.probes"
+
+# name → "module:attribute" of its ProbeSpec; the order is the order of tables and of a run
+BUILTIN: dict[str, str] = {
+    "cosine": "effdepth_core.probes.residual:SPEC",
+    "logit_lens": "effdepth_core.probes.logit_lens:SPEC",
+    "skip": "effdepth_core.probes.skip:SPEC",
+    "erasure": "effdepth_core.probes.erasure:SPEC",
+    "igrad": "effdepth_core.probes.igrad:SPEC",
+    "tuned_lens": "effdepth_core.probes.tuned_lens:SPEC",
+    "prune": "effdepth_core.probes.pruning:SPEC",
+    "early_exit": "effdepth_core.probes.early_exit:SPEC",
+}
+DEFAULT = ("cosine", "logit_lens")  # what `effdepth run` measures unless told otherwise
+
+_EXTRA: dict[str, ProbeSpec] = {}  # registered in process (tests, notebooks): ``register``
+
+
+def _entry_points() -> dict[str, object]:
+    from importlib.metadata import entry_points
+
+    found = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if point.name not in BUILTIN:
+            found.setdefault(point.name, point)
+    return found
+
+
+def names() -> tuple[str, ...]:
+    """Every probe's name (built-in first), without importing any probe."""
+    return (*BUILTIN, *(n for n in _entry_points() if n not in BUILTIN), *(n for n in _EXTRA if n not in BUILTIN))
+
+
+def _load(name: str, target: str) -> ProbeSpec:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@functools.cache
+def _all() -> dict[str, ProbeSpec]:
+    specs: dict[str, ProbeSpec] = {name: _load(name, target) for name, target in BUILTIN.items()}
+    for name, point in _entry_points().items():
+        try:
+            spec = point.load()
+            _check_plugin(name, spec, specs)
+        except Exception as exc:  # a broken plugin must not break effdepth: it is left out, loudly
+            warnings.warn(
+                f"the probe plugin {name!r} ({point.value}) was not loaded: {type(exc).__name__}: {exc}",
+                EffdepthWarning,
+                stacklevel=2,
+            )
+            continue
+        specs[name] = spec
+    for name, spec in _EXTRA.items():
+        _check_plugin(name, spec, specs)
+        specs[name] = spec
+    return specs
+
+
+def _check_plugin(name: str, spec: object, known: Mapping[str, ProbeSpec]) -> None:
+    from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, ProbeSpec
+
+    if not isinstance(spec, ProbeSpec):
+        raise EffdepthError(f"{name}: the entry point must name a ProbeSpec, found {type(spec).__name__}")
+    if spec.name != name:
+        raise EffdepthError(f"the entry point {name!r} names a probe called {spec.name!r}")
+    if name in known:
+        raise EffdepthError(f"a probe called {name!r} exists already")
+    theirs = {o.name: o for s in known.values() for o in s.options}
+    for option in spec.options:
+        if option.name in CORE_SETTINGS or (option.name in theirs and theirs[option.name] != option):
+            raise EffdepthError(f"{name}: option {option.name!r} is taken by effdepth or another probe")
+        if option.key == KEY_ALWAYS and option.name not in theirs:
+            raise EffdepthError(f"{name}: option {option.name!r} must not enter every cache key (use KEY_WHEN_SET)")
+    rules = {r.key for s in known.values() for r in s.rules}
+    clash = [r.key for r in spec.rules if r.key in rules]
+    if clash:
+        raise EffdepthError(f"{name}: rule key(s) {', '.join(clash)} are taken")
+
+
+def register(spec: ProbeSpec) -> None:
+    """Add a probe for this process (tests, a notebook): as if a plugin had declared it."""
+    _EXTRA[spec.name] = spec
+    _all.cache_clear()
+    options.cache_clear()
+
+
+def unregister(name: str) -> None:
+    _EXTRA.pop(name, None)
+    _all.cache_clear()
+    options.cache_clear()
+
+
+def reload() -> None:
+    """Forget what was loaded (after installing a plugin in this process)."""
+    _all.cache_clear()
+    options.cache_clear()
+
+
+def specs() -> dict[str, ProbeSpec]:
+    """Every probe's spec, by name, in ``names`` order."""
+    return dict(_all())
+
+
+def get(name: str) -> ProbeSpec:
+    found = _all().get(name)
+    if found is None:
+        raise EffdepthError(f"unknown probe {name!r}; available: {', '.join(_all())}")
+    return found
+
+
+@functools.cache
+def options() -> dict[str, Option]:
+    """Every probe option by name (an option two probes share is one object)."""
+    found: dict[str, Option] = {}
+    for spec in _all().values():
+        for option in spec.options:
+            found.setdefault(option.name, option)
+    return found
+
+
+def rules() -> dict[str, tuple[ProbeSpec, Rule]]:
+    """Every ED rule by key, with the probe it belongs to."""
+    return {rule.key: (spec, rule) for spec in _all().values() for rule in spec.rules}
+
+
+def frames() -> dict[str, tuple[str, ...]]:
+    """Probe → the frames it saves (how a run directory knows its own files)."""
+    return {name: spec.frames for name, spec in _all().items()}
+
+
+def owner_of(option: str) -> list[str]:
+    """The probes an option belongs to."""
+    return [name for name, spec in _all().items() if option in spec.option_names]

@@ -1,0 +1,336 @@
+"""A run's settings, their checks and their cache key (and the cross-model map's settings).
+
+``RunSettings`` holds the settings every run has (``CORE_SETTINGS``) and, as attributes of the same
+object, every registered probe's options (``probes/registry.py``): ``RunSettings("smollm2-135m",
+"gsm8k", igrad_tol=0.02)``. The cache key hashes what changes the numbers; ``COMPATIBILITY`` lists,
+in one place, the exceptions that keep results cached by earlier versions loading unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__, registry
+from .errors import EffdepthError
+from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec
+from .tasks import ARITHMETIC, check_task
+
+CORE_DEFAULTS: dict[str, Any] = {
+    "n": 10,
+    "seed": 0,
+    "source": "local",
+    "level": None,
+    "digits": 6,
+    "max_tokens": None,  # drop longer prompts (aime24 defaults to 400, as in the paper)
+    "device": "auto",
+    "dtype": "auto",
+    "batch_size": 4,
+    "method": "fast",  # "slow": the one-forward-per-intervention oracles (same numbers)
+    "device_map": None,
+    "progress": True,
+}
+assert tuple(["model", "task", *CORE_DEFAULTS]) == CORE_SETTINGS
+_NOT_IN_KEY = ("device", "batch_size", "progress", "method", "device_map")  # how, not what, is computed
+
+# The cache key's compatibility exceptions: every rule that keeps an older version's key, and every
+# deliberate break. tests/test_settings.py loads a run directory written before the probe registry
+# (tests/data/legacy-run) and checks its key and numbers are unchanged.
+COMPATIBILITY: tuple[tuple[str, str], ...] = (
+    (
+        "first-release options",
+        "top_k, skip_positions, skip_parts, igrad_steps, igrad_quadrature and igrad_baseline enter every key "
+        "(Option.key = KEY_ALWAYS); every option added since enters it only when set to other than its default "
+        "(KEY_WHEN_SET), so adding an option or a probe never changes an existing key",
+    ),
+    ("shown, not computed", "device, batch_size, progress, method, device_map and the ED thresholds never enter it"),
+    ("dtype", "--dtype auto adds `auto:<dtype>` only when it resolves to other than float32 (older keys: CPU runs)"),
+    ("device type", "a run on other than the CPU adds `device_type` (GPU kernels round otherwise)"),
+    ("task files", "a task file adds the sha256 of its content (`task_sha256`)"),
+    (
+        "model paths",
+        "a local model adds its resolved path (`model_path`) and, since run-directory format 2, the sha256 of "
+        "each of its files (`model_files`): results of local models cached before format 2 are recomputed once "
+        "(their weights were not fingerprinted)",
+    ),
+    (
+        "run-directory format 1",
+        "directories written before format 2 carry no sha256 per file: they are read after structural checks "
+        "alone and never serve as donors of examples to a larger run",
+    ),
+)
+
+
+def names_of(text: str) -> list[str]:
+    """The names in a comma list (spaces around them ignored)."""
+    return [name.strip() for name in str(text).split(",") if name.strip()]
+
+
+class RunSettings:
+    """Everything that determines a run's numbers (and so its cache key), plus how to show it.
+
+    Core settings are ``CORE_SETTINGS``; every registered probe's options are attributes too, with
+    their spec's defaults."""
+
+    __slots__ = ("_options", *CORE_SETTINGS)
+
+    def __init__(self, model: str, task: str, **values: Any):
+        known = registry.options()
+        unknown = sorted(set(values) - set(CORE_DEFAULTS) - set(known))
+        if unknown:
+            raise TypeError(f"RunSettings got unknown setting(s) {', '.join(unknown)}")
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "task", task)
+        for name, default in CORE_DEFAULTS.items():
+            object.__setattr__(self, name, values.get(name, default))
+        options = {}
+        for name, option in known.items():
+            value = values.get(name, option.default)
+            options[name] = option.normalize(value) if option.normalize else value
+        object.__setattr__(self, "_options", options)
+
+    def __getattr__(self, name: str) -> Any:
+        options = object.__getattribute__(self, "_options")
+        if name in options:
+            return options[name]
+        if name in registry.options():  # a probe registered after these settings were made
+            return registry.options()[name].default
+        raise AttributeError(f"RunSettings has no setting {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in CORE_SETTINGS:
+            object.__setattr__(self, name, value)
+        elif name in registry.options():
+            option = registry.options()[name]
+            self._options[name] = option.normalize(value) if option.normalize else value
+        else:
+            raise AttributeError(f"RunSettings has no setting {name!r}")
+
+    def __reduce__(self):  # pickling (worker processes, Ray): rebuilt from its values
+        values = self.as_dict()
+        return (_rebuild, (values,))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting by name: the core ones, then each probe option."""
+        core = {name: getattr(self, name) for name in CORE_SETTINGS}
+        options = {name: getattr(self, name) for name in registry.options()}
+        return {**core, **options}
+
+    def replace(self, **changes: Any) -> RunSettings:
+        values = {**self.as_dict(), **changes}
+        return RunSettings(values.pop("model"), values.pop("task"), **values)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunSettings) and self.as_dict() == other.as_dict()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.as_dict(), sort_keys=True, default=str))
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.as_dict().items() if k in ("model", "task") or v != _default(k)}
+        return f"RunSettings({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    # --- the cache key ---------------------------------------------------------------------------
+
+    def _base_fields(self) -> dict:
+        """What pins the examples and the model, whatever the probes (not ``n``; see COMPATIBILITY)."""
+        fields = {k: getattr(self, k) for k in CORE_SETTINGS if k not in _NOT_IN_KEY}
+        task_path = Path(self.task).expanduser()
+        if task_path.is_file():
+            fields["task_sha256"] = hashlib.sha256(task_path.read_bytes()).hexdigest()
+        model_path = Path(self.model).expanduser()
+        if model_path.exists():  # a path: the same spelling elsewhere is another model
+            from .models import model_files_digest
+
+            fields["model_path"] = str(model_path.resolve())
+            fields["model_files"] = model_files_digest(model_path)
+        from .models import resolve_device, resolve_dtype
+
+        try:
+            device = resolve_device(self.device)
+        except EffdepthError:
+            device = "cpu"  # an unusable device is refused before the run starts
+        if self.dtype == "auto":  # the dtype it resolves to changes the numbers (bf16 on a GPU)
+            resolved = str(resolve_dtype("auto", device)).removeprefix("torch.")
+            if resolved != "float32":
+                fields["dtype"] = f"auto:{resolved}"
+        import torch
+
+        device_type = "cuda" if self.device_map and torch.cuda.is_available() else torch.device(device).type
+        if device_type != "cpu":
+            fields["device_type"] = device_type
+        fields["version"] = __version__
+        return fields
+
+    def key_fields(self) -> dict:
+        """The fields the run's key hashes (COMPATIBILITY says which and why)."""
+        fields = self._base_fields()
+        for name, option in registry.options().items():
+            value = getattr(self, name)
+            if option.key == KEY_ALWAYS or (option.key == KEY_WHEN_SET and value != option.default):
+                fields[name] = value
+        return fields
+
+    def key(self) -> str:
+        """Hash of the settings that change a run's numbers (not device, batch size, or display)."""
+        return hashlib.sha256(json.dumps(self.key_fields(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def probe_key(self, spec: ProbeSpec, identity: Mapping | None = None) -> str:
+        """Hash of what one probe's per-example rows depend on: the examples' source and the model
+        (not ``n``), the probe's options and revision, and its ``identity`` (a tuned lens's sha256).
+        Two runs with equal probe keys and a common first k examples share those examples' rows."""
+        base = {k: v for k, v in self._base_fields().items() if k != "n"}
+        options = {o.name: getattr(self, o.name) for o in spec.options if o.key != KEY_NEVER}
+        payload = {"base": base, "probe": spec.name, "revision": spec.revision, "options": options}
+        if identity:
+            payload["identity"] = dict(identity)
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def numbers(self) -> dict:
+        """The settings as stored in ``metadata.json`` (display-only fields left out)."""
+        return {k: v for k, v in self.as_dict().items() if k != "progress"}
+
+
+def _rebuild(values: dict) -> RunSettings:
+    values = dict(values)
+    return RunSettings(values.pop("model"), values.pop("task"), **values)
+
+
+def _default(name: str) -> Any:
+    if name in CORE_DEFAULTS:
+        return CORE_DEFAULTS[name]
+    option = registry.options().get(name)
+    return option.default if option else None
+
+
+def setting_names() -> list[str]:
+    """Every setting a task spec (params/) or ``RunSettings`` may name, but model and task."""
+    return [*CORE_DEFAULTS, *registry.options()]
+
+
+def parse_probes(probes: str | Sequence[str], settings: RunSettings | None = None) -> list[str]:
+    """The probe names to run, each spec's ``expand`` applied (``--lens tuned`` turns the logit
+    lens into the tuned lens); one-line error for an unknown name or an empty list."""
+    names = [p.strip() for p in probes.split(",")] if isinstance(probes, str) else [str(p) for p in probes]
+    names = [p for p in names if p]
+    known = registry.names()
+    unknown = [p for p in names if p not in known]
+    if unknown or not names:
+        raise EffdepthError(f"unknown probe(s) {', '.join(unknown) or '(none given)'}; available: {', '.join(known)}")
+    expanded: list[str] = []
+    for name in names:
+        spec = registry.get(name)
+        expanded += spec.expand(settings) if spec.expand and settings is not None else [name]
+    return list(dict.fromkeys(expanded))
+
+
+def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[str, Any] | None = None) -> None:
+    """One-line errors for values that cannot work, found before any model loads (``facts``: what
+    is known of the model already: ``vocab_size``, ``n_layers``)."""
+    facts = dict(facts or {})
+    for name in ("n", "batch_size", "digits"):
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EffdepthError(f"--{name.replace('_', '-')} must be at least 1, got {value!r}")
+    if settings.max_tokens is not None and (not isinstance(settings.max_tokens, int) or settings.max_tokens < 1):
+        raise EffdepthError(f"--max-tokens must be at least 1, got {settings.max_tokens}")
+    from .models import resolve_device
+
+    resolve_device(settings.device)  # a device torch cannot name or does not have
+    check_task(settings.task)
+    if settings.max_tokens is not None and settings.task in ARITHMETIC:
+        raise EffdepthError(f"--max-tokens applies to data-set tasks, not {settings.task} (its prompts are short)")
+    if settings.level is not None:
+        if settings.task != "math":
+            raise EffdepthError(f"--level applies to the math task only, not {settings.task!r}")
+        if settings.level not in range(1, 6):
+            raise EffdepthError(f"--level must be 1..5 (MATH difficulty levels), got {settings.level}")
+    if settings.source not in ("local", "hub"):
+        raise EffdepthError(f"--source must be local or hub, got {settings.source!r}")
+    if settings.method not in ("fast", "slow"):
+        raise EffdepthError(f"method must be 'fast' or 'slow', got {settings.method!r}")
+    for name in probes:
+        spec = registry.get(name)
+        for option in spec.options:
+            option.check(getattr(settings, option.name))
+        if spec.check is not None:
+            spec.check(settings, facts)
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a model or task spec (never hidden: no leading dot)."""
+    name = Path(text).stem if text.endswith((".jsonl", ".gguf")) else text
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "model"
+
+
+def run_name(settings: RunSettings) -> str:
+    """``<task>-n<N>-seed<S>[-level<l>][-digits<d>]``: a run directory's name without its key."""
+    name = f"{slug(settings.task)}-n{settings.n}-seed{settings.seed}"
+    if settings.level is not None:
+        name += f"-level{settings.level}"
+    if settings.task in ARITHMETIC:
+        name += f"-digits{settings.digits}"
+    return name
+
+
+def default_out_dir(settings: RunSettings, root: Path | str = "results", hashed: bool = True) -> Path:
+    """``results/<model>/<task>-n<N>-seed<S>[-level<l>][-digits<d>]-<key>``: the short key hash makes
+    the name differ whenever anything that changes the numbers differs (a task file's content, a
+    model's files, ``--top-k``, ``--dtype``, ``--max-tokens``, …). ``hashed=False`` leaves it out
+    (the book's results tree, whose parameters live in params/)."""
+    name = run_name(settings)
+    return Path(root) / slug(settings.model) / (f"{name}-{settings.key()[:8]}" if hashed else name)
+
+
+@dataclass
+class MapSettings:
+    """A cross-model linear map (method.md §7): two models sharing a tokenizer, one task's prompts
+    (the first half fits the maps, the rest tests them)."""
+
+    small: str
+    big: str
+    task: str = "gsm8k"
+    n: int = 10
+    seed: int = 0
+    digits: int | None = None
+    max_tokens: int | None = None
+    ridge: float = 0.0
+    device: str = "auto"
+    dtype: str = "auto"
+    progress: bool = True
+
+    def task_options(self) -> dict:
+        return dict(n=self.n, seed=self.seed, digits=self.digits or 6, max_tokens=self.max_tokens)
+
+    def check(self) -> None:
+        """One-line errors for everything that can be checked before a model loads."""
+        from .models import preflight_model
+        from .tasks import load_task
+
+        if self.n < 2:
+            raise EffdepthError("--n must be at least 2: half the prompts fit the maps, the other half test them")
+        if not (isinstance(self.ridge, int | float) and math.isfinite(self.ridge) and self.ridge >= 0):
+            raise EffdepthError(f"--ridge must be a finite number of at least 0, got {self.ridge}")
+        check_task(self.task)
+        if self.digits is not None and self.task not in ARITHMETIC:
+            raise EffdepthError(f"--digits applies to addition and multiplication only, not {self.task!r}")
+        if self.max_tokens is not None and self.task in ARITHMETIC:
+            raise EffdepthError(f"--max-tokens applies to data-set tasks, not {self.task} (its prompts are short)")
+        for spec in (self.small, self.big):
+            preflight_model(spec)
+        load_task(self.task, **self.task_options())  # the task and n
+
+    def file_name(self) -> str:
+        """A cache name that spells every setting that changes the numbers."""
+        name = f"{slug(self.small)}--{slug(self.big)}-{slug(self.task)}-n{self.n}-seed{self.seed}"
+        if self.task in ARITHMETIC:
+            name += f"-digits{self.digits or 6}"
+        if self.max_tokens:
+            name += f"-max{self.max_tokens}"
+        return name + (f"-ridge{self.ridge:g}" if self.ridge else "") + ".parquet"
