@@ -15,9 +15,9 @@ from pathlib import Path
 import polars as pl
 
 from .. import registry
-from ..probes import rule_comparison
 from ..errors import EffdepthError
 from ..models import LoadedModel, load_model, needs_download, quiet_libraries
+from ..probes import rule_comparison
 from ..results import RunResult, run, run_map
 from ..rundir import is_complete
 from ..settings import MapSettings, RunSettings, default_out_dir, parse_probes, setting_names
