@@ -177,6 +177,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     plot.add_argument("--chart", required=True, choices=charts, help="which chart (one per probe's chart)")
     plot.add_argument("--out", type=Path, required=True, help="the image to write: .svg or .png")
 
+    grid = commands.add_parser(
+        "grid",
+        help="the book's runs as a plan: every cell of a params profile, its state, and its computation",
+        **common,
+    )
+    grid.add_argument("profile", nargs="?", default="full", choices=["quick", "full"], help="params profile")
+    grid.add_argument(
+        "--section", action="append", choices=["scale", "difficulty", "long_cot", "beyond"], help="only these sections"
+    )
+    grid.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout (default: .)")
+    grid.add_argument("--dry-run", action="store_true", help="print the plan and compute nothing")
+    grid.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
     table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
     table.add_argument("dirs", nargs="+", type=Path, help="run directories or folders of them")
     table.add_argument("--format", default="text", choices=TABLE_FORMATS, help="output format")
@@ -423,6 +436,32 @@ def _cmd_book(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_grid(args: argparse.Namespace) -> int:
+    _quiet(args)
+    _book_extra()
+    from .book.grid import cells, run_local
+    from .models import quiet_libraries
+
+    root = args.root.resolve()
+    os.chdir(root)  # params/ name results folders relative to the checkout
+    plan = cells(root, args.profile, args.section)
+    states = [(cell, cell.state()) for cell in plan]
+    for cell, state in states:
+        print(f"  {state:<8} {cell.section}/{cell.page}: {cell.name}")
+    todo = [cell for cell, state in states if state != "cached"]
+    print(f"effdepth grid: {len(plan)} cells, {len(plan) - len(todo)} cached, {len(todo)} to compute")
+    if args.dry_run or not todo:
+        return 0
+    if not args.debug:
+        quiet_libraries(progress=not args.no_progress)
+    for cell in todo:
+        cell.record.settings.progress = not args.no_progress
+    done = run_local(todo)
+    failed = [cell for cell, outcome in done if outcome.startswith("unavailable")]
+    print(f"effdepth grid: computed {len(done) - len(failed)} cells; {len(failed)} unavailable here")
+    return 0
+
+
 def _warn(message: str) -> None:
     print(f"effdepth: warning: {message}", file=sys.stderr)
 
@@ -471,6 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "book": _cmd_book,
         "plot": _cmd_plot,
         "map": _cmd_map,
+        "grid": _cmd_grid,
     }
     try:
         with warnings.catch_warnings():

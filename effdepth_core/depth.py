@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
-from .probes.spec import Rule
+if TYPE_CHECKING:
+    from .probes.spec import Rule
 
 
 @dataclass

@@ -106,6 +106,12 @@ def _gather(item: ParameterSet, sets: list[ParameterSet]) -> ParameterSet:
         if key in item.parameters:
             by_model = {m: s.parameters[key] for s in others for m in s.parameters.get("models", [])}
             parameters[f"{key}_by_model"] = {m: v if key == "tasks" else [v] for m, v in by_model.items()}
+    if "tasks_by_model" in parameters:  # each model's runs keep its own page's precision rule
+        rules = {m: s.parameters.get("precision") for s in others for m in s.parameters.get("models", [])}
+        parameters["tasks_by_model"] = {
+            m: [{"precision": rules[m], **spec} for spec in specs] if rules.get(m) is not None else specs
+            for m, specs in parameters["tasks_by_model"].items()
+        }
     return ParameterSet(item.section, item.name, item.title, parameters)
 
 

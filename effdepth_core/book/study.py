@@ -17,6 +17,7 @@ import polars as pl
 from .. import registry
 from ..errors import EffdepthError
 from ..models import LoadedModel, load_model, needs_download, quiet_libraries
+from ..precision import PreciseRun, Precision, precise_run
 from ..probes import rule_comparison
 from ..results import RunResult, run, run_map
 from ..rundir import is_complete
@@ -25,7 +26,7 @@ from .reference import RULE_LABELS, TUNED_RULE_LABELS
 
 RULES = RULE_LABELS
 _SETTING_NAMES = set(setting_names())
-_SPEC_ONLY = {"task", "probes", "label"}
+_SPEC_ONLY = {"task", "probes", "label", "precision"}
 
 
 def task_label(spec: Mapping) -> str:
@@ -44,7 +45,7 @@ def task_settings(model: str, spec: Mapping, defaults: Mapping | None = None) ->
     """The run settings of ``model`` on one task spec; ``defaults`` (seed, device, dtype, …) fill in
     what the spec leaves out. Unknown keys are an error, so a typo in params/ cannot pass silently."""
     merged = {**(defaults or {}), **spec}
-    unknown = sorted(set(merged) - _SETTING_NAMES - _SPEC_ONLY - {"results_dir"})
+    unknown = sorted(set(merged) - _SETTING_NAMES - _SPEC_ONLY - {"results_dir", "reuse_from"})
     if unknown:
         raise EffdepthError(
             f"unknown task-spec key(s) {', '.join(unknown)}; use task, probes, label or a run setting: "
@@ -75,6 +76,8 @@ class RunRecord:
     probes: list[str]
     result: RunResult | None = None
     error: str | None = None
+    precision: Precision | None = None  # the sample-size rule, when ``n`` grows by precision
+    walk: PreciseRun | None = None  # where the rule stopped
 
     def __repr__(self) -> str:
         state = "finished" if self.result is not None else f"failed: {self.error}" if self.error else "not run"
@@ -191,15 +194,25 @@ class Study:
         raise KeyError(f"no finished run for {model} / {label}")
 
 
-def difficulty_specs(math: Mapping | None, arithmetic: Mapping | None, skip: Mapping | None) -> list[dict]:
+def difficulty_specs(
+    math: Mapping | None, arithmetic: Mapping | None, skip: Mapping | None, separate_skip: bool = False
+) -> list[dict]:
     """The difficulty section's runs: one spec per MATH level and per operand length, each with the
-    correlational probes and the skip probe (for the depth score) under the ``skip`` settings."""
-    probes = {"probes": ["cosine", "logit_lens", "skip"], **(skip or {})}
-    specs = []
+    correlational probes and the skip probe (for the depth score) under the ``skip`` settings. With
+    ``separate_skip`` the skip probe is a run of its own per level, whose ``n`` (in ``skip``) stays
+    fixed while the correlational runs grow theirs by the page's precision rule."""
+    levels = []
     if math:
-        specs += [{**s, "task": "math", **probes} for s in expand_levels(math, "levels", "level")]
+        levels += [{**s, "task": "math"} for s in expand_levels(math, "levels", "level")]
     if arithmetic:
-        specs += [{**s, **probes} for s in expand_levels(arithmetic, "digits", "digits")]
+        levels += expand_levels(arithmetic, "digits", "digits")
+    if not separate_skip:
+        return [{**level, "probes": ["cosine", "logit_lens", "skip"], **(skip or {})} for level in levels]
+    specs = []
+    for level in levels:
+        specs.append({**level, "probes": ["cosine", "logit_lens"]})
+        if skip:
+            specs.append({**level, "probes": ["skip"], "precision": False, **skip})
     return specs
 
 
@@ -230,56 +243,125 @@ def run_study(
     download: bool = True,
     specs_by_model: Mapping[str, Sequence[Mapping]] | None = None,
     cached_only: bool = False,
+    reuse_from: Sequence[str | Path] = (),
 ) -> Study:
     """Run every task spec on every model (cached runs are only read), loading each model at most
     once and only if some run needs it. ``defaults`` holds settings shared by all specs; with
     ``download=False`` a hub model that is not cached locally is reported instead of fetched;
     ``specs_by_model`` gives some models their own specs instead of ``specs``; with ``cached_only``
-    no model is loaded at all (what is not cached is reported as not computed)."""
+    no model is loaded at all (what is not cached is reported as not computed). A spec with
+    ``precision`` grows its ``n`` by that rule (``precision.precise_run``); ``reuse_from`` names
+    other results folders whose runs may lend their first examples' rows."""
     study = Study()
     quiet_libraries(progress=bool((defaults or {}).get("progress", True)))
     for model in models:
-        records = []
-        for spec in (specs_by_model or {}).get(model, specs):
-            settings = task_settings(model, spec, defaults)
-            probes = parse_probes(spec.get("probes", registry.DEFAULT), settings)
-            records.append(RunRecord(model, task_label(spec), settings, probes))
-        loaded: LoadedModel | None = None
+        records = [record_of(model, spec, defaults) for spec in (specs_by_model or {}).get(model, specs)]
+        loader = ModelLoader(model, download=download, cached_only=cached_only)
         for record in records:
-            out_dir = default_out_dir(record.settings, results_dir, hashed=False)
-            if loaded is None and not is_complete(out_dir, record.settings.key(), record.probes):
-                try:
-                    if cached_only and needs_download(model):
-                        raise EffdepthError("a hub model that is not downloaded here (needs internet)")
-                    if cached_only:
-                        raise EffdepthError("not computed yet (run `effdepth book` for its page)")
-                    if not download and needs_download(model):
-                        raise EffdepthError(f"{model} is not downloaded (this profile sets download: false)")
-                    loaded = load_model(model, device=record.settings.device, dtype=record.settings.dtype)
-                except EffdepthError as exc:
-                    for r in records:
-                        if r.result is None:
-                            r.error = str(exc)
-                    break
-            record.result = run(
-                record.settings, record.probes, out_dir, loaded=loaded, n_bootstrap=n_bootstrap, overwrite=True
-            )
+            try:
+                compute_record(record, results_dir, loader.bind(record), n_bootstrap, reuse_from, cached_only)
+            except Unavailable as exc:
+                for r in records:
+                    if r.result is None:
+                        r.error = str(exc)
+                break
         study.records += records
-        del loaded
+        loader.release()
     return study
 
 
+class Unavailable(EffdepthError):
+    """A model that cannot be run here (offline hub model, or not computed in a cached-only study)."""
+
+
+class ModelLoader:
+    """Loads one model the first time a run needs it, and keeps it for the other runs of that model."""
+
+    def __init__(self, model: str, download: bool = True, cached_only: bool = False):
+        self.model, self.download, self.cached_only = model, download, cached_only
+        self.loaded: LoadedModel | None = None
+
+    def __call__(self, settings: RunSettings) -> LoadedModel:
+        if self.loaded is None:
+            if self.cached_only and needs_download(self.model):
+                raise Unavailable("a hub model that is not downloaded here (needs internet)")
+            if self.cached_only:
+                raise Unavailable("not computed yet (run `effdepth book` or `effdepth grid` for its page)")
+            if not self.download and needs_download(self.model):
+                raise Unavailable(f"{self.model} is not downloaded (this profile sets download: false)")
+            try:
+                self.loaded = load_model(self.model, device=settings.device, dtype=settings.dtype)
+            except EffdepthError as exc:
+                raise Unavailable(str(exc)) from exc
+        return self.loaded
+
+    def bind(self, record: RunRecord):
+        return lambda: self(record.settings)
+
+    def release(self) -> None:
+        self.loaded = None
+
+
+def record_of(model: str, spec: Mapping, defaults: Mapping | None = None) -> RunRecord:
+    """The run record of one (model, task spec): its settings, probes and precision rule."""
+    settings = task_settings(model, spec, defaults)
+    probes = parse_probes(spec.get("probes", registry.DEFAULT), settings)
+    rule = Precision.from_spec({**(defaults or {}), **spec}.get("precision"))
+    if rule is not None and not all(registry.get(p).rules for p in probes):
+        rule = None  # the rule sizes runs by their ED intervals: runs of probes without ED rules keep their n
+    return RunRecord(model, task_label(spec), settings, probes, precision=rule)
+
+
+def compute_record(
+    record: RunRecord,
+    results_dir: str | Path,
+    load,
+    n_bootstrap: int = 1000,
+    reuse_from: Sequence[str | Path] = (),
+    cached_only: bool = False,
+) -> None:
+    """Fill ``record.result``: its cached run, or computed (``load()`` gives the model when needed)."""
+    if record.precision is not None:
+        walk = precise_run(
+            record.settings,
+            record.probes,
+            record.precision,
+            results_dir,
+            reuse_from=reuse_from,
+            cached_only=cached_only,
+            load=load,
+            n_bootstrap=n_bootstrap,
+        )
+        if walk.result is None:
+            raise Unavailable("not computed yet (run `effdepth book` or `effdepth grid` for its page)")
+        record.result, record.walk = walk.result, walk
+        return
+    out_dir = default_out_dir(record.settings, results_dir, hashed=False)
+    loaded = None if is_complete(out_dir, record.settings.key(), record.probes) else load()
+    record.result = run(
+        record.settings,
+        record.probes,
+        out_dir,
+        loaded=loaded,
+        n_bootstrap=n_bootstrap,
+        overwrite=True,
+        reuse_from=reuse_from,
+    )
+
+
 def pruning_comparison(study: Study) -> pl.DataFrame:
-    """``rule_comparison`` of every run with the pruning probe, with the EDs of that same run (every
-    rule it has, tuned lens included), plus ``model`` and ``task`` columns."""
+    """``rule_comparison`` of every run with the pruning probe, with the EDs of the same model and task
+    (every rule it has, tuned lens included: from the pruning run itself, or from the run of the ED
+    probes on the same task when the pruning run has none), plus ``model`` and ``task`` columns."""
     parts = []
+    labels = {**RULES, **TUNED_RULE_LABELS}
     for r in study.finished:
         if "prune" not in r.result.curves:
             continue
-        s = r.result.summary
-        labels = {**RULES, **TUNED_RULE_LABELS}
+        sources = [r] + [o for o in study.finished if o is not r and (o.model, o.label) == (r.model, r.label)]
+        s = next((o.result.summary for o in sources if any(k in o.result.summary for k in labels)), r.result.summary)
         eds = {label: s[rule].get("ed") for rule, label in labels.items() if isinstance(s.get(rule), dict)}
-        table = rule_comparison(r.result.curves["prune"], eds, int(s["n_layers"]))
+        table = rule_comparison(r.result.curves["prune"], eds, int(r.result.summary["n_layers"]))
         parts.append(table.with_columns(pl.lit(r.model).alias("model"), pl.lit(r.label).alias("task")))
     return pl.concat(parts).select("model", "task", pl.exclude("model", "task")) if parts else pl.DataFrame()
 

@@ -224,6 +224,8 @@ def check_top_k(settings, facts: Mapping) -> None:
 
 
 def _expand(settings) -> tuple[str, ...]:
+    """``--lens`` chooses the lens of the lens probe: the logit lens, the tuned lens, or both."""
+    LENS.check(settings.lens)
     return {"logit": ("logit_lens",), "tuned": ("tuned_lens",), "both": ("logit_lens", "tuned_lens")}[settings.lens]
 
 
@@ -237,7 +239,7 @@ SPEC = ProbeSpec(
     name="logit_lens",
     title="logit lens",
     compute=_compute,
-    options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, LENS),
+    options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION),  # --lens belongs to early exit (and expand)
     aggregate=token_weighted_mean,
     rules=lens_rules("logit_lens", "lens"),
     charts=(Chart("lens", "lens_curves", "logit_lens"),),

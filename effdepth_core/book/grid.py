@@ -1,0 +1,109 @@
+"""The book's grid of runs as a plan: every (page, model, task spec) cell of a params profile, its
+state in the cache, and its computation — one cell after another here (``run_local``), or spread
+over machines (``effdepth grid --executor``). The cells are the runs the notebooks make
+(``sections.plans``), so the pages then render from the cache without model work."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..precision import Precision, precise_run
+from ..rundir import is_complete
+from ..settings import RunSettings, default_out_dir
+from .runner import SECTIONS, parameter_sets
+from .sections import defaults, plans
+from .study import ModelLoader, RunRecord, compute_record, record_of
+
+
+@dataclass
+class Cell:
+    """One run of the book: a model on a task spec, as one page's study makes it."""
+
+    section: str
+    page: str
+    study: str
+    record: RunRecord
+    results_dir: Path
+    reuse_from: tuple[Path, ...] = ()
+    download: bool = True
+    depends: list[str] = field(default_factory=list)
+
+    @property
+    def model(self) -> str:
+        return self.record.model
+
+    @property
+    def settings(self) -> RunSettings:
+        return self.record.settings
+
+    @property
+    def name(self) -> str:
+        probes = ",".join(self.record.probes)
+        n = f"n≤{self.record.precision.n_max}" if self.record.precision else f"n={self.settings.n}"
+        return f"{self.model} · {self.record.label} · {probes} · {n}"
+
+    @property
+    def key(self) -> tuple:
+        """Cells of two pages that make the same run are one cell."""
+        rule = self.record.precision
+        return (str(self.results_dir), self.settings.key(), tuple(self.record.probes), rule)
+
+    def state(self) -> str:
+        """``cached`` (every run it needs is finished), ``partial`` (a precision walk under way) or ``missing``."""
+        if self.record.precision is not None:
+            walk = precise_run(
+                self.settings, self.record.probes, self.record.precision, self.results_dir, cached_only=True
+            )
+            if walk.stopped != "not computed":
+                return "cached"
+            return "partial" if walk.steps else "missing"
+        out = default_out_dir(self.settings, self.results_dir, hashed=False)
+        return "cached" if is_complete(out, self.settings.key(), self.record.probes) else "missing"
+
+
+def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = None) -> list[Cell]:
+    """Every distinct cell of the profile's pages, in book order (a section's pages, their studies,
+    each study's models and specs). Every results folder of the profile may lend examples to the
+    others (``reuse_from``)."""
+    found: dict[tuple, Cell] = {}
+    items = [s for section in (sections or SECTIONS) for s in parameter_sets(root, section, profile)]
+    roots = tuple(dict.fromkeys(Path(s.parameters.get("results_dir", "results")) for s in items))
+    for item in items:
+        shared = defaults(item.parameters)
+        results_dir = Path(item.parameters.get("results_dir", "results"))
+        for plan in plans(item.section, item.parameters):
+            for model in plan.models:
+                for spec in plan.specs_by_model.get(model, plan.specs):
+                    record = record_of(model, spec, shared)
+                    cell = Cell(item.section, item.name, plan.name, record, results_dir, roots, plan.download)
+                    found.setdefault(cell.key, cell)
+    return list(found.values())
+
+
+def run_local(todo: Sequence[Cell], progress: bool = True, log=print) -> list[tuple[Cell, str]]:
+    """Compute the cells one after another, loading each model once for its cells in a row."""
+    from .study import Unavailable
+
+    done: list[tuple[Cell, str]] = []
+    loader: ModelLoader | None = None
+    for index, cell in enumerate(todo, start=1):
+        if loader is None or loader.model != cell.model:
+            loader = ModelLoader(cell.model, download=cell.download)
+        log(f"[{index}/{len(todo)}] {cell.name}")
+        try:
+            compute_record(cell.record, cell.results_dir, loader.bind(cell.record), reuse_from=cell.reuse_from)
+        except Unavailable as exc:
+            done.append((cell, f"unavailable: {exc}"))
+            log(f"  unavailable: {exc}")
+            continue
+        walk = cell.record.walk
+        rule = cell.record.precision
+        outcome = walk.reason(rule) if walk is not None and rule is not None else "done"
+        done.append((cell, outcome))
+        log(f"  {outcome}")
+    return done
+
+
+__all__ = ["Cell", "Precision", "cells", "run_local"]

@@ -1,0 +1,130 @@
+"""Sample sizes set by precision: grow a run's ``n`` until the 95 % bootstrap interval of each of
+its EDs is at most ±``halfwidth`` layers, or a cap. A bootstrap over a handful of prompts gives
+intervals that look precise and are not, so an interval counts only from ``n_min`` (20) prompts on.
+
+Each step is an ordinary cached run (``results.run``) whose directory is named by its ``n``; a
+larger step reuses the smaller one's examples (the task's sampling is prefix-stable), so growing
+``n`` from 20 to 40 computes 20 new prompts. Walking the steps again reads them from the cache, so
+the book and the grid find the same final ``n`` without any model work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import EffdepthError
+from .models import LoadedModel
+from .results import RunResult, run
+from .rundir import is_complete
+from .settings import RunSettings, default_out_dir
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The rule: every ED's interval width ``ci_high − ci_low`` at most ``2 × halfwidth``, counted
+    from ``n_min`` prompts; at most ``n_max`` prompts; steps of at least ``step`` prompts."""
+
+    halfwidth: float = 1.0
+    n_min: int = 20
+    n_max: int = 100
+    step: int = 10
+
+    @classmethod
+    def from_spec(cls, value: Mapping | bool | None) -> Precision | None:
+        if value in (None, False):
+            return None
+        if value is True:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise EffdepthError(f"precision must be a mapping (halfwidth, n_min, n_max, step) or true, got {value!r}")
+        unknown = sorted(set(value) - set(asdict(cls())))
+        if unknown:
+            raise EffdepthError(f"unknown precision key(s) {', '.join(unknown)}; use halfwidth, n_min, n_max, step")
+        rule = cls(**value)
+        if not (rule.halfwidth > 0 and 1 <= rule.n_min <= rule.n_max and rule.step >= 1):
+            raise EffdepthError(f"precision {value} is not a rule: halfwidth > 0, 1 <= n_min <= n_max, step >= 1")
+        return rule
+
+    def widths(self, result: RunResult) -> dict[str, int]:
+        """Interval width per ED rule whose ED is defined (an undefined ED has nothing to make precise)."""
+        return {
+            key: depth.ci_high - depth.ci_low
+            for key, depth in result.depth.items()
+            if depth.ed is not None and depth.ci_low is not None and depth.ci_high is not None
+        }
+
+    def met(self, result: RunResult) -> bool:
+        n = int(result.summary["n_examples"])
+        return n >= self.n_min and all(w <= 2 * self.halfwidth for w in self.widths(result).values())
+
+    def next_n(self, n: int, widths: Mapping[str, int]) -> int:
+        """The next step: the n at which the widest interval would meet the rule if it shrinks as
+        1/√n, at least ``step`` more, at most twice ``n``, rounded up to a multiple of ``step``."""
+        widest = max(widths.values(), default=0)
+        wanted = n * (widest / (2 * self.halfwidth)) ** 2 if widest else n + self.step
+        grown = min(2 * n, max(n + self.step, wanted))
+        return min(self.n_max, int(math.ceil(grown / self.step) * self.step))
+
+
+@dataclass
+class PreciseRun:
+    """The run a precision rule settled on, the steps it took and why it stopped."""
+
+    result: RunResult | None
+    steps: list[int]
+    stopped: str  # "met", "cap", "data", "not computed"
+    widths: dict[str, int]
+
+    @property
+    def n(self) -> int:
+        return int(self.result.summary["n_examples"]) if self.result is not None else 0
+
+    def reason(self, rule: Precision) -> str:
+        widest = max(self.widths.values(), default=0)
+        if self.stopped == "met":
+            return f"every interval within ±{rule.halfwidth:g} at n = {self.n}"
+        if self.stopped == "cap":
+            return f"the cap of {rule.n_max} prompts reached; widest interval {widest} layers"
+        if self.stopped == "data":
+            return f"the data set has only {self.n} prompts here; widest interval {widest} layers"
+        return "not computed yet"
+
+
+def precise_run(
+    settings: RunSettings,
+    probes: Sequence[str],
+    rule: Precision,
+    results_dir: Path | str,
+    loaded: LoadedModel | None = None,
+    reuse_from: Sequence[Path | str] = (),
+    cached_only: bool = False,
+    load=None,
+    n_bootstrap: int = 1000,
+) -> PreciseRun:
+    """Walk ``n`` = ``rule.n_min``, … until the rule is met, the cap is reached or the data set runs
+    out. Each step is ``run`` into ``<results_dir>/<model>/<task>-n<N>-…``; steps already finished are
+    read. ``load()`` gives the model when a step must be computed (``loaded`` if given); with
+    ``cached_only`` nothing is computed and the walk stops at the first missing step."""
+    n, steps = rule.n_min, []
+    result, widths = None, {}
+    while True:
+        step = settings.replace(n=n)
+        out = default_out_dir(step, results_dir, hashed=False)
+        if not is_complete(out, step.key(), probes):
+            if cached_only:
+                return PreciseRun(result, steps, "not computed", widths)
+            if loaded is None and load is not None:
+                loaded = load()
+        result = run(step, probes, out, loaded=loaded, n_bootstrap=n_bootstrap, overwrite=True, reuse_from=reuse_from)
+        steps.append(n)
+        widths = rule.widths(result)
+        if int(result.summary["n_examples"]) < n:
+            return PreciseRun(result, steps, "data", widths)
+        if rule.met(result):
+            return PreciseRun(result, steps, "met", widths)
+        if n >= rule.n_max:
+            return PreciseRun(result, steps, "cap", widths)
+        n = rule.next_n(n, widths)

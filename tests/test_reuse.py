@@ -1,0 +1,82 @@
+"""A run with more examples reuses the rows an earlier run measured for its first examples (same
+probe key), computes only the rest, and gives what a fresh run gives."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from effdepth_core.results import RunSettings, run
+
+# float32 forward passes of the same prompt in batches of other shapes (other padding, other
+# partners) round differently: ~1e-6 of values of order 1 (cosines, relative norms, KL, overlap)
+TOLERANCE = 1e-5
+
+
+def _max_diff(a: pl.DataFrame, b: pl.DataFrame) -> float:
+    keys = [c for c in a.columns if c not in ("value", "mean", "std")]
+    joined = a.join(b, on=keys, how="full", suffix="_b", nulls_equal=True)
+    assert joined.height == a.height == b.height
+    return float((joined["value"] - joined["value_b"]).abs().max())
+
+
+def _task_file(tmp_path, n: int = 6):
+    path = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": f"q{i}: what is {i} + {2 * i}? it is", "answer": f" {3 * i}."} for i in range(n)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+@pytest.mark.parametrize("task, probes", [("file", "cosine,logit_lens"), ("addition", "skip,igrad,early_exit")])
+def test_a_larger_run_reuses_the_first_examples_and_equals_a_fresh_one(tiny_dir, tmp_path, task, probes):
+    options = dict(n=3, progress=False, skip_positions=1, skip_parts="layer", igrad_steps=8)
+    if task == "addition":
+        options.update(igrad_quadrature="gauss", digits=3)
+    else:
+        task = _task_file(tmp_path)
+    small = RunSettings(str(tiny_dir), task, **options)
+    run(small, probes, tmp_path / "runs" / "small")
+    larger = small.replace(n=5)
+    extended = run(larger, probes, tmp_path / "runs" / "larger")  # beside the small run: reuses it
+    fresh = run(larger, probes, tmp_path / "alone" / "larger")  # nothing beside it
+    metadata = json.loads((tmp_path / "runs" / "larger" / "metadata.json").read_text())
+    for name in probes.split(","):
+        record = metadata["probes"][name]
+        assert record["reused"] == {"from": str(tmp_path / "runs" / "small"), "examples": 3}, name
+        assert "reused" not in fresh.metadata["probes"][name]
+        assert extended.per_example[name]["example"].n_unique() == 5
+        assert _max_diff(extended.per_example[name], fresh.per_example[name]) <= TOLERANCE, name
+        assert _max_diff(extended.curves[name], fresh.curves[name]) <= TOLERANCE, name
+    assert extended.summary == fresh.summary
+
+
+def test_only_the_missing_examples_are_computed_and_a_changed_option_reuses_nothing(tiny_dir, tmp_path, monkeypatch):
+    import dataclasses
+
+    from effdepth_core import registry
+
+    seen: list[int] = []
+    spec = registry.get("cosine")
+
+    def counting(loaded, examples, context):
+        seen.append(len(examples))
+        return spec.compute(loaded, examples, context)
+
+    monkeypatch.setitem(registry._all(), "cosine", dataclasses.replace(spec, compute=counting))
+    base = RunSettings(str(tiny_dir), _task_file(tmp_path), n=2, progress=False)
+    run(base, "cosine", tmp_path / "a")
+    run(base.replace(n=4), "cosine", tmp_path / "b")
+    assert seen == [2, 2]  # the second run computed only examples 2 and 3
+    run(base.replace(n=4, batch_size=1, top_k=3), "cosine", tmp_path / "c")  # not the cosine's options: reused
+    assert seen[-1] == 2
+    other = RunSettings(str(tiny_dir), "addition", n=4, digits=2, progress=False)
+    run(other, "cosine", tmp_path / "e")
+    run(other.replace(n=5, seed=1), "cosine", tmp_path / "f")  # other examples: nothing to reuse
+    assert seen[-1] == 5
+    for run_dir in ("b", "c"):  # damaged donors are not used
+        damaged = tmp_path / run_dir / "cosine_by_example.parquet"
+        damaged.write_bytes(damaged.read_bytes()[:-8])
+    run(base.replace(n=5), "cosine", tmp_path / "d")
+    assert seen[-1] == 3  # from the intact 2-example run, not the damaged 4-example ones
