@@ -95,8 +95,10 @@ def boxed_example(task: str, problem: str, solution: str, meta: dict) -> Example
 
 
 def arithmetic_example(op: str, a: int, b: int) -> Example:
+    """``Give the answer directly: a op b = `` and the result's digits: the space belongs to the
+    question, as in the published code, so the answer tokens are the digits alone (method.md §9)."""
     result = a + b if op == "+" else a * b
-    return Example(f"Give the answer directly: {a} {op} {b} =", f" {result}", {"a": a, "b": b, "op": op})
+    return Example(f"Give the answer directly: {a} {op} {b} = ", f"{result}", {"a": a, "b": b, "op": op})
 
 
 # --- loaders -------------------------------------------------------------------------------

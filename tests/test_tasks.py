@@ -62,7 +62,7 @@ def test_arithmetic_operands_have_n_digits(name, op):
         a, b = e.meta["a"], e.meta["b"]
         assert len(str(a)) == 6 and len(str(b)) == 6
         result = a + b if op == "+" else a * b
-        assert e.question == f"Give the answer directly: {a} {op} {b} =" and e.answer == f" {result}"
+        assert e.question == f"Give the answer directly: {a} {op} {b} = " and e.answer == f"{result}"  # as published
         assert e.prompt == f"Give the answer directly: {a} {op} {b} = {result}"
 
 
