@@ -393,7 +393,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     options = chart.options(frame) if chart.options else {}
     label = metadata.get("settings", {})
     try:
-        drawn = getattr(plots, chart.builder)(frame, model=label.get("model"), task=label.get("task"), **options)
+        builder = chart.builder if callable(chart.builder) else getattr(plots, chart.builder)
+        drawn = builder(frame, model=label.get("model"), task=label.get("task"), **options)
     except (pl.exceptions.PolarsError, KeyError) as exc:
         raise EffdepthError(f"{source} does not hold what a {args.chart} chart needs ({type(exc).__name__})") from exc
     if isinstance(drawn, plots.Note):

@@ -34,6 +34,7 @@ BUILTIN: dict[str, str] = {
     "tuned_lens": "effdepth_core.probes.tuned_lens:SPEC",
     "prune": "effdepth_core.probes.pruning:SPEC",
     "early_exit": "effdepth_core.probes.early_exit:SPEC",
+    "norm": "effdepth_core.probes.norm:SPEC",
 }
 DEFAULT = ("cosine", "logit_lens")  # what `effdepth run` measures unless told otherwise
 

@@ -320,7 +320,8 @@ def run(
     searched at ``<root>/<model>/``) whose examples begin as this run's do — and computes the rest.
     """
     plan = _plan(settings, probes, out_dir, loaded, examples)
-    directory = RunDirectory.open(plan.out, plan.key, settings.numbers(), registry.frames(), overwrite)
+    described = {**settings.numbers(), **settings.key_fields()}  # what a refusal compares, named
+    directory = RunDirectory.open(plan.out, plan.key, described, registry.frames(), overwrite)
     try:
         missing = [p for p in plan.names if not directory.has_probe(p)]
         _warn_outdated(directory, [p for p in plan.names if p not in missing], settings)
@@ -371,6 +372,7 @@ def _new_metadata(settings: RunSettings, key: str, loaded: LoadedModel, examples
         "format": FORMAT,
         "key": key,
         "settings": settings.numbers(),
+        "key_fields": settings.key_fields(),
         "effdepth_version": __version__,
         "environment": environment(),
         "model_name": loaded.name,

@@ -136,9 +136,14 @@ def verified_files(folder: Path, records: Mapping) -> str | None:
     return None
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text[:14] + "…'" if isinstance(value, str) and len(value) > 16 else text
+
+
 def _differences(old: dict, new: dict) -> str:
     names = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in ("progress",))
-    listed = ", ".join(f"{k}: {old.get(k)!r} → {new.get(k)!r}" for k in names[:4])
+    listed = ", ".join(f"{k}: {_short(old.get(k))} → {_short(new.get(k))}" for k in names[:4])
     return listed or "the same options, but another task file content, model files or effdepth version"
 
 
@@ -219,9 +224,10 @@ class RunDirectory:
                     "effdepth never writes among other files: choose a new or empty directory"
                 )
             if metadata is not None and metadata["key"] != key and not overwrite:
+                old = {**metadata.get("settings", {}), **(metadata.get("key_fields") or {})}
                 raise OutputDirectoryError(
                     f"--out {out} holds an effdepth run with other parameters "
-                    f"({_differences(metadata.get('settings', {}), settings)}); "
+                    f"({_differences(old, settings)}); "
                     "pass --overwrite to replace its effdepth files, or choose another --out"
                 )
         self.stale = metadata is not None and metadata["key"] != key
@@ -312,8 +318,10 @@ class RunDirectory:
     def _write_metadata(self) -> None:
         atomic_write_json(self.path / METADATA, self.metadata, _KEPT)
 
-    def _write_recorded(self, entry: str, files: dict[str, object], where: dict) -> dict[str, str]:
-        """Write ``files`` (name → bytes or frame) under the pending protocol; returns name → sha256."""
+    def _write_recorded(self, entry: str, files: dict[str, object], finish) -> None:
+        """Write ``files`` (name → bytes or frame) under the pending protocol: the metadata lists them
+        as pending, each is written atomically, then ``finish(name → sha256)`` records them in the
+        metadata, which is written once more without them pending."""
         self.metadata.setdefault("pending", {})[entry] = list(files)
         self._write_metadata()
         hashes = {}
@@ -324,10 +332,9 @@ class RunDirectory:
             else:
                 atomic_write_parquet(path, content, _KEPT)
             hashes[name] = sha256_file(path)
-        where.update(hashes)
+        finish(hashes)
         del self.metadata["pending"][entry]
         self._write_metadata()
-        return hashes
 
     def start(self, metadata: dict, examples) -> dict:
         """Begin (or continue) writing: replace a stale run's files, then write the metadata (kept
@@ -343,17 +350,18 @@ class RunDirectory:
         metadata.setdefault("pending", {})
         self.metadata, self.wrote = metadata, True
         text = "".join(json.dumps(e.to_json()) + "\n" for e in examples)
-        self._write_recorded("examples", {EXAMPLES: text.encode()}, self.metadata["files"])
+        self._write_recorded("examples", {EXAMPLES: text.encode()}, self.metadata["files"].update)
         return self.metadata
 
     def save_probe(self, name: str, frames: dict[str, pl.DataFrame], record: dict) -> None:
         """A finished probe's frames, then its record (``record`` plus each file's sha256)."""
         self.metadata["probes"].pop(name, None)
         files = {f"{frame_name}.parquet": frame for frame_name, frame in frames.items()}
-        entry = dict(record, files={})
-        self._write_recorded(name, files, entry["files"])
-        self.metadata["probes"][name] = entry
-        self._write_metadata()
+
+        def finish(hashes: dict[str, str]) -> None:
+            self.metadata["probes"][name] = {**record, "files": hashes}
+
+        self._write_recorded(name, files, finish)
         self.finished += 1
 
     def write_summary(self, payload: dict) -> None:
@@ -369,7 +377,7 @@ class RunDirectory:
         if not self.verifies:  # a format-1 run: the summary is rewritten as before, unrecorded
             atomic_write_bytes(path, data, _KEPT)
             return
-        self._write_recorded("summary", {SUMMARY: data}, files)
+        self._write_recorded("summary", {SUMMARY: data}, files.update)
 
     def read_metadata_or_fail(self) -> dict:
         metadata = read_metadata(self.path)

@@ -53,6 +53,15 @@ def test_a_broken_final_norm_is_named(probe):
     residual_cosine(_poisoned("final norm"), prompts)  # the residual stream itself is fine
 
 
+def test_early_exit_names_the_head_not_a_layers_input():
+    # before: "the early-exit decode of layer 0's input", as if the residual were broken
+    from effdepth_core.probes import early_exit
+
+    prompts = random_prompts([16])
+    with pytest.raises(NonFiniteActivationError, match=r"early-exit decode \(final norm \+ LM head\)"):
+        early_exit(_poisoned("final norm"), [(prompts[0], 3)])
+
+
 def test_nothing_non_finite_is_cached(tmp_path, monkeypatch):
     loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
     examples = [Example("1 + 2 =", " 3", {"task": "addition"})]

@@ -66,6 +66,20 @@ CASES = [
     ("refetch unknown alias", ["models", "--refetch", "gpt5"], "unknown offline model 'gpt5'", False),
     ("table of nothing", ["table", "{tmp}/empty"], "no effective_depth.json", False),
     ("table of a missing folder", ["table", "{tmp}/missing"], "no such directory", False),
+    # issue 17: each of these was an internal error, a wrong message or exit 0 before
+    ("empty model", ["run", "--model", ""], "--model is empty", False),
+    ("out is a dangling link", ["run", "--out", "{tmp}/dangling"], "is a dangling symbolic link", False),
+    ("out is a link to a folder", ["run", "--out", "{tmp}/linked"], "is a symbolic link (to", False),
+    ("refetch of an empty alias", ["models", "--refetch", ""], "unknown offline model ''", False),
+    (
+        "map max-tokens on arithmetic",
+        ["map", "--small", "{tiny}", "--big", "{tiny}", "--task", "addition", "--n", "4", "--max-tokens", "9"],
+        "--max-tokens applies to data-set tasks",
+        False,
+    ),
+    ("a one-token prompt", ["run", "--task", "{tmp}/one-token.jsonl"], "has 1 token(s); the cosine probe needs", True),
+    ("igrad tolerance not a number", ["run", "--probes", "igrad", "--igrad-tol", "x"], "must be a number", False),
+    ("kl fraction out of range", ["run", "--kl-fraction", "1.5"], "must be a fraction between 0 and 1", False),
 ]
 
 
@@ -78,6 +92,10 @@ def _files(tmp: Path) -> None:
     (tmp / "notes.txt").write_text("not a model")
     (tmp / "fake.gguf").write_bytes(b"PK\x03\x04 a zip, not GGUF")
     (tmp / "truncated.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 3)
+    (tmp / "one-token.jsonl").write_text('{"prompt": " "}\n')
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
+    (tmp / "elsewhere").mkdir()
+    (tmp / "linked").symlink_to(tmp / "elsewhere")
     (tmp / "empty").mkdir()
 
 
@@ -204,6 +222,29 @@ def test_table_skips_a_corrupt_or_foreign_summary(hostile, capsys):
         capsys.readouterr()
         assert main(["table", str(damaged)]) == 2
         assert "nan" not in capsys.readouterr().out.lower()
+
+
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        ({"ed": 1, "ratio": 0.9}, "is not (ED+1)/L"),  # the ratio of another ED
+        ({"ed": 1, "ratio": 2 / 3, "ci_low": 2, "ci_high": 0}, "is reversed"),
+        ({"ed": 1, "ratio": 2 / 3, "ci_low": 0}, "interval is out of range"),  # half an interval
+    ],
+)
+def test_table_skips_a_summary_that_contradicts_itself(hostile, capsys, edit, why):
+    tmp, tiny, _, _ = hostile
+    good = tmp / "runs" / "good"
+    argv = ["run", "--model", str(tiny), "--task", "addition", "--n", "2", "--out", str(good), "--no-progress"]
+    assert main(argv) == 0
+    summary = good / "effective_depth.json"
+    text = json.loads(summary.read_text())
+    text["cosine"] = edit
+    summary.write_text(json.dumps(text))
+    capsys.readouterr()
+    assert main(["table", str(good)]) == 2  # nothing left to show
+    err = capsys.readouterr().err
+    assert f"skipping {summary}" in err and why in err
 
 
 @pytest.mark.parametrize("argv", [["run", "--model", "README.md"], ["run", "--task", "math", "--level", "0"]])

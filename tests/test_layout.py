@@ -31,9 +31,13 @@ LAYERS = {
     "cli": 7,
     "book": 7,
 }
-# The doors from the core to the book layer: `effdepth book` (the papermill runner) and `effdepth
-# plot` (the charts) import it inside their command functions, after checking the [book] extra.
-BOOK_ENTRIES = {("effdepth_core.cli", "effdepth_core.book.runner"), ("effdepth_core.cli", "effdepth_core.book")}
+# The doors from the core to the book layer: `effdepth book` (the papermill runner), `effdepth plot`
+# (the charts) and `effdepth grid` import it inside their command functions, after checking the [book] extra.
+BOOK_ENTRIES = {
+    ("effdepth_core.cli", "effdepth_core.book.runner"),
+    ("effdepth_core.cli", "effdepth_core.book"),
+    ("effdepth_core.cli", "effdepth_core.book.grid"),  # `effdepth grid`: the book's cells from params/
+}
 
 
 def _layer(module: str) -> int:

@@ -287,6 +287,31 @@ def contribution_bars(cosine: pl.DataFrame, width: int = CONTENT_WIDTH) -> alt.C
     return _pickers(alt.vconcat(cos.add_params(pick), rel, data=frame), frame)
 
 
+@_accepts_probe_frames
+def metric_curves(frame: pl.DataFrame) -> alt.VConcatChart:
+    """Any probe's curves: value per layer, one panel per metric, one line per task (a dropdown picks
+    the model): the chart a new probe gets without writing one."""
+    data = _rounded(frame.select("model", "task", "layer", "metric", "value"))
+    pick = alt.selection_point(fields=["task"], bind="legend")
+    base = (
+        alt.Chart()
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("layer:Q", title="layer"),
+            color=alt.Color("task:N", title="task"),
+            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
+            tooltip=["model:N", "task:N", "metric:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
+        )
+        .properties(width=CONTENT_WIDTH, height=170)
+    )
+    metrics = data["metric"].unique(maintain_order=True).to_list()
+    panels = [
+        base.transform_filter(alt.datum.metric == metric).encode(y=alt.Y("value:Q", title=metric)) for metric in metrics
+    ]
+    panels[0] = panels[0].add_params(pick)
+    return _pickers(alt.vconcat(*panels, data=data), data, ("model",))
+
+
 def _picker_params(frame: pl.DataFrame, fields: Sequence[str]) -> list[tuple[str, alt.Parameter]]:
     """A dropdown for each of ``fields`` with more than one value in ``frame``: (field, param)."""
     out = []

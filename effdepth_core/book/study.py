@@ -112,9 +112,10 @@ class Study:
         rows = []
         for r in self.finished:
             s, meta = r.result.summary, r.result.metadata
-            for rule, rule_label in {**RULES, **TUNED_RULE_LABELS}.items():  # tuned: where a run has them
+            for rule, (_, spec_rule) in registry.rules().items():  # every rule the run has, any probe's
                 if rule not in s:
                     continue
+                rule_label = spec_rule.label
                 entry = s[rule]
                 ratio = lambda v, n=s["n_layers"]: None if v is None else (v + 1) / n  # noqa: E731
                 rows.append(

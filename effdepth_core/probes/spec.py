@@ -122,10 +122,12 @@ class Rule:
 
 @dataclass(frozen=True)
 class Chart:
-    """An ``effdepth plot`` chart: the book's ``plots.<builder>`` drawn from one of the probe's frames."""
+    """An ``effdepth plot`` chart drawn from one of the probe's frames: ``builder`` names a function of
+    the book's ``plots`` (``"metric_curves"`` draws any probe's curves) or is a callable
+    ``(frame, model=, task=, **options)`` → Altair chart (a plugin's own)."""
 
     name: str
-    builder: str
+    builder: str | Callable[..., Any]
     frame: str  # a saved frame name (``<probe>``, ``<probe>_by_example``, a derived one)
     options: Callable[[Any], dict] | None = None  # frame → extra keyword arguments
 

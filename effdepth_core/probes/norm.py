@@ -1,0 +1,94 @@
+"""Residual norm per layer: the L2 norm of each layer's input h_l (and of the final residual),
+averaged over tokens — the worked example of adding a probe (docs/probes.md). Its ED rule: the
+first layer whose mean norm exceeds ``norm_fraction`` of the final one's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import polars as pl
+import torch
+from tqdm import tqdm
+
+from ..models import LoadedModel
+from ..trace import LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
+from .reduce import per_example_frame, token_weighted_mean
+from .spec import Chart, Context, Option, ProbeSpec, Rule
+
+
+def residual_norm(
+    loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], batch_size: int = 4, progress: bool = False
+) -> pl.DataFrame:
+    """Per example: the mean over tokens of ‖h_l‖₂ for l = 0..L (``example, layer, metric, value,
+    n_tokens`` with metric ``norm``; layer L is the final residual, before the final norm)."""
+    token_lists = tokenize(loaded, prompts)
+    sums = torch.zeros(len(token_lists), loaded.n_layers + 1, 1)  # [example, layer, metric]
+    counts = torch.tensor([ids.numel() for ids in token_lists])
+    with tqdm(total=len(token_lists), desc="residual norm", unit="prompt", disable=not progress) as bar:
+        for batch in iter_batches(token_lists, batch_size, loaded.input_device):
+            mask = batch.mask.float()  # [batch, token]
+            rows = torch.zeros(len(batch.examples), loaded.n_layers + 1, 1)
+
+            def on_layer(trace: LayerTrace, rows=rows, mask=mask) -> None:
+                states = [(trace.layer, trace.h_in)]
+                if trace.layer == loaded.n_layers - 1:
+                    states.append((loaded.n_layers, trace.h_out))
+                for layer, h in states:
+                    norms = h.float().norm(dim=-1)  # [batch, token]
+                    require_finite(norms, f"the residual norm at layer {layer}", loaded.name)
+                    rows[:, layer, 0] = (norms * mask.to(norms.device)).sum(1).cpu()
+
+            with trace_layers(loaded, on_layer, sublayers=False):
+                forward(loaded, batch)
+            sums[batch.examples] = rows
+            bar.update(len(batch.examples))
+    return per_example_frame(sums, counts, ("norm",))
+
+
+def ed_norm(norm: np.ndarray, fraction: float) -> int | None:
+    """First l in 0..L-1 whose mean norm exceeds ``fraction`` of the final residual's (layer L)."""
+    above = np.flatnonzero(np.asarray(norm, dtype=float)[:-1] > fraction * norm[-1])
+    return int(above[0]) if above.size else None
+
+
+NORM_FRACTION = Option(
+    "norm_fraction",
+    0.5,
+    "the residual-norm rule: the first layer whose mean norm exceeds this share of the final one's",
+    type=float,
+    minimum=0,
+    maximum=1,
+    open_interval=True,
+)
+
+
+def _rule(curves: Mapping[str, np.ndarray], settings) -> int | None:
+    return ed_norm(curves["norm"], settings.norm_fraction)
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
+    prompts = [getattr(e, "prompt", e) for e in examples]
+    return residual_norm(loaded, prompts, batch_size=context.settings.batch_size, progress=context.progress)
+
+
+SPEC = ProbeSpec(
+    name="norm",
+    title="residual norm",
+    compute=_compute,
+    options=(NORM_FRACTION,),
+    aggregate=token_weighted_mean,
+    rules=(
+        Rule(
+            "residual_norm",
+            "norm",
+            ("norm",),
+            _rule,
+            lambda s: f"the residual norm never exceeds {s.norm_fraction} of the final one before layer L",
+            needs_final_layer=True,
+        ),
+    ),
+    charts=(Chart("norm", "metric_curves", "norm"),),
+    reusable=True,
+    description="the L2 norm of each layer's residual; ED: the first layer past a share of the final norm",
+)

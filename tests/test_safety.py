@@ -1,0 +1,171 @@
+"""Effdepth's writes: the lock never writes through a link nor removes a file it did not create; a
+kill at any write leaves a directory that resumes to the same numbers; a full disk is one line that
+says nothing was lost, and leaves no temporary behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import char_tokenizer, make_tiny
+
+from effdepth_core import cache, rundir
+from effdepth_core.cli import main
+from effdepth_core.models import wrap_model
+from effdepth_core.results import RunSettings, run
+from effdepth_core.tasks import load_task
+
+LOCK = cache.LOCK_NAME
+
+
+def _run_cli(capsys, *argv) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def _argv(tiny_dir, out) -> list[str]:
+    return ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "1", "--out", str(out), "--no-progress"]
+
+
+def test_a_link_named_like_the_lock_is_refused_and_its_target_untouched(tiny_dir, tmp_path, capsys):
+    target = tmp_path / "precious.txt"
+    target.write_text("a user's file outside --out")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).symlink_to(target)
+    code, err = _run_cli(capsys, *_argv(tiny_dir, out))
+    assert code == 2 and "symbolic link, not effdepth's lock" in err and len(err.strip().splitlines()) == 1
+    assert target.read_text() == "a user's file outside --out"  # not truncated, no pid written
+    assert (out / LOCK).is_symlink() and sorted(p.name for p in out.iterdir()) == [LOCK]
+
+
+def test_a_users_file_named_like_the_lock_is_refused_and_kept(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text("my notes")
+    code, err = _run_cli(capsys, *_argv(tiny_dir, out))
+    assert code == 2 and "not effdepth's lock" in err
+    assert (out / LOCK).read_text() == "my notes"
+    hard = tmp_path / "hard"
+    hard.mkdir()
+    (tmp_path / "mine.txt").write_text(f"{cache.LOCK_MARK} — but a user's file with another name too")
+    os.link(tmp_path / "mine.txt", hard / LOCK)
+    code, err = _run_cli(capsys, *_argv(tiny_dir, hard))
+    assert (
+        code == 2 and "not effdepth's lock" in err and (tmp_path / "mine.txt").read_text().startswith(cache.LOCK_MARK)
+    )
+
+
+def test_a_killed_runs_lock_is_taken_over_and_removed(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text(f"{cache.LOCK_MARK}\npid 999999\nhost elsewhere\n")  # its process is gone
+    code, _ = _run_cli(capsys, *_argv(tiny_dir, out))
+    assert code == 0 and not (out / LOCK).exists()
+
+
+def test_two_holders_exclude_each_other(tmp_path):
+    first = cache.DirectoryLock(tmp_path)
+    first.acquire()
+    try:
+        with pytest.raises(cache.CacheLockError, match="being written by another effdepth process"):
+            cache.DirectoryLock(tmp_path).acquire()
+    finally:
+        first.release()
+    assert not (tmp_path / LOCK).exists()
+    with cache.locked(tmp_path):
+        assert (tmp_path / LOCK).read_text().startswith(cache.LOCK_MARK)
+
+
+class _Killed(BaseException):
+    """The process died here: nothing after this point runs, no cleanup either."""
+
+
+def _loaded():
+    return wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
+
+
+def _kill_at(monkeypatch, k: int) -> list[int]:
+    """Make the k-th rename of the run "kill the process" just before it happens: no handler runs,
+    the lock file stays (the OS drops the lock itself when a process dies)."""
+    calls = [0]
+    real = os.replace
+
+    def replace(src, dst):
+        calls[0] += 1
+        if calls[0] == k:
+            raise _Killed
+        real(src, dst)
+
+    def dies_holding(self):
+        if self._fd is not None:
+            os.close(self._fd)  # what the kernel does for a dead process; the file stays
+            self._fd = None
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(cache.DirectoryLock, "release", dies_holding)
+    monkeypatch.setattr(rundir.RunDirectory, "discard_if_empty", lambda self: None)
+    return calls
+
+
+def test_a_kill_at_any_write_resumes_to_the_same_numbers(tmp_path, monkeypatch):
+    loaded = _loaded()
+    settings = RunSettings("tiny", "addition", n=2, digits=2, progress=False)
+    examples = load_task("addition", n=2, digits=2)
+    probes = ["cosine", "logit_lens"]
+    with monkeypatch.context() as patch:
+        calls = _kill_at(patch, 0)  # count the renames of an uninterrupted run
+        reference = run(settings, probes, tmp_path / "reference", loaded=loaded, examples=examples, n_bootstrap=50)
+    renames = calls[0]
+    assert renames >= 12  # metadata, examples, each probe's frames, the summary: each under the pending protocol
+    for k in range(1, renames + 1):
+        out = tmp_path / f"killed-{k}"
+        with monkeypatch.context() as patch:
+            _kill_at(patch, k)
+            with pytest.raises(_Killed):
+                run(settings, probes, out, loaded=loaded, examples=examples, n_bootstrap=50)
+        resumed = run(settings, probes, out, loaded=loaded, examples=examples, n_bootstrap=50)  # no error, resumes
+        assert resumed.summary == reference.summary, k
+        for name in probes:
+            assert resumed.per_example[name].equals(reference.per_example[name]), (k, name)
+        leftovers = [p.name for p in out.iterdir() if ".effdepth-tmp-" in p.name or p.name == LOCK]
+        assert not leftovers, (k, leftovers)
+        metadata = json.loads((out / "metadata.json").read_text())
+        assert not metadata["pending"] and set(metadata["probes"]) == set(probes)
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing_behind(tiny_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert _run_cli(capsys, *_argv(tiny_dir, out))[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = pl.DataFrame.write_parquet
+
+    def full(self, path, *args, **kwargs):
+        Path(path).write_bytes(b"")  # the file was created, then the disk filled up
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", full)
+    code, err = _run_cli(capsys, *_argv(tiny_dir, out), "--probes", "skip")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "internal error" not in err, err
+    assert "the disk is full" in lines[0] and "nothing was lost" in lines[0] and str(out) in lines[0]
+    assert not [p.name for p in out.iterdir() if ".effdepth-tmp-" in p.name]  # no 0-byte temporary left
+    for name, data in before.items():
+        if name != "metadata.json":
+            assert (out / name).read_bytes() == data, name  # what was finished is intact
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", real)
+    assert _run_cli(capsys, *_argv(tiny_dir, out), "--probes", "skip")[0] == 0  # resumes
+
+
+def test_a_changed_run_file_is_found_by_its_hash(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _run_cli(capsys, *_argv(tiny_dir, out))[0] == 0
+    frame = pl.read_parquet(out / "cosine_by_example.parquet")
+    frame.with_columns(pl.col("value") * 1.5).write_parquet(out / "cosine_by_example.parquet")  # valid, other numbers
+    code, err = _run_cli(capsys, *_argv(tiny_dir, out))
+    assert code == 2 and "cosine_by_example.parquet is damaged" in err and "sha256" in err

@@ -1,0 +1,50 @@
+"""The cache key and its compatibility table: results cached before the probe registry (a run
+directory written by effdepth at 348fdc9, format 1, in tests/data/legacy-run) load unchanged — the
+same key, no model work, the same EDs — and every committed run of the book keeps its key."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from effdepth_core import results
+from effdepth_core.settings import COMPATIBILITY, RunSettings
+
+LEGACY = Path(__file__).parent / "data" / "legacy-run"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _settings(metadata: dict) -> RunSettings:
+    values = dict(metadata["settings"])
+    return RunSettings(values.pop("model"), values.pop("task"), **values)
+
+
+def test_a_run_cached_before_the_registry_loads_unchanged(tmp_path, monkeypatch):
+    out = tmp_path / "legacy"
+    shutil.copytree(LEGACY, out)
+    metadata = json.loads((out / "metadata.json").read_text())
+    settings = _settings(metadata)
+    assert settings.key() == metadata["key"]  # the key of the version that wrote it
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a cached run must not load the model")
+
+    monkeypatch.setattr(results, "load_model", no_model)
+    result = results.run(settings, ["cosine", "logit_lens"], out)
+    expected = json.loads((LEGACY / "effective_depth.json").read_text())
+    assert {k: result.summary[k] for k in expected} == expected
+    assert json.loads((out / "metadata.json").read_text()) == metadata  # read, not rewritten
+
+
+def test_every_committed_run_of_the_book_keeps_its_key():
+    runs = sorted((ROOT / "book" / "results").rglob("metadata.json"))
+    assert runs
+    for path in runs:
+        metadata = json.loads(path.read_text())
+        assert _settings(metadata).key() == metadata["key"], path
+
+
+def test_the_compatibility_table_names_each_exception_once():
+    names = [name for name, _ in COMPATIBILITY]
+    assert len(names) == len(set(names)) and all(text for _, text in COMPATIBILITY)
