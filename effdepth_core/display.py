@@ -125,6 +125,9 @@ def _finite_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+_FACTS = ("model", "task", "n_layers", "n_examples", "n_asked", "level", "digits", "cells")
+
+
 def summary_problem(summary) -> str | None:
     """Why an ``effective_depth.json`` is not one effdepth wrote (None when it is): the run facts,
     and per rule an integer ED (or null) whose ratio is (ED+1)/L and whose interval is ordered and
@@ -156,9 +159,11 @@ def summary_problem(summary) -> str | None:
             return f"its {rule} interval is out of range"
         if low is not None and low > high:
             return f"its {rule} interval [{low}–{high}] is reversed"
-    scores = summary.get("depth_score", {})
-    if not isinstance(scores, dict) or not all(v is None or _finite_number(v) for v in scores.values()):
-        return "its depth scores are not finite numbers"
+    for key, value in summary.items():  # a probe's summary (the skip probe's depth scores): finite or null
+        if key in _FACTS or key in registry.rules():
+            continue
+        if not isinstance(value, dict) or not all(v is None or _finite_number(v) for v in value.values()):
+            return f"its {key} are not finite numbers"
     cells = summary.get("cells", {})
     if not isinstance(cells, dict) or not all(isinstance(v, str) for v in cells.values()):
         return "its cells are not text"

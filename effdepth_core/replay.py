@@ -82,6 +82,35 @@ def cache_keyword(module: torch.nn.Module) -> str:
     return _model_cache_keyword(type(module).forward)
 
 
+def recording_hooks(loaded: LoadedModel, hidden: list, on_input=None) -> list[Hook]:
+    """Hooks that store h_l, each layer's input (l < L), and h_L, the last layer's output, into
+    ``hidden[l]``; ``on_input(l, kwargs)`` also sees each layer's keyword arguments."""
+
+    def record(index: int):
+        def fn(h: torch.Tensor, call_kwargs: dict) -> None:
+            hidden[index] = h
+            if on_input is not None and index < loaded.n_layers:
+                on_input(index, call_kwargs)
+
+        return fn
+
+    hooks = [Hook(layer, "input", record(i)) for i, layer in enumerate(loaded.layers)]
+    hooks.append(Hook(loaded.layers[-1], "output", record(loaded.n_layers)))
+    return hooks
+
+
+def recorded_forward(
+    loaded: LoadedModel, input_ids: torch.Tensor, interventions: list[Hook]
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One full forward pass of ``input_ids`` ``[1, token]`` with ``interventions`` hooked in,
+    recorded as ``clean_run`` records: h_0..h_L (seeing the interventions: they are registered
+    first, and hooks run in registration order) and the logits ``[1, token, vocab]``."""
+    hidden: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
+    with intervene([*interventions, *recording_hooks(loaded, hidden)]), torch.inference_mode():
+        logits = loaded.model(input_ids=input_ids, use_cache=False).logits
+    return hidden, logits
+
+
 def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     """Run ``ids`` ``[token]`` once and record what every decoder layer received and returned."""
     hidden: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
@@ -89,20 +118,14 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     cache = DynamicCache()  # no config: full layers keep every position, sliding ones included
     cache_arg: list[str] = []
 
-    def record(index: int):
-        def fn(h: torch.Tensor, call_kwargs: dict) -> None:
-            hidden[index] = h
-            if index < loaded.n_layers:
-                kwargs[index] = {k: v for k, v in call_kwargs.items() if k != "hidden_states"}
-                for name, value in kwargs[index].items():
-                    if value is cache:  # replays get a cache of their own, never this one
-                        kwargs[index][name] = None
-                        cache_arg.append(name)
+    def keep_kwargs(index: int, call_kwargs: dict) -> None:
+        kwargs[index] = {k: v for k, v in call_kwargs.items() if k != "hidden_states"}
+        for name, value in kwargs[index].items():
+            if value is cache:  # replays get a cache of their own, never this one
+                kwargs[index][name] = None
+                cache_arg.append(name)
 
-        return fn
-
-    hooks = [Hook(layer, "input", record(i)) for i, layer in enumerate(loaded.layers)]
-    hooks.append(Hook(loaded.layers[-1], "output", record(loaded.n_layers)))
+    hooks = recording_hooks(loaded, hidden, keep_kwargs)
     input_ids = ids.view(1, -1).to(loaded.input_device)
     with intervene(hooks), torch.no_grad():  # not inference_mode: replays may differentiate through these
         base = loaded.base_model()

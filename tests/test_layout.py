@@ -28,6 +28,7 @@ LAYERS = {
     "settings": 6,
     "display": 6,
     "results": 6,
+    "precision": 6,
     "cli": 7,
     "book": 7,
 }
@@ -50,21 +51,7 @@ def _layer(module: str) -> int:
 
 def _imports(path: Path) -> set[str]:
     """effdepth_core modules imported anywhere in ``path`` (function-level imports included)."""
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                target = f"{base}.{node.module}" if node.module else base
-                names = [f"{target}.{a.name}" for a in node.names] if not node.module else [target]
-            else:
-                names = [node.module or ""]
-            found.update(n for n in names if n.startswith("effdepth_core"))
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("effdepth_core"))
-    return found
+    return _imports_of_tree(ast.parse(path.read_text()), path)
 
 
 def test_every_module_has_a_layer_and_imports_only_downwards():
@@ -114,3 +101,87 @@ def test_the_command_line_starts_without_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def _strings(path: Path) -> list[tuple[int, str]]:
+    """String constants of a module that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+    ]
+
+
+def test_outside_probes_and_the_book_no_core_module_names_a_probe():
+    # a probe is its spec: the orchestrator, cache, settings, table and command line learn of it from
+    # the registry, whose one line per built-in probe is the only place its name stands outside probes/
+    from effdepth_core import registry
+
+    names = set(registry.BUILTIN)
+    for spec in registry.specs().values():
+        names |= set(spec.frames) | {rule.key for rule in spec.rules}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        if parts[0] in ("probes", "book") or path.name in ("registry.py", "__init__.py"):
+            continue  # __init__ exports the probe functions of the Python API by name
+        for line, text in _strings(path):
+            assert not (names & set(text.replace(",", " ").split())), f"{path.name}:{line} names a probe: {text!r}"
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = [ast.Pass()]
+    return _imports_of_tree(tree, path)
+
+
+def _imports_of_tree(tree: ast.AST, path: Path) -> set[str]:
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+                names = [f"{target}.{a.name}" for a in node.names] if not node.module else [target]
+            else:
+                names = [node.module or ""]
+            found.update(n for n in names if n.startswith("effdepth_core"))
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("effdepth_core"))
+    return found
+
+
+def test_within_a_layer_imports_form_no_cycle():
+    # modules of one layer may import each other (the probes share the lens and the answer split),
+    # but never in a circle: every module can be read knowing only what it imports
+    # (imports under `if TYPE_CHECKING:` are for annotations only and never run)
+    graph = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        graph[module] = {t for t in _runtime_imports(path) if t.startswith("effdepth_core.")} - {module}
+    modules = set(graph)
+    graph = {m: {t for t in targets if t in modules} for m, targets in graph.items()}
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        for target in graph[module]:
+            assert target not in path, f"import cycle: {' → '.join((*path, module, target))}"
+            if target not in done:
+                visit(target, (*path, module))
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, ())

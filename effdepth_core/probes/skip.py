@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..errors import EffdepthError
 from ..models import LoadedModel
-from ..replay import CleanRun, clean_run, run_layer, run_suffix_layer
+from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffix_layer
 from ..trace import Hook, intervene, replace_positions, require_finite, tokenize
 from .depth_score import depth_scores
 from .output_change import head_buffer, output_change
@@ -192,28 +192,112 @@ def _future_fast(
 def _effects_slow(
     loaded: LoadedModel, run: CleanRun, intervention: Intervention, clean_probs: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The oracle: one full forward pass of the whole model with the intervention hooked in."""
-    n_layers = loaded.n_layers
-    hidden: list[torch.Tensor | None] = [None] * (n_layers + 1)
-
-    def record(index: int):
-        return lambda h, _: hidden.__setitem__(index, h)
-
+    """The oracle: one full forward pass of the whole model with the intervention hooked in, its
+    residuals recorded as ``clean_run`` records the clean ones."""
     rows = torch.ones(1, dtype=torch.bool)
-    # the skip hooks go first: hooks run in registration order, and the recorders must see their effect
     hooks = skip_hooks(loaded, intervention.part, intervention.layer, rows, intervention.skip)
-    hooks += [Hook(layer, "input", record(i)) for i, layer in enumerate(loaded.layers)]
-    hooks.append(Hook(loaded.layers[-1], "output", record(n_layers)))
-    with intervene(hooks), torch.inference_mode():
-        logits = loaded.model(input_ids=run.input_ids, use_cache=False).logits
+    hidden, logits = recorded_forward(loaded, run.input_ids, hooks)
     measure = intervention.measure
-    effects = torch.zeros(1, n_layers)
-    for layer in range(n_layers):
+    effects = torch.zeros(1, loaded.n_layers)
+    for layer in range(loaded.n_layers):
         clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, measure]
         effects[:, layer] = _relative_change(clean_delta, (hidden[layer + 1] - hidden[layer])[:, measure])
     probs = torch.softmax(logits[0, measure].float(), dim=-1)
     output = (probs - clean_probs).norm(dim=-1).amax().view(1).cpu()
     return effects, output
+
+
+Results = list[tuple[Intervention, torch.Tensor, torch.Tensor]]  # (intervention, layer effects [L], output effect)
+
+
+def _clean_probs(loaded: LoadedModel, run: CleanRun, measure: slice, cache: dict) -> torch.Tensor:
+    """The clean output distribution at ``measure`` (computed once per span)."""
+    span = (measure.start, measure.stop)
+    if span not in cache:
+        with torch.inference_mode():
+            cache[span] = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
+        require_finite(cache[span], "the final distribution (final norm + LM head)", loaded.name)
+    return cache[span]
+
+
+def _groups(todo: list[Intervention]) -> dict[tuple, list[Intervention]]:
+    """Interventions by (variant, position, part): each group shares its positions."""
+    groups: dict[tuple, list[Intervention]] = {}
+    for item in todo:
+        groups.setdefault((item.variant, item.position, item.part), []).append(item)
+    return groups
+
+
+def _prompt_slow(loaded: LoadedModel, run: CleanRun, todo: list[Intervention], **_) -> Results:
+    """Every intervention of one prompt as its own full forward pass (the published loop)."""
+    probs: dict = {}
+    return [
+        (item, *(x[0] for x in _effects_slow(loaded, run, item, _clean_probs(loaded, run, item.measure, probs))))
+        for item in todo
+    ]
+
+
+def _prompt_fast(
+    loaded: LoadedModel,
+    run: CleanRun,
+    todo: list[Intervention],
+    parts: Sequence[str],
+    positions: list[int],
+    max_rows: int,
+) -> Results:
+    """Every intervention of one prompt as batch rows replayed from the skipped layer on. The
+    future-token skips of a part start at layer s+1 from the clean h_{s+1} and replay positions ≥ t
+    only, attending to the keys/values that the all-token skip of s recorded for the prefix, so per
+    part the all-token skips run first (or, with the future variant alone, a record-only pass)."""
+    groups = _groups(todo)
+    reuse = run.reuses_prefixes and bool(positions) and any(k[0] == "future" for k in groups)
+    prefixes: Prefixes = {}
+    prefixes_of = None  # the part whose all-token skips filled ``prefixes``
+    buffer, probs = head_buffer(loaded), {}
+    done: dict[tuple, Results] = {}
+    for key in sorted(groups, key=lambda k: (parts.index(k[2]), k[0] == "future")):
+        group, (variant, _, part) = groups[key], key
+        clean_probs = _clean_probs(loaded, run, group[0].measure, probs)
+        done[key] = []
+        if variant == "current" or not reuse:
+            if reuse:
+                prefixes.clear()
+                prefixes_of = part
+            for chunk in _chunks(group, max_rows):
+                record = positions[-1] if reuse else 0
+                effects, outputs = _effects_fast(
+                    loaded, run, chunk, clean_probs, prefixes if reuse else None, record, buffer=buffer
+                )
+                done[key] += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
+            continue
+        if prefixes_of != part:  # the future variant alone: record the all-token skips' prefixes first
+            prefixes.clear()
+            prefixes_of = part
+            cut = positions[-1]
+            record_only = [
+                Intervention("current", None, part, s, slice(1, cut), slice(0, cut)) for s in range(len(loaded.layers))
+            ]
+            for chunk in _chunks(record_only, max_rows):
+                _effects_fast(loaded, run, chunk, None, prefixes, record=cut, stop=cut)
+        for chunk in _chunks(group, max_rows):
+            effects, outputs = _future_fast(loaded, run, chunk, clean_probs, prefixes, buffer)
+            done[key] += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
+    return [entry for key in groups for entry in done[key]]  # in the order of the frame
+
+
+def _check_lengths(token_lists: list[torch.Tensor], variants: Sequence[str]) -> None:
+    shortest = MIN_TOKENS["future" if "future" in variants else "current"]
+    for index, ids in enumerate(token_lists):
+        if ids.numel() < shortest:
+            raise EffdepthError(
+                f"prompt {index} has {ids.numel()} tokens; the skip probe's "
+                + (
+                    f"future-token variant needs at least {shortest} (cut positions 8, 16, … up to T−5); "
+                    "use longer prompts or --skip-variants current"
+                    if shortest == MIN_TOKENS["future"]
+                    else f"all-token variant needs at least {shortest}"
+                )
+            )
 
 
 def skip_effects(
@@ -240,86 +324,25 @@ def skip_effects(
         raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
     check_skip_options(parts, variants)
     token_lists = tokenize(loaded, prompts)
-    shortest = MIN_TOKENS["future" if "future" in variants else "current"]
-    for index, ids in enumerate(token_lists):
-        if ids.numel() < shortest:
-            raise EffdepthError(
-                f"prompt {index} has {ids.numel()} tokens; the skip probe's "
-                + (
-                    f"future-token variant needs at least {shortest} (cut positions 8, 16, … up to T−5); "
-                    "use longer prompts or --skip-variants current"
-                    if shortest == MIN_TOKENS["future"]
-                    else f"all-token variant needs at least {shortest}"
-                )
-            )
-    n_layers = loaded.n_layers
-    frames = []
+    _check_lengths(token_lists, variants)
+    prompt_effects = _prompt_fast if method == "fast" else _prompt_slow
     plans = []
     for example, ids in enumerate(token_lists, start=first_example):
         positions = sample_positions(ids.numel(), n_positions, seed, example)
-        plans.append((example, ids, positions, interventions_for(ids.numel(), n_layers, positions, parts, variants)))
-    total = sum(len(todo) for *_, todo in plans)
-    with tqdm(total=total, desc=f"skip ({method})", unit="intervention", disable=not progress) as bar:
+        plans.append(
+            (example, ids, positions, interventions_for(ids.numel(), loaded.n_layers, positions, parts, variants))
+        )
+    frames = []
+    with tqdm(
+        total=sum(len(p[3]) for p in plans), desc=f"skip ({method})", unit="intervention", disable=not progress
+    ) as bar:
         for example, ids, positions, todo in plans:
             run = clean_run(loaded, ids)
-            probs_cache: dict[tuple[int, int], torch.Tensor] = {}
-            groups: dict[tuple, list[Intervention]] = {}
-            for item in todo:
-                groups.setdefault((item.variant, item.position, item.part), []).append(item)
-            # future-token skips reuse the all-token skip's prefixes: per part, the all-token skips run first
-            reuse = method == "fast" and run.reuses_prefixes and bool(positions) and "future" in variants
-            prefixes: Prefixes = {}
-            buffer = head_buffer(loaded) if method == "fast" else None
-            prefixes_of = None  # the part whose skips filled ``prefixes``
-            done: dict[tuple, list] = {}
-            for key in sorted(groups, key=lambda k: (parts.index(k[2]), k[0] == "future")):
-                group, (variant, _, part) = groups[key], key
-                measure = group[0].measure
-                span = (measure.start, measure.stop)
-                if span not in probs_cache:
-                    with torch.inference_mode():
-                        probs_cache[span] = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
-                    require_finite(probs_cache[span], "the final distribution (final norm + LM head)", loaded.name)
-                clean_probs = probs_cache[span]
-                done[key] = []
-                if method == "slow":
-                    for item in group:
-                        effects, output = _effects_slow(loaded, run, item, clean_probs)
-                        done[key].append((item, effects[0], output[0]))
-                    continue
-                if variant == "current" or not reuse:
-                    if reuse:
-                        prefixes.clear()
-                        prefixes_of = part
-                    for chunk in _chunks(group, max_rows):
-                        effects, outputs = _effects_fast(
-                            loaded,
-                            run,
-                            chunk,
-                            clean_probs,
-                            prefixes if reuse else None,
-                            positions[-1] if reuse else 0,
-                            buffer=buffer,
-                        )
-                        done[key] += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
-                    continue
-                if prefixes_of != part:  # future-token skips only: record the skipped prefixes first
-                    prefixes.clear()
-                    prefixes_of = part
-                    cut = positions[-1]
-                    record_only = [
-                        Intervention("current", None, part, s, slice(1, cut), slice(0, cut)) for s in range(n_layers)
-                    ]
-                    for chunk in _chunks(record_only, max_rows):
-                        _effects_fast(loaded, run, chunk, None, prefixes, record=cut, stop=cut)
-                for chunk in _chunks(group, max_rows):
-                    effects, outputs = _future_fast(loaded, run, chunk, clean_probs, prefixes, buffer)
-                    done[key] += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
-            results = [entry for key in groups for entry in done[key]]  # in the order of the frame
+            results = prompt_effects(loaded, run, todo, parts=parts, positions=positions, max_rows=max_rows)
             for item, effects, output in results:
                 where = f"skipping {item.part} of layer {item.layer} ({item.variant} tokens) in prompt {example}"
                 require_finite(torch.cat([effects, output.view(1)]), f"the effect of {where}", loaded.name)
-            frames.append(_frame(example, results, n_layers))
+            frames.append(_frame(example, results, loaded.n_layers))
             bar.update(len(todo))
     return pl.concat(frames)
 
