@@ -103,6 +103,7 @@ def precise_run(
     cached_only: bool = False,
     load=None,
     n_bootstrap: int = 1000,
+    renew_outdated: bool = False,
 ) -> PreciseRun:
     """Walk ``n`` = ``rule.n_min``, … until the rule is met, the cap is reached or the data set runs
     out. Each step is ``run`` into ``<results_dir>/<model>/<task>-n<N>-…``; steps already finished are
@@ -118,7 +119,16 @@ def precise_run(
                 return PreciseRun(result, steps, "not computed", widths)
             if loaded is None and load is not None:
                 loaded = load()
-        result = run(step, probes, out, loaded=loaded, n_bootstrap=n_bootstrap, overwrite=True, reuse_from=reuse_from)
+        result = run(
+            step,
+            probes,
+            out,
+            loaded=loaded,
+            n_bootstrap=n_bootstrap,
+            overwrite=True,
+            reuse_from=reuse_from,
+            renew_outdated=renew_outdated,
+        )
         steps.append(n)
         widths = rule.widths(result)
         if int(result.summary["n_examples"]) < n:

@@ -45,7 +45,7 @@ from .settings import (
     parse_probes,
     slug,
 )
-from .tasks import AIME_MAX_TOKENS, ARITHMETIC, Example, load_task
+from .tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, Example, load_task
 
 __all__ = [
     "EffdepthWarning",
@@ -282,22 +282,37 @@ def _peak_rss_mb() -> float:
     return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
 
 
-def _warn_outdated(directory: RunDirectory, cached: list[str], settings: RunSettings) -> None:
-    """One warning per cached result of an earlier revision of its probe: it is kept (effdepth never
-    recomputes finished results unasked), and the warning says how to renew it."""
-    for name in cached:
-        spec, record = registry.get(name), directory.probe_record(name)
-        if spec.outdated is not None:
-            message = spec.outdated(record, settings)
-        elif int(record.get("revision", 1)) < spec.revision:
-            message = (
-                f"come from an earlier revision of the probe ({record.get('revision', 1)}; now {spec.revision}); "
-                "rerun into a new --out to renew them"
-            )
-        else:
-            message = None
+def outdated(spec: ProbeSpec, record: dict, settings: RunSettings) -> str | None:
+    """Why a cached result of ``spec`` is a revision behind (None when it is current): its own rule
+    (``spec.outdated``), an older revision of the probe, or answers split the earlier way."""
+    if spec.outdated is not None:
+        message = spec.outdated(record, settings)
         if message:
-            warnings.warn(f"the {name} results cached in {directory.path} {message}", EffdepthWarning, stacklevel=3)
+            return message
+    elif int(record.get("revision", 1)) < spec.revision:
+        return (
+            f"come from an earlier revision of the probe ({record.get('revision', 1)}; now {spec.revision}); "
+            "rerun into a new --out to renew them"
+        )
+    if spec.needs_answers and settings.task in ARITHMETIC and int(record.get("answer_format", 1)) < ANSWER_FORMAT:
+        return (
+            "measured the arithmetic answer with the space before it as an answer token; effdepth now measures "
+            "the digits alone, as the published code does (method.md §8): rerun into a new --out to renew them"
+        )
+    return None
+
+
+def _outdated_cached(directory: RunDirectory, cached: list[str], settings: RunSettings, warn: bool) -> list[str]:
+    """The cached probes a revision behind, each named in one warning (``warn``): they are kept
+    (effdepth never recomputes finished results unasked), and the warning says how to renew them."""
+    behind = []
+    for name in cached:
+        message = outdated(registry.get(name), directory.probe_record(name), settings)
+        if message:
+            behind.append(name)
+            if warn:
+                warnings.warn(f"the {name} results cached in {directory.path} {message}", EffdepthWarning, stacklevel=3)
+    return behind
 
 
 def run(
@@ -309,6 +324,7 @@ def run(
     n_bootstrap: int = 1000,
     overwrite: bool = False,
     reuse_from: Sequence[Path | str] = (),
+    renew_outdated: bool = False,
 ) -> RunResult:
     """Run ``probes`` for the settings' model and task, reusing any finished results in ``out_dir``.
 
@@ -318,13 +334,16 @@ def run(
     model has loaded). A reusable probe takes the rows of the examples an earlier run measured with
     the same probe key — a run directory beside ``out_dir`` or under ``reuse_from`` (results roots,
     searched at ``<root>/<model>/``) whose examples begin as this run's do — and computes the rest.
+    Cached results a revision behind are kept with a warning, or computed again with ``renew_outdated``.
     """
     plan = _plan(settings, probes, out_dir, loaded, examples)
     described = {**settings.numbers(), **settings.key_fields()}  # what a refusal compares, named
     directory = RunDirectory.open(plan.out, plan.key, described, registry.frames(), overwrite)
     try:
         missing = [p for p in plan.names if not directory.has_probe(p)]
-        _warn_outdated(directory, [p for p in plan.names if p not in missing], settings)
+        behind = _outdated_cached(directory, [p for p in plan.names if p not in missing], settings, not renew_outdated)
+        if renew_outdated:
+            missing += behind
         foreign = directory.foreign_files_for(missing)
         if foreign:
             raise OutputDirectoryError(
@@ -349,6 +368,7 @@ def run(
                         "peak_rss_mb": _peak_rss_mb(),
                         "key": key,
                         "revision": spec.revision,
+                        **({"answer_format": ANSWER_FORMAT} if spec.needs_answers else {}),
                         **({"identity": identity} if identity else {}),
                         **({"reused": {"from": str(donor.path), "examples": donor.count}} if donor else {}),
                     }

@@ -20,7 +20,7 @@ from typing import Any
 from . import __version__, registry
 from .errors import EffdepthError
 from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec
-from .tasks import ARITHMETIC, check_task
+from .tasks import ANSWER_FORMAT, ARITHMETIC, check_task
 
 CORE_DEFAULTS: dict[str, Any] = {
     "n": 10,
@@ -188,6 +188,8 @@ class RunSettings:
         base = {k: v for k, v in self._base_fields().items() if k != "n"}
         options = {o.name: getattr(self, o.name) for o in spec.options if o.key != KEY_NEVER}
         payload = {"base": base, "probe": spec.name, "revision": spec.revision, "options": options}
+        if spec.needs_answers:  # which tokens are the answer changes its numbers
+            payload["answer_format"] = ANSWER_FORMAT
         if identity:
             payload["identity"] = dict(identity)
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]

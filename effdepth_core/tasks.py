@@ -14,6 +14,10 @@ from pathlib import Path
 from .errors import TaskError
 
 ARITHMETIC = ("addition", "multiplication")  # generated tasks, sized by --digits
+# How examples split into question and answer (the answer probes measure the answer's tokens):
+# 2 — arithmetic answers are the result's digits; the space before them belongs to the question, as
+# in the published code (method.md §8). Recorded with every result of a probe that needs answers.
+ANSWER_FORMAT = 2
 TASKS = ("gsm8k", "hellaswag", "aime24", "math", *ARITHMETIC)
 AIME_MAX_TOKENS = 400
 

@@ -146,3 +146,13 @@ def test_dequantized_weights_equal_the_gguf_parse(smollm2):
     with torch.no_grad():
         ids = cold.encode(text)[None]
         assert torch.equal(warm.model(ids).logits, cold.model(ids).logits)
+
+
+def test_arithmetic_answer_tokens_are_the_digits(smollm2):
+    # as the published code measures them: the space before the result belongs to the question
+    from effdepth_core.probes.answers import answer_split
+
+    for example in load_task("addition", n=4, digits=6):
+        split = answer_split(smollm2, example)
+        digits = [smollm2.tokenizer.decode([t]) for t in split.targets.tolist()]
+        assert "".join(digits) == example.answer and all(d.isdigit() for d in digits), digits

@@ -48,3 +48,22 @@ def test_every_committed_run_of_the_book_keeps_its_key():
 def test_the_compatibility_table_names_each_exception_once():
     names = [name for name, _ in COMPATIBILITY]
     assert len(names) == len(set(names)) and all(text for _, text in COMPATIBILITY)
+
+
+def test_answer_results_of_the_earlier_arithmetic_split_are_flagged_and_renewed(tiny_dir, tmp_path):
+    import pytest
+
+    from effdepth_core.errors import EffdepthWarning
+
+    settings = RunSettings(str(tiny_dir), "addition", n=1, digits=2, progress=False)
+    out = tmp_path / "run"
+    first = results.run(settings, ["erasure"], out)
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["probes"]["erasure"]["answer_format"] == 2
+    del metadata["probes"]["erasure"]["answer_format"]  # as a run before the digits-only split wrote it
+    (out / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.warns(EffdepthWarning, match="with the space before it as an answer token"):
+        kept = results.run(settings, ["erasure"], out)
+    assert kept.per_example["erasure"].equals(first.per_example["erasure"])  # kept, never recomputed unasked
+    results.run(settings, ["erasure"], out, renew_outdated=True)
+    assert json.loads((out / "metadata.json").read_text())["probes"]["erasure"]["answer_format"] == 2

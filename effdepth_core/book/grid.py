@@ -14,7 +14,7 @@ from ..rundir import is_complete
 from ..settings import RunSettings, default_out_dir
 from .runner import SECTIONS, parameter_sets
 from .sections import defaults, plans
-from .study import ModelLoader, RunRecord, compute_record, record_of
+from .study import ModelLoader, RunRecord, compute_record, outdated_probes, record_of
 
 
 @dataclass
@@ -51,7 +51,8 @@ class Cell:
         return (str(self.results_dir), self.settings.key(), tuple(self.record.probes), rule)
 
     def state(self) -> str:
-        """``cached`` (every run it needs is finished), ``partial`` (a precision walk under way) or ``missing``."""
+        """``cached`` (every run it needs is finished), ``partial`` (a precision walk under way),
+        ``stale`` (cached, but from an earlier revision of a probe) or ``missing``."""
         if self.record.precision is not None:
             walk = precise_run(
                 self.settings, self.record.probes, self.record.precision, self.results_dir, cached_only=True
@@ -60,7 +61,9 @@ class Cell:
                 return "cached"
             return "partial" if walk.steps else "missing"
         out = default_out_dir(self.settings, self.results_dir, hashed=False)
-        return "cached" if is_complete(out, self.settings.key(), self.record.probes) else "missing"
+        if not is_complete(out, self.settings.key(), self.record.probes):
+            return "missing"
+        return "stale" if outdated_probes(out, self.record) else "cached"
 
 
 def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = None) -> list[Cell]:
@@ -93,7 +96,9 @@ def run_local(todo: Sequence[Cell], progress: bool = True, log=print) -> list[tu
             loader = ModelLoader(cell.model, download=cell.download)
         log(f"[{index}/{len(todo)}] {cell.name}")
         try:
-            compute_record(cell.record, cell.results_dir, loader.bind(cell.record), reuse_from=cell.reuse_from)
+            compute_record(
+                cell.record, cell.results_dir, loader.bind(cell.record), reuse_from=cell.reuse_from, renew_outdated=True
+            )
         except Unavailable as exc:
             done.append((cell, f"unavailable: {exc}"))
             log(f"  unavailable: {exc}")

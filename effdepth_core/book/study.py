@@ -320,8 +320,10 @@ def compute_record(
     n_bootstrap: int = 1000,
     reuse_from: Sequence[str | Path] = (),
     cached_only: bool = False,
+    renew_outdated: bool = False,
 ) -> None:
-    """Fill ``record.result``: its cached run, or computed (``load()`` gives the model when needed)."""
+    """Fill ``record.result``: its cached run, or computed (``load()`` gives the model when needed);
+    ``renew_outdated`` computes again what the cache holds from an earlier revision of a probe."""
     if record.precision is not None:
         walk = precise_run(
             record.settings,
@@ -332,13 +334,16 @@ def compute_record(
             cached_only=cached_only,
             load=load,
             n_bootstrap=n_bootstrap,
+            renew_outdated=renew_outdated,
         )
         if walk.result is None:
             raise Unavailable("not computed yet (run `effdepth book` or `effdepth grid` for its page)")
         record.result, record.walk = walk.result, walk
         return
     out_dir = default_out_dir(record.settings, results_dir, hashed=False)
-    loaded = None if is_complete(out_dir, record.settings.key(), record.probes) else load()
+    complete = is_complete(out_dir, record.settings.key(), record.probes)
+    stale = renew_outdated and complete and bool(outdated_probes(out_dir, record))
+    loaded = None if complete and not stale else load()
     record.result = run(
         record.settings,
         record.probes,
@@ -347,7 +352,17 @@ def compute_record(
         n_bootstrap=n_bootstrap,
         overwrite=True,
         reuse_from=reuse_from,
+        renew_outdated=renew_outdated,
     )
+
+
+def outdated_probes(out_dir: Path, record: RunRecord) -> list[str]:
+    """The probes of a cached run that are a revision behind (``results.outdated``)."""
+    from ..results import outdated
+    from ..rundir import read_metadata
+
+    probes = (read_metadata(out_dir) or {}).get("probes", {})
+    return [p for p in record.probes if p in probes and outdated(registry.get(p), probes[p], record.settings)]
 
 
 def pruning_comparison(study: Study) -> pl.DataFrame:
