@@ -157,8 +157,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     linear.add_argument("--small", required=True, help="the shallower model (alias, dir, .gguf or hub id)")
     linear.add_argument("--big", required=True, help="the deeper model; must share the small one's tokenizer")
     linear.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file")
-    linear.add_argument("--n", type=_positive, default=10, help="prompts: the first half fits the maps, the rest tests")
-    linear.add_argument("--ridge", type=float, default=0.0, help="ridge penalty on the map weights (not the bias)")
+    linear.add_argument(
+        "--n", type=_positive, default=20, help="test prompts (the map's interval: a bootstrap over them)"
+    )
+    linear.add_argument("--n-validation", type=_positive, default=10, help="prompts that choose each map's ridge")
+    linear.add_argument(
+        "--tokens-per-width",
+        type=_positive,
+        default=10,
+        help="training tokens per dimension of the small model's residual (10: ten times its width)",
+    )
+    linear.add_argument(
+        "--ridge",
+        type=float,
+        default=None,
+        help="a fixed ridge penalty instead of one chosen on validation prompts (then n is split half/half)",
+    )
+    linear.add_argument("--map-dir", type=Path, help="a run directory for the map (resumed and verified like a run's)")
     linear.add_argument("--max-tokens", type=_positive, help="drop longer prompts (data-set tasks)")
     linear.add_argument("--seed", type=int, default=0)
     linear.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
@@ -345,6 +360,8 @@ def _cmd_map(args: argparse.Namespace) -> int:
         big=args.big,
         task=args.task,
         n=args.n,
+        n_validation=args.n_validation,
+        tokens_per_width=args.tokens_per_width,
         seed=args.seed,
         digits=args.digits,
         max_tokens=args.max_tokens,
@@ -356,7 +373,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
     settings.check()
     if not args.debug:
         quiet_libraries(progress=not args.no_progress)
-    frame = run_map(settings)
+    frame = run_map(settings, args.map_dir)
     print(format_map(frame))
     if out is not None:
         from .cache import atomic_write_parquet
@@ -456,7 +473,8 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     if not args.debug:
         quiet_libraries(progress=not args.no_progress)
     for cell in todo:
-        cell.record.settings.progress = not args.no_progress
+        if hasattr(cell, "record"):
+            cell.record.settings.progress = not args.no_progress
     done = run_local(todo)
     failed = [cell for cell, outcome in done if outcome.startswith("unavailable")]
     print(f"effdepth grid: computed {len(done) - len(failed)} cells; {len(failed)} unavailable here")

@@ -99,22 +99,33 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
 
 def format_map(frame: pl.DataFrame) -> str:
     """The cross-model map as text: per small-model layer, the best big layer and its held-out error,
-    and the error at equal relative depth."""
-    half = frame.filter(metric="n_train_prompts")["value"].item()
-    n_test = frame.filter(metric="n_test_prompts")["value"].item()
+    the error at equal relative depth, and (a measured map) the shuffled-pairing baseline there and
+    the ridge chosen on the validation prompts."""
+    counts = {m: frame.filter(metric=m)["value"] for m in ("n_train_prompts", "n_train_tokens", "n_test_prompts")}
+    if "prompt" in frame.columns:
+        frame = frame.filter(pl.col("prompt").is_null())
     n_small = frame["small_layer"].max()
     n_big = frame["big_layer"].max()
-    errors = frame.filter(metric="relative_error")
+    errors, baseline = frame.filter(metric="relative_error"), frame.filter(metric="baseline_error")
+    ridge = frame.filter(metric="ridge")
+    train = f"{counts['n_train_prompts'][0]:.0f} prompts fit" if len(counts["n_train_prompts"]) else ""
+    if len(counts["n_train_tokens"]) and counts["n_train_tokens"][0]:
+        train += f" ({counts['n_train_tokens'][0]:.0f} tokens)"
     lines = [
-        f"held-out relative error |h_l - f(h_m)| / |h_l|; {half:.0f} prompts fit, {n_test:.0f} test",
-        f"{'small m':>8} {'best big l':>10} {'error':>7} {'equal-depth l':>14} {'error there':>12}",
+        f"held-out relative error |h_l - f(h_m)| / |h_l|; {train}, {counts['n_test_prompts'][0]:.0f} test",
+        f"{'small m':>8} {'best big l':>10} {'error':>7} {'equal-depth l':>14} {'error there':>12}"
+        + (f" {'shuffled':>9} {'ridge':>8}" if baseline.height else ""),
     ]
     for m in range(n_small + 1):
         row = errors.filter(small_layer=m)
         best = row.sort("value").row(0, named=True)
         equal = round(m * n_big / n_small)
         at_equal = row.filter(big_layer=equal)["value"].item()
-        lines.append(f"{m:>8} {best['big_layer']:>10} {best['value']:>7.3f} {equal:>14} {at_equal:>12.3f}")
+        line = f"{m:>8} {best['big_layer']:>10} {best['value']:>7.3f} {equal:>14} {at_equal:>12.3f}"
+        if baseline.height:
+            blind = baseline.filter(small_layer=m, big_layer=best["big_layer"])["value"].item()
+            line += f" {blind:>9.3f} {ridge.filter(small_layer=m)['value'].item():>8.0e}"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -292,23 +292,28 @@ def default_out_dir(settings: RunSettings, root: Path | str = "results", hashed:
 
 @dataclass
 class MapSettings:
-    """A cross-model linear map (method.md §7): two models sharing a tokenizer, one task's prompts
-    (the first half fits the maps, the rest tests them)."""
+    """A cross-model linear map (method.md §7): two models sharing a tokenizer and one task's prompts,
+    split into ``n`` test prompts, ``n_validation`` prompts that choose each map's ridge, and training
+    prompts until they hold ``tokens_per_width`` × the small model's width tokens. A fixed ``ridge``
+    (an absolute penalty) skips the validation and fits on the first half of ``n`` prompts, testing on
+    the rest (the map of effdepth before the measurement)."""
 
     small: str
     big: str
     task: str = "gsm8k"
-    n: int = 10
+    n: int = 20
+    n_validation: int = 10
+    tokens_per_width: int = 10
     seed: int = 0
     digits: int | None = None
     max_tokens: int | None = None
-    ridge: float = 0.0
+    ridge: float | None = None
     device: str = "auto"
     dtype: str = "auto"
     progress: bool = True
 
-    def task_options(self) -> dict:
-        return dict(n=self.n, seed=self.seed, digits=self.digits or 6, max_tokens=self.max_tokens)
+    def task_options(self, n: int | None = None) -> dict:
+        return dict(n=self.n if n is None else n, seed=self.seed, digits=self.digits or 6, max_tokens=self.max_tokens)
 
     def check(self) -> None:
         """One-line errors for everything that can be checked before a model loads."""
@@ -316,9 +321,15 @@ class MapSettings:
         from .tasks import load_task
 
         if self.n < 2:
-            raise EffdepthError("--n must be at least 2: half the prompts fit the maps, the other half test them")
-        if not (isinstance(self.ridge, int | float) and math.isfinite(self.ridge) and self.ridge >= 0):
+            raise EffdepthError(
+                "--n must be at least 2: the map's test prompts (its interval is a bootstrap over them)"
+            )
+        if self.ridge is not None and not (
+            isinstance(self.ridge, int | float) and math.isfinite(self.ridge) and self.ridge >= 0
+        ):
             raise EffdepthError(f"--ridge must be a finite number of at least 0, got {self.ridge}")
+        if self.n_validation < 1 or self.tokens_per_width < 1:
+            raise EffdepthError("--n-validation and --tokens-per-width must be at least 1")
         check_task(self.task)
         if self.digits is not None and self.task not in ARITHMETIC:
             raise EffdepthError(f"--digits applies to addition and multiplication only, not {self.task!r}")
@@ -328,11 +339,29 @@ class MapSettings:
             preflight_model(spec)
         load_task(self.task, **self.task_options())  # the task and n
 
-    def file_name(self) -> str:
-        """A cache name that spells every setting that changes the numbers."""
+    def name(self) -> str:
+        """A run directory name that spells every setting that changes the numbers (and the key)."""
         name = f"{slug(self.small)}--{slug(self.big)}-{slug(self.task)}-n{self.n}-seed{self.seed}"
         if self.task in ARITHMETIC:
             name += f"-digits{self.digits or 6}"
         if self.max_tokens:
             name += f"-max{self.max_tokens}"
-        return name + (f"-ridge{self.ridge:g}" if self.ridge else "") + ".parquet"
+        if self.ridge is not None:
+            name += f"-ridge{self.ridge:g}"
+        return f"{name}-{self.key()[:8]}"
+
+    def file_name(self) -> str:
+        """The name of the single-file cache of effdepth before the map's run directory."""
+        return self.name().rsplit("-", 1)[0] + ".parquet"
+
+    def key(self) -> str:
+        fields = {k: v for k, v in asdict(self).items() if k not in ("device", "progress")}
+        for name in ("small", "big"):
+            path = Path(getattr(self, name)).expanduser()
+            if path.exists():
+                from .models import model_files_digest
+
+                fields[f"{name}_files"] = model_files_digest(path)
+        fields["version"] = __version__
+        fields["answer_format"] = ANSWER_FORMAT
+        return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -70,3 +70,62 @@ def test_the_map_command_prints_the_best_layers_and_writes_the_frame(tiny_dir, t
     assert "best big l" in printed and pl.read_parquet(out).filter(metric="best_big_layer").height == 4
     assert main([*argv, "--n", "8", "--out", str(out)]) == 2  # exists: refused
     assert main([*argv, "--n", "1"]) == 2  # nothing to test on
+
+
+def test_the_measured_map_chooses_its_ridge_and_beats_a_shuffled_baseline():
+    from effdepth_core.probes.linear_map import fit_map
+
+    generator = torch.Generator().manual_seed(1)
+    n_train, n_val, n_test, d_small, d_big = 400, 80, 80, 6, 9
+    small = torch.randn(n_train + n_val + n_test, 2, d_small, generator=generator)
+    a, b = torch.randn(d_small, d_big, generator=generator), torch.randn(d_big, generator=generator)
+    noise = 0.01 * torch.randn(small.shape[0], d_big, generator=generator)
+    big = torch.stack([small[:, 1] @ a + b + noise, torch.randn(small.shape[0], d_big, generator=generator)], dim=1)
+    split = (slice(0, n_train), slice(n_train, n_train + n_val), slice(n_train + n_val, None))
+    fit = fit_map(
+        _streams(small[split[0]], 50),
+        _streams(big[split[0]], 50),
+        (small[split[1]], big[split[1]]),
+        (small[split[2]], big[split[2]]),
+    )
+    # the noise is 1% of the signal's scale: the map's error is about that; shuffling the pairs
+    # leaves only the mean (error ~1); the unrelated big layer stays near 1 either way
+    assert fit.errors[1, 0] < 0.05 and fit.baseline[1, 0] > 0.5
+    assert fit.errors[0, 1] > 0.5
+    assert len(fit.ridges) == 2 and all(r in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1) for r in fit.ridges)
+    assert torch.allclose(fit.per_token.mean(dim=0), fit.errors)
+
+
+def test_a_model_measured_onto_itself(tmp_path, monkeypatch):
+    import polars as pl
+
+    from effdepth_core.probes.linear_map import map_measurement
+
+    loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
+    prompts = random_prompts([40] * 12, seed=3)
+    frame = map_measurement(loaded, loaded, prompts[:6], prompts[6:8], prompts[8:])
+    overall = frame.filter(pl.col("prompt").is_null())
+    for metric in ("relative_error", "self_error"):
+        rows = overall.filter(metric=metric)
+        assert rows.filter(small_layer=rows["big_layer"])["value"].max() < 1e-6  # the identity, in float64
+    baseline = overall.filter(metric="baseline_error")
+    assert baseline.filter(small_layer=baseline["big_layer"])["value"].min() > 0.1  # shuffled pairs: no identity
+    per_prompt = frame.filter(pl.col("prompt").is_not_null())
+    assert sorted(per_prompt["prompt"].unique().to_list()) == [0, 1, 2, 3]  # equal lengths: means of means
+    mean = per_prompt.group_by("small_layer", "big_layer").agg(pl.col("value").mean())
+    joined = mean.join(overall.filter(metric="relative_error"), on=["small_layer", "big_layer"], suffix="_all")
+    assert (joined["value"] - joined["value_all"]).abs().max() < 1e-9
+    assert overall.filter(metric="best_big_layer").sort("small_layer")["value"].to_list() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_the_map_run_directory_is_read_back_without_models(tiny_dir, tmp_path, monkeypatch):
+    from effdepth_core import results
+    from effdepth_core.settings import MapSettings
+
+    settings = MapSettings(str(tiny_dir), str(tiny_dir), task="addition", digits=3, n=3, n_validation=2, progress=False)
+    out = tmp_path / "map"
+    first = results.run_map(settings, out)
+    assert first.filter(metric="n_train_tokens")["value"][0] >= 10 * 32  # ten times the tiny width
+    monkeypatch.setattr(results, "load_model", lambda *a, **k: pytest.fail("the map was computed again"))
+    again = results.run_map(settings, out)
+    assert again.sort(again.columns, nulls_last=True).equals(first.sort(first.columns, nulls_last=True))

@@ -66,7 +66,42 @@ class Cell:
         return "stale" if outdated_probes(out, self.record) else "cached"
 
 
-def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = None) -> list[Cell]:
+@dataclass
+class MapCell:
+    """The cross-model linear map of a page (two models; its own run directory)."""
+
+    section: str
+    page: str
+    pair: dict
+    shared: dict
+    results_dir: Path
+    study: str = "map"
+
+    @property
+    def model(self) -> str:
+        return f"{self.pair['small']} → {self.pair['big']}"
+
+    @property
+    def name(self) -> str:
+        return f"map {self.model} · {self.pair.get('task', 'gsm8k')} · n={self.pair.get('n', 20)} test prompts"
+
+    @property
+    def key(self) -> tuple:
+        return (str(self.results_dir), "map", tuple(sorted(self.pair.items())))
+
+    def state(self) -> str:
+        from .study import map_study
+
+        return "cached" if map_study(self.pair, self.shared, self.results_dir, cached_only=True).height else "missing"
+
+    def compute(self) -> str:
+        from .study import map_study
+
+        map_study(self.pair, self.shared, self.results_dir)
+        return "done"
+
+
+def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = None) -> list[Cell | MapCell]:
     """Every distinct cell of the profile's pages, in book order (a section's pages, their studies,
     each study's models and specs). Every results folder of the profile may lend examples to the
     others (``reuse_from``)."""
@@ -76,6 +111,9 @@ def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = No
     for item in items:
         shared = defaults(item.parameters)
         results_dir = Path(item.parameters.get("results_dir", "results"))
+        if item.parameters.get("pair"):
+            cell = MapCell(item.section, item.name, dict(item.parameters["pair"]), shared, results_dir)
+            found.setdefault(cell.key, cell)
         for plan in plans(item.section, item.parameters):
             for model in plan.models:
                 for spec in plan.specs_by_model.get(model, plan.specs):
@@ -85,16 +123,21 @@ def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = No
     return list(found.values())
 
 
-def run_local(todo: Sequence[Cell], progress: bool = True, log=print) -> list[tuple[Cell, str]]:
+def run_local(todo: Sequence[Cell | MapCell], progress: bool = True, log=print) -> list[tuple[Cell | MapCell, str]]:
     """Compute the cells one after another, loading each model once for its cells in a row."""
     from .study import Unavailable
 
     done: list[tuple[Cell, str]] = []
     loader: ModelLoader | None = None
     for index, cell in enumerate(todo, start=1):
+        log(f"[{index}/{len(todo)}] {cell.name}")
+        if isinstance(cell, MapCell):
+            loader = None  # the map loads its two models itself
+            done.append((cell, cell.compute()))
+            log("  done")
+            continue
         if loader is None or loader.model != cell.model:
             loader = ModelLoader(cell.model, download=cell.download)
-        log(f"[{index}/{len(todo)}] {cell.name}")
         try:
             compute_record(
                 cell.record, cell.results_dir, loader.bind(cell.record), reuse_from=cell.reuse_from, renew_outdated=True
@@ -111,4 +154,4 @@ def run_local(todo: Sequence[Cell], progress: bool = True, log=print) -> list[tu
     return done
 
 
-__all__ = ["Cell", "Precision", "cells", "run_local"]
+__all__ = ["Cell", "MapCell", "Precision", "cells", "run_local"]

@@ -383,19 +383,20 @@ def pruning_comparison(study: Study) -> pl.DataFrame:
 
 
 def map_study(pair: Mapping, defaults: Mapping | None, results_dir: str | Path, cached_only: bool = False):
-    """The cross-model linear map of ``pair`` (``small``, ``big``, ``task``, ``n``, optional
-    ``ridge``, ``digits``, ``max_tokens``), cached under ``<results_dir>/map``; with ``cached_only``
-    an empty frame when it is not computed yet."""
-    keys = {"small", "big", "task", "n", "ridge", "digits", "max_tokens", "seed"}
+    """The cross-model linear map of ``pair`` (``small``, ``big``, ``task``, ``n`` test prompts,
+    optional ``n_validation``, ``tokens_per_width``, ``ridge``, ``digits``, ``max_tokens``), kept in a
+    run directory under ``<results_dir>/map``; with ``cached_only`` an empty frame when it is not
+    computed yet."""
+    keys = {"small", "big", "task", "n", "n_validation", "tokens_per_width", "ridge", "digits", "max_tokens", "seed"}
     unknown = sorted(set(pair) - keys)
     if unknown:
         raise EffdepthError(f"unknown map key(s) {', '.join(unknown)}; use {', '.join(sorted(keys))}")
     shared = {k: v for k, v in (defaults or {}).items() if k in ("seed", "device", "dtype", "progress")}
     settings = MapSettings(**{**shared, **pair})
-    cache = Path(results_dir) / "map"
-    if cached_only and not (cache / settings.file_name()).is_file():
+    out = Path(results_dir) / "map" / settings.name()
+    if cached_only and not is_complete(out, settings.key(), ["map"]):
         return pl.DataFrame()
-    return run_map(settings, cache_dir=cache)
+    return run_map(settings, out)
 
 
 __all__ = [

@@ -2,6 +2,11 @@
 model's residual h_m predicts a big model's h_l on the same tokens. A valley of the held-out error
 along equal *relative* depth means the deep model stretches the shallow one's computation.
 
+As a measurement (``fit_map``): the ridge penalty of each small layer's maps is chosen on held-out
+validation tokens; a baseline map is fitted on the same tokens with their pairing shuffled (what a
+map learns without a token-by-token correspondence); the test error is kept per test prompt, so a
+statistic of the map gets a bootstrap interval over prompts.
+
 Memory is bounded, whatever the number of training tokens: the normal equations are accumulated
 (G_m = X̃_mᵀX̃_m and C_ml = X̃_mᵀY_l, X̃ = [h_m, 1]) for as many small layers at a time as fit in
 ``memory_budget_mb``, one streamed pass over the training tokens per such chunk. The training
@@ -96,6 +101,93 @@ def fit_errors(
     return errors
 
 
+RIDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)  # shares of the Gram matrix's mean diagonal
+
+
+class MapFit:
+    """What ``fit_map`` measured: per small layer m and big layer l the test error of the map
+    (``errors`` ``[m, l]``, mean over test tokens), of the shuffled-pairing baseline (``baseline``),
+    the error per test token (``per_token`` ``[token, m, l]``) and the ridge chosen per small layer."""
+
+    def __init__(self, errors, baseline, per_token, ridges):
+        self.errors, self.baseline, self.per_token, self.ridges = errors, baseline, per_token, ridges
+
+
+def _relative_errors(x: torch.Tensor, weights: torch.Tensor, y: torch.Tensor, y_norm: torch.Tensor) -> torch.Tensor:
+    """|y − f(x)| / |y| per token and big layer ``[token, big layer]``; ``y`` ``[token, big layer, d]``."""
+    prediction = (_with_bias(x) @ weights).view(*y.shape)
+    return (y - prediction).norm(dim=-1) / y_norm
+
+
+def fit_map(
+    train_small: StateStream,
+    train_big: StateStream,
+    validation: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    ridges: Sequence[float] = RIDGES,
+    memory_budget_mb: int = 1024,
+    seed: int = 0,
+    progress: bool = False,
+) -> MapFit:
+    """Maps from every small layer to every big layer on the training streams; per small layer the
+    ridge (a share of the Gram matrix's mean diagonal, on the weights, not the bias) with the least
+    mean validation error; the test error of those maps and of maps fitted with the big model's
+    tokens shuffled against the small model's (within each streamed batch). ``validation`` and
+    ``test``: (small, big) states ``[token, layer, d]``."""
+    test_small, test_big = test
+    val_small, val_big = validation
+    n_small, d_small = test_small.shape[1], test_small.shape[2]
+    n_big, d_big = test_big.shape[1], test_big.shape[2]
+    p = d_small + 1
+    per_layer = 8 * p * (p + 2 * n_big * d_big)  # float64 G_m and two C_m·
+    chunk = max(1, min(n_small, (memory_budget_mb << 20) // per_layer))
+    y_test, y_val = test_big.double(), val_big.double()
+    norm_test, norm_val = y_test.norm(dim=-1).clamp_min(1e-12), y_val.norm(dim=-1).clamp_min(1e-12)
+    errors = torch.empty(n_small, n_big, dtype=torch.float64)
+    baseline = torch.empty(n_small, n_big, dtype=torch.float64)
+    per_token = torch.empty(test_small.shape[0], n_small, n_big, dtype=torch.float64)
+    chosen = []
+    for first in tqdm(range(0, n_small, chunk), desc="linear map", unit="pass", disable=not progress):
+        layers = list(range(first, min(first + chunk, n_small)))
+        gram = torch.zeros(len(layers), p, p, dtype=torch.float64)
+        cross = torch.zeros(len(layers), p, n_big * d_big, dtype=torch.float64)
+        shuffled = torch.zeros_like(cross)
+        generator = torch.Generator().manual_seed(seed)
+        seen = 0
+        for xs, ys in zip(train_small(), train_big(), strict=True):
+            if xs.shape[0] != ys.shape[0]:
+                raise EffdepthError("the two models saw different numbers of tokens; they must share a tokenizer")
+            x = _with_bias(xs[:, layers].double()).transpose(0, 1)  # [chunk, token, p]
+            y = ys.double().reshape(ys.shape[0], -1)  # [token, big layer · d_big]
+            gram += x.transpose(1, 2) @ x
+            cross += x.transpose(1, 2) @ y
+            shuffled += x.transpose(1, 2) @ y[torch.randperm(y.shape[0], generator=generator)]
+            seen += xs.shape[0]
+        for index, m in enumerate(layers):
+            scale = float(gram[index].diagonal()[:d_small].mean())
+            best = None
+            for share in ridges:
+                if share == 0 and seen <= p:
+                    continue
+                penalty = torch.diag(
+                    torch.cat([torch.full((d_small,), share * scale, dtype=torch.float64), torch.zeros(1).double()])
+                )
+                weights = torch.linalg.lstsq(gram[index] + penalty, cross[index]).solution  # [p, big layer · d_big]
+                score = float(_relative_errors(val_small[:, m].double(), weights, y_val, norm_val).mean())
+                if best is None or score < best[0]:
+                    best = (score, share, penalty, weights)
+            if best is None:
+                raise EffdepthError(f"{seen} training tokens for {p} unknowns per map: give more prompts")
+            _, share, penalty, weights = best
+            chosen.append(share)
+            tokens = _relative_errors(test_small[:, m].double(), weights, y_test, norm_test)
+            per_token[:, m] = tokens
+            errors[m] = tokens.mean(dim=0)
+            blind = torch.linalg.lstsq(gram[index] + penalty, shuffled[index]).solution
+            baseline[m] = _relative_errors(test_small[:, m].double(), blind, y_test, norm_test).mean(dim=0)
+    return MapFit(errors, baseline, per_token, chosen)
+
+
 def cross_model_map(
     small: LoadedModel,
     big: LoadedModel,
@@ -132,4 +224,76 @@ def cross_model_map(
         rows.append((m, None, "best_big_layer", float(errors[m].argmin())))
         rows.append((m, None, "equal_depth_layer", m * scale))
     schema = {"small_layer": pl.Int64, "big_layer": pl.Int64, "metric": pl.String, "value": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _states_per_prompt(loaded: LoadedModel, token_lists: list[torch.Tensor], batch_size: int) -> list[torch.Tensor]:
+    return [torch.cat(list(residual_states(loaded, [ids], batch_size))) for ids in token_lists]
+
+
+def map_measurement(
+    small: LoadedModel,
+    big: LoadedModel,
+    train_prompts: Sequence[str | torch.Tensor],
+    validation_prompts: Sequence[str | torch.Tensor],
+    test_prompts: Sequence[str | torch.Tensor],
+    ridges: Sequence[float] = RIDGES,
+    batch_size: int = 4,
+    memory_budget_mb: int = 1024,
+    seed: int = 0,
+    progress: bool = False,
+) -> pl.DataFrame:
+    """The map as a measurement (method.md §7): per small layer m and big layer l the test error
+    (``relative_error``), the shuffled-pairing baseline (``baseline_error``) and, per test prompt,
+    the error (rows with a ``prompt``); per m the chosen ``ridge``, ``best_big_layer`` and
+    ``equal_depth_layer``; and the small model mapped onto itself (``self_error``, ``big_layer`` the
+    small model's layer: the identity, error ≈ 0 on the diagonal, checks the fit)."""
+    check_same_tokenizer(small, big)
+    train = tokenize(small, train_prompts)
+    validation, test = tokenize(small, validation_prompts), tokenize(small, test_prompts)
+    tokenize(big, [ids for ids in train + validation + test])  # the big model's context length applies too
+    test_small = _states_per_prompt(small, test, batch_size)
+    test_big = _states_per_prompt(big, test, batch_size)
+    owner = torch.cat([torch.full((s.shape[0],), i) for i, s in enumerate(test_small)])  # [token] → prompt
+    held = {
+        "test": (torch.cat(test_small), torch.cat(test_big)),
+        "validation": tuple(torch.cat(list(residual_states(m, validation, batch_size))) for m in (small, big)),
+    }
+    with tempfile.TemporaryDirectory(prefix="effdepth-map-") as spill:
+        streams = {
+            name: _spilled(residual_states(m, train, batch_size), Path(spill) / name)
+            for m, name in ((small, "small"), (big, "big"))
+        }
+        fit = fit_map(
+            streams["small"], streams["big"], held["validation"], held["test"], ridges, memory_budget_mb, seed, progress
+        )
+        own = fit_map(
+            streams["small"],
+            streams["small"],
+            (held["validation"][0],) * 2,
+            (held["test"][0],) * 2,
+            ridges,
+            memory_budget_mb,
+            seed,
+            progress,
+        )
+    rows = []
+    n_small, n_big = fit.errors.shape
+    for m in range(n_small):
+        rows += [(None, m, b, "relative_error", float(fit.errors[m, b])) for b in range(n_big)]
+        rows += [(None, m, b, "baseline_error", float(fit.baseline[m, b])) for b in range(n_big)]
+        rows += [(None, m, b, "self_error", float(own.errors[m, b])) for b in range(n_small)]
+        rows.append((None, m, None, "ridge", float(fit.ridges[m])))
+        rows.append((None, m, None, "best_big_layer", float(fit.errors[m].argmin())))
+        rows.append((None, m, None, "equal_depth_layer", m * big.n_layers / max(small.n_layers, 1)))
+    for prompt in range(len(test)):
+        means = fit.per_token[owner == prompt].mean(dim=0)  # [m, l]
+        rows += [(prompt, m, b, "relative_error", float(means[m, b])) for m in range(n_small) for b in range(n_big)]
+    schema = {
+        "prompt": pl.Int64,
+        "small_layer": pl.Int64,
+        "big_layer": pl.Int64,
+        "metric": pl.String,
+        "value": pl.Float64,
+    }
     return pl.DataFrame(rows, schema=schema, orient="row")
