@@ -2,12 +2,19 @@
 
     python benchmarks/intervention_cost.py [--model smollm2-135m] [--probes skip,erasure,igrad]
 
-"Published loop": one full forward pass per intervention (forward + backward per step for
-integrated gradients), batch 1, as the papers' scripts do. effdepth's ``method="slow"`` oracles
-are exactly that loop, so they serve as the baseline. The workloads are those of the issue:
-- skip: future-token variant only, whole layers, 3 GSM8K prompts × 4 cut positions;
-- erasure: one 6-digit addition (every layer × every position);
-- igrad: the 256-step Riemann sum on four layers.
+"Published loop": what the published scripts do (AheadOFpotato/what_affects_effective_depth at
+commit 21b36545a85bfbdc8ef499c040f55ab811a255f9, the code of Hu et al. after Csordás et al.), run
+through effdepth's ``method="slow"`` paths, which are exactly those loops:
+- skip (``plot_layer_effects.py``): one full forward pass, batch 1, per (skipped layer, position);
+- erasure (``plot_residual_erasure.py``): one full forward pass, batch 1, per (layer, position);
+- igrad (``plot_integrated_gradients.py``): per layer, one forward + backward per block of 16 steps
+  (``BLOCK_SIZE = 16``): the prompt at batch 1 up to the layer, 16 interpolated rows from it on
+  (``slow_block=16``), with the script's baseline (the layer output's mean over the hidden
+  dimension, ``hidden-mean``). effdepth's stand-in adds one pass of 2 rows per layer for the path's
+  two ends (the completeness check), 1 in 17 of the passes.
+The workloads: skip: the future-token variant, whole layers, 3 GSM8K prompts × 4 cut positions;
+erasure: one 6-digit addition (every layer × every position); igrad: the 256-step Riemann sum on
+every layer of one 6-digit addition (``--igrad-layers`` for fewer).
 
 Per probe it prints published-loop and fast wall time and their ratio; the work of each in
 forward-equivalents (decoder-layer and head token evaluations weighted by parameters, counted
@@ -21,6 +28,7 @@ faults (memory churn); and the largest difference between the two results.
 from __future__ import annotations
 
 import argparse
+import math
 import resource
 import time
 
@@ -99,11 +107,27 @@ def igrad_floor(n_layers: int, n: int, n_answer: int, layers: list[int], steps: 
     return layer_tokens, head_tokens
 
 
+BLOCK_SIZE = 16  # plot_integrated_gradients.py: steps per forward + backward
+
+
+def igrad_published_work(n_layers: int, n: int, layers: list[int], steps: int) -> tuple[int, int]:
+    """Per layer l and block of 16 steps: layers ≤ l at batch 1, the rest at 16 rows, the head on
+    every row; plus the two ends (one pass of 2 rows) and the clean pass."""
+    blocks = math.ceil(steps / BLOCK_SIZE)
+    layer_tokens, head_tokens = n_layers * (n - 1), n - 1
+    for layer in layers:
+        layer_tokens += (
+            blocks * ((layer + 1) + BLOCK_SIZE * (n_layers - 1 - layer)) + (layer + 1) + 2 * (n_layers - 1 - layer)
+        ) * (n - 1)
+        head_tokens += (blocks * BLOCK_SIZE + 2) * (n - 1)
+    return layer_tokens, head_tokens
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--probes", default="skip,erasure,igrad")
-    parser.add_argument("--igrad-layers", default="0,10,20,29")
+    parser.add_argument("--igrad-layers", default="all", help="comma list of layers, or all")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
     if args.threads:
@@ -117,7 +141,10 @@ def main() -> None:
     (addition,) = load_task("addition", n=1, seed=0, digits=6)
     ids, n_answer = answer_split(loaded, addition)
     n_add = ids.numel()
-    igrad_layers = [int(x) for x in args.igrad_layers.split(",") if int(x) < n_layers]
+    if args.igrad_layers == "all":
+        igrad_layers = list(range(n_layers))
+    else:
+        igrad_layers = [int(x) for x in args.igrad_layers.split(",") if int(x) < n_layers]
     skip_kw = dict(parts=("layer",), variants=("future",), n_positions=4)
     runs = {
         "skip": (
@@ -137,9 +164,18 @@ def main() -> None:
             n_add,
         ),
         "igrad": (
-            lambda method: integrated_gradients(loaded, [addition], 256, "riemann", method=method, layers=igrad_layers),
+            lambda method: integrated_gradients(
+                loaded,
+                [addition],
+                256,
+                "riemann",
+                baseline="hidden-mean",
+                method=method,
+                layers=igrad_layers,
+                slow_block=BLOCK_SIZE,
+            ),
             igrad_floor(n_layers, n_add, n_answer, igrad_layers, 256),
-            (n_layers * (n_add - 1) * (1 + len(igrad_layers) * 258), (n_add - 1) * len(igrad_layers) * 258),
+            igrad_published_work(n_layers, n_add, igrad_layers, 256),
             n_add - 1,
         ),
     }

@@ -44,6 +44,10 @@ class CacheLockError(EffdepthError):
     """A directory is locked by another effdepth process, or its lock path holds something else."""
 
 
+class LockHeldError(CacheLockError):
+    """Another live effdepth process holds the directory's lock (wait, or let it finish)."""
+
+
 # --- atomic writes ---------------------------------------------------------------------------
 
 
@@ -245,7 +249,7 @@ class DirectoryLock:
             except OSError as exc:
                 text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
                 os.close(fd)
-                raise CacheLockError(
+                raise LockHeldError(
                     f"{self.folder} is being written by another effdepth process ({_holder(text)}); "
                     "wait for it to finish or choose another folder"
                 ) from exc

@@ -202,7 +202,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--section", action="append", choices=["scale", "difficulty", "long_cot", "beyond"], help="only these sections"
     )
     grid.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout (default: .)")
-    grid.add_argument("--dry-run", action="store_true", help="print the plan and compute nothing")
+    grid.add_argument("--dry-run", action="store_true", help="print the plan with its estimated cost; compute nothing")
+    grid.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local: one cell after another here; ray: a cluster",
+    )
+    grid.add_argument("--address", help="the Ray cluster (auto, ray://host:10001; default: start a local one)")
+    grid.add_argument("--cpus-per-cell", type=_positive, default=1, help="CPUs (and torch threads) of each Ray task")
+    grid.add_argument(
+        "--shard", metavar="I/N", help="compute only slice I of N (one job of a Slurm or Kubernetes array)"
+    )
     grid.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
@@ -257,8 +268,11 @@ def _settings(args: argparse.Namespace):
 
 
 def _quiet(args: argparse.Namespace) -> None:
-    if args.no_progress:  # before tqdm is imported: it reads TQDM_DISABLE once (the GGUF loader's bars)
-        os.environ["TQDM_DISABLE"] = "1"
+    """--no-progress: no bar at all, --debug or not (``main`` set TQDM_DISABLE before tqdm loaded)."""
+    if args.no_progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -269,13 +283,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .settings import parse_probes
 
     settings = _settings(args)
-    parse_probes(args.probes, settings)  # fail on a typo before loading anything
+    probes = parse_probes(args.probes, settings)  # fail on a typo before loading anything
+    _check_used(args, settings, probes)
+    for root in args.reuse_from:
+        if not root.expanduser().is_dir():
+            raise EffdepthError(f"--reuse-from {root} is not a directory; give a results folder")
     if not args.debug:
         quiet_libraries(progress=not args.no_progress)
     result = run(settings, probes=args.probes, out_dir=args.out, overwrite=args.overwrite, reuse_from=args.reuse_from)
     print(format_table([result.summary]))
     print(f"\nresults in {result.out_dir}/")
     return 0
+
+
+def _check_used(args: argparse.Namespace, settings, probes: list[str]) -> None:
+    """A probe option given on the command line that none of the probes run uses is a mistake."""
+    from . import registry
+    from .settings import parse_probes
+
+    for name, option in registry.options().items():
+        if getattr(args, name, option.default) == option.default:
+            continue
+        if any(name in (o.name for o in registry.get(p).options) for p in probes):
+            continue
+        if parse_probes(args.probes, settings.replace(**{name: option.default})) != probes:
+            continue  # it chose which probes run (--lens)
+        owners = [p for p, spec in registry.specs().items() if name in (o.name for o in spec.options)]
+        raise EffdepthError(
+            f"{option.cli_flag} applies to {', '.join(owners)}, which --probes {args.probes} does not run; "
+            f"add one of them to --probes or drop {option.cli_flag}"
+        )
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -385,7 +422,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
 def _cmd_plot(args: argparse.Namespace) -> int:
     from . import registry
-    from .rundir import read_cached_frame, read_metadata
+    from .rundir import check_recorded, read_cached_frame, read_metadata
 
     run_dir, out = args.run_dir.expanduser(), args.out.expanduser()
     if out.suffix not in (".svg", ".png"):
@@ -406,6 +443,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
     from .book import plots
 
+    check_recorded(run_dir, metadata, probe)
     frame = read_cached_frame(source)
     options = chart.options(frame) if chart.options else {}
     label = metadata.get("settings", {})
@@ -434,16 +472,20 @@ def _cmd_book(args: argparse.Namespace) -> int:
         return 0
     if args.params and not args.section:
         raise EffdepthError("--params names one section's file; add --section")
-    toc = write_toc(root)
-    print(f"effdepth book: wrote {toc.relative_to(root)}")
-    if args.toc_only:
-        return 0
     sections = [args.section] if args.section else list(SECTIONS)
     sets = [s for section in sections for s in parameter_sets(root, section, args.profile, args.params)]
     if args.only is not None:
         sets = [s for s in sets if s.name == args.only]
         if not sets:
             raise EffdepthError(f"no parameter set named {args.only!r} in {', '.join(sections)} ({args.profile})")
+    if not args.toc_only and args.params is None:
+        from .book.grid import cells
+
+        cells(root, args.profile, sections)  # two runs that would share a directory: found before any work
+    toc = write_toc(root)
+    print(f"effdepth book: wrote {toc.relative_to(root)}")
+    if args.toc_only:
+        return 0
     timings = execute(root, sets, progress=not args.no_progress)
     for item, seconds in timings:
         print(f"  {item.page}.ipynb  {seconds:.0f} s")
@@ -457,28 +499,110 @@ def _cmd_book(args: argparse.Namespace) -> int:
 def _cmd_grid(args: argparse.Namespace) -> int:
     _quiet(args)
     _book_extra()
-    from .book.grid import cells, run_local
-    from .models import quiet_libraries
+    from .book.grid import cells, parse_shard, shard, units
+    from .cost import Calibration
 
     root = args.root.resolve()
+    if not (root / "params").is_dir():
+        raise EffdepthError(f"--root {args.root} has no params/ folder; run in the effdepth checkout or give --root")
+    if args.address and args.executor != "ray":
+        raise EffdepthError("--address names a Ray cluster; add --executor ray")
+    slice_ = parse_shard(args.shard) if args.shard else None
     os.chdir(root)  # params/ name results folders relative to the checkout
     plan = cells(root, args.profile, args.section)
-    states = [(cell, cell.state()) for cell in plan]
-    for cell, state in states:
-        print(f"  {state:<8} {cell.section}/{cell.page}: {cell.name}")
-    todo = [cell for cell, state in states if state != "cached"]
-    print(f"effdepth grid: {len(plan)} cells, {len(plan) - len(todo)} cached, {len(todo)} to compute")
+    groups = units(plan)
+    if slice_ is not None:
+        groups = shard(groups, *slice_)
+    calibration = Calibration.from_cache(sorted({c.results_dir for unit in groups for c in unit}))
+    todo, estimates = [], {}
+    for unit in groups:
+        kept = []
+        for cell in unit:
+            state, cost = cell.state(), cell.estimate(calibration)
+            estimates[id(cell)] = cost
+            print(f"  {state:<8} {_hours(cost.cpu_seconds):>9}  {cell.section}/{cell.page}: {cell.name}")
+            if state != "cached":
+                kept.append(cell)
+        if kept:
+            todo.append(kept)
+    n_cells, n_todo = sum(len(u) for u in groups), sum(len(u) for u in todo)
+    where = f" (shard {args.shard} of {len(units(plan))} units)" if slice_ else ""
+    print(f"effdepth grid: {n_cells} cells{where}, {n_cells - n_todo} cached, {n_todo} to compute")
+    print(_cost_line([estimates[id(c)] for u in todo for c in u], calibration))
     if args.dry_run or not todo:
         return 0
+    from .models import quiet_libraries
+
     if not args.debug:
-        quiet_libraries(progress=not args.no_progress)
-    for cell in todo:
-        if hasattr(cell, "record"):
-            cell.record.settings.progress = not args.no_progress
-    done = run_local(todo)
-    failed = [cell for cell, outcome in done if outcome.startswith("unavailable")]
-    print(f"effdepth grid: computed {len(done) - len(failed)} cells; {len(failed)} unavailable here")
-    return 0
+        quiet_libraries(progress=False)
+    outcomes = _compute_grid(args, root, todo, estimates, calibration)
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("done", "busy", "unavailable", "failed")}
+    print("effdepth grid: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == "done"))
+    if counts["busy"]:
+        print("effdepth grid: busy cells are being computed by another effdepth process; rerun to pick them up")
+    return 1 if counts["failed"] else 0
+
+
+def _hours(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds / 60:.1f} min"
+
+
+def _cost_line(costs, calibration) -> str:
+    from .cost import GPU_OPS_PER_SECOND
+
+    cpu = [c.cpu_seconds for c in costs if c.cpu_seconds is not None]
+    gpu = [c.gpu_seconds for c in costs if c.gpu_seconds is not None]
+    unknown = len(costs) - len(cpu)
+    models = len({m.model for m in calibration.measurements})
+    return (
+        f"effdepth grid: estimated {sum(cpu) / 3600:.2f} CPU hours (rates measured on this machine's cached runs "
+        f"of {models} model(s)) or {sum(gpu) / 3600:.2f} GPU hours (at an assumed {GPU_OPS_PER_SECOND:.1e} "
+        f"operations/s, not measured)" + (f"; {unknown} cell(s) of unknown cost" if unknown else "")
+    )
+
+
+def _compute_grid(args, root: Path, todo, estimates, calibration):
+    """One bar over the cells (its ETA from the cost model, scaled by how the estimates fared so far)."""
+    from tqdm import tqdm
+
+    from .book.executors import run_ray
+    from .book.grid import run_local
+
+    total = sum(len(u) for u in todo)
+    left = sum(estimates[id(c)].cpu_seconds or 0.0 for u in todo for c in u)
+    bar = tqdm(total=total, unit="cell", disable=args.no_progress, dynamic_ncols=True)
+    state = {"estimated": 0.0, "measured": 0.0, "left": left}
+
+    def progress(outcome) -> None:
+        estimated = estimates[id(outcome.cell)].cpu_seconds or 0.0
+        state["left"] -= estimated
+        if outcome.status == "done":
+            state["estimated"] += estimated
+            state["measured"] += outcome.seconds
+        scale = state["measured"] / state["estimated"] if state["estimated"] else 1.0
+        bar.set_postfix_str(f"ETA {_hours(max(state['left'], 0.0) * scale)} (cost model)")
+        bar.update(1)
+
+    def log(text: str) -> None:
+        (tqdm.write if not args.no_progress else print)(text)
+
+    try:
+        if args.executor == "ray":
+
+            def report(outcome) -> None:
+                log(f"{outcome.cell.name}\n{outcome.line()}")
+                progress(outcome)
+
+            return run_ray(todo, root, args.address, args.cpus_per_cell, calibration, report)
+        for unit in todo:
+            for cell in unit:
+                if hasattr(cell, "record"):
+                    cell.record.settings.progress = False
+        return run_local(todo, log=log, progress=progress)
+    finally:
+        bar.close()
 
 
 def _warn(message: str) -> None:
@@ -495,7 +619,8 @@ def _cmd_table(args: argparse.Namespace) -> int:
         found = [directory] if directory.is_file() else sorted(directory.rglob("effective_depth.json"))
         for path in found:  # a FIFO or a directory of that name would hang or fail: only regular files
             if path.is_file():
-                files.append(path)
+                if path.resolve() not in {f.resolve() for f in files}:  # a run named twice is listed once
+                    files.append(path)
             else:
                 _warn(f"skipping {path} (not a regular file)")
     if not files:
@@ -516,6 +641,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(argv)
+    if "--no-progress" in argv:  # before tqdm is imported: it reads TQDM_DISABLE once (the GGUF loader's bars)
+        os.environ["TQDM_DISABLE"] = "1"
     try:
         parser = build_parser(command if command in _HEAVY_COMMANDS else None)
     except EffdepthError as exc:
@@ -552,7 +679,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         where = f" ({exc.filename})" if exc.filename else ""
-        print(f"effdepth: error: {exc.strerror or exc}{where}; finished results are kept", file=sys.stderr)
+        kept = "; finished results are kept" if args.command in ("run", "grid", "map", "book") else ""
+        print(f"effdepth: error: {exc.strerror or exc}{where}{kept}", file=sys.stderr)
         return 2
     except Exception as exc:
         if args.debug:

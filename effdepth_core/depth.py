@@ -47,6 +47,34 @@ def _matrix(per_example: pl.DataFrame, metric: str, n_layers: int) -> tuple[np.n
     return values * counts[:, None], counts
 
 
+def resample_weights(n_examples: int, n_bootstrap: int, seed: int) -> np.ndarray:
+    """How often each prompt is drawn in each bootstrap resample ``[boot, example]`` (with replacement)."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n_examples, np.full(n_examples, 1 / n_examples), size=n_bootstrap)
+
+
+def ed_samples(
+    rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any, weights: np.ndarray
+) -> tuple[int | None, np.ndarray]:
+    """ED of ``rule`` on a per-example frame, and on each bootstrap resample ``weights``
+    ``[boot, example]`` (NaN where the rule finds no layer). Two frames of the same examples
+    resampled with the same ``weights`` give paired draws (e.g. two lenses on one run)."""
+    layers = n_layers + 1 if rule.needs_final_layer else n_layers
+    sums_counts = {m: _matrix(frame, m, layers) for m in rule.metrics}
+    counts = next(iter(sums_counts.values()))[1]
+    if weights.shape[1] != counts.size:
+        raise ValueError(f"{weights.shape[1]} resampling weights for {counts.size} examples")
+    point = rule.find({m: s.sum(0) / counts.sum() for m, (s, _) in sums_counts.items()}, settings)
+    total = weights @ counts  # [boot]
+    curves = {m: (weights @ s) / total[:, None] for m, (s, _) in sums_counts.items()}  # [boot, layer]
+    draws = [rule.find({m: c[b] for m, c in curves.items()}, settings) for b in range(weights.shape[0])]
+    return point, np.array([np.nan if d is None else float(d) for d in draws])
+
+
+def n_examples(frame: pl.DataFrame) -> int:
+    return int(frame["example"].n_unique())
+
+
 def rule_depth(
     rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any, n_bootstrap: int = 1000, seed: int = 0
 ) -> DepthResult:
@@ -55,20 +83,25 @@ def rule_depth(
     value``: no interval)."""
     layers = n_layers + 1 if rule.needs_final_layer else n_layers
 
-    def find(curves: dict[str, np.ndarray]) -> DepthResult:
-        ed = rule.find(curves, settings)
+    def result(ed: int | None) -> DepthResult:
         if ed is None:
             return DepthResult(None, None, rule.reason(settings))
         return DepthResult(int(ed), (int(ed) + 1) / n_layers)
 
     if "example" not in frame.columns:
-        return find({m: _curve(frame, m, layers) for m in rule.metrics})
-    sums_counts = {m: _matrix(frame, m, layers) for m in rule.metrics}
-    counts = next(iter(sums_counts.values()))[1]
-    point = find({m: s.sum(0) / counts.sum() for m, (s, _) in sums_counts.items()})
-    if n_bootstrap > 0 and counts.size > 1:
-        _bootstrap(point, find, sums_counts, counts, n_bootstrap, seed)
-    return point
+        return result(rule.find({m: _curve(frame, m, layers) for m in rule.metrics}, settings))
+    count = n_examples(frame)
+    if n_bootstrap <= 0 or count < 2:
+        point, _ = ed_samples(rule, frame, n_layers, settings, np.ones((0, count), dtype=int))
+        return result(point)
+    point, draws = ed_samples(rule, frame, n_layers, settings, resample_weights(count, n_bootstrap, seed))
+    depth = result(point)
+    defined = draws[~np.isnan(draws)]
+    depth.undefined_fraction = 1 - defined.size / draws.size
+    if defined.size:
+        depth.ci_low = int(np.percentile(defined, 2.5, method="lower"))
+        depth.ci_high = int(np.percentile(defined, 97.5, method="higher"))
+    return depth
 
 
 def effective_depths(
@@ -87,17 +120,3 @@ def effective_depths(
         if frame is not None:
             results[rule.key] = rule_depth(rule, frame, n_layers, settings, n_bootstrap, seed)
     return results
-
-
-def _bootstrap(point: DepthResult, find, sums_counts, counts: np.ndarray, n_bootstrap: int, seed: int) -> None:
-    """Fill ``point``'s interval from ED on prompts resampled with replacement."""
-    rng = np.random.default_rng(seed)
-    weights = rng.multinomial(counts.size, np.full(counts.size, 1 / counts.size), size=n_bootstrap)  # [boot, ex]
-    total = weights @ counts  # [boot]
-    curves = {m: (weights @ s) / total[:, None] for m, (s, _) in sums_counts.items()}  # [boot, layer]
-    eds = [find({m: c[b] for m, c in curves.items()}).ed for b in range(n_bootstrap)]
-    defined = np.array([e for e in eds if e is not None])
-    point.undefined_fraction = 1 - defined.size / n_bootstrap
-    if defined.size:
-        point.ci_low = int(np.percentile(defined, 2.5, method="lower"))
-        point.ci_high = int(np.percentile(defined, 97.5, method="higher"))

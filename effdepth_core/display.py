@@ -147,6 +147,8 @@ def summary_problem(summary) -> str | None:
         return "not an effdepth summary"
     if not all(type(summary[k]) is int and summary[k] > 0 for k in ("n_layers", "n_examples")):
         return "not an effdepth summary (layer or example count)"
+    if not all(isinstance(summary[k], str) and summary[k].isprintable() for k in ("model", "task")):
+        return "its model or task is not a printable name"
     n_layers = summary["n_layers"]
 
     def layer(value) -> bool:  # a layer index of this model (bool is not an int here)

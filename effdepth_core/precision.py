@@ -10,11 +10,13 @@ the book and the grid find the same final ``n`` without any model work.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import registry
 from .errors import EffdepthError
 from .models import LoadedModel
 from .results import RunResult, run
@@ -138,3 +140,53 @@ def precise_run(
         if n >= rule.n_max:
             return PreciseRun(result, steps, "cap", widths)
         n = rule.next_n(n, widths)
+
+
+def _cached_widths(out: Path, key: str, probes: Sequence[str]) -> tuple[int, dict[str, int]] | None:
+    """A finished step's example count and interval widths, from its ``effective_depth.json`` (its
+    sha256 checked against the metadata): what the walk decided on, without a bootstrap."""
+    from .rundir import SUMMARY, read_metadata, verified_files
+
+    if not is_complete(out, key, probes):
+        return None
+    metadata = read_metadata(out)
+    recorded = (metadata or {}).get("files", {}).get(SUMMARY)
+    if recorded is None or verified_files(out, {SUMMARY: recorded}) is not None:
+        return None
+    summary = json.loads((out / SUMMARY).read_text(encoding="utf-8"))
+    widths = {}
+    for rule in registry.rules():
+        entry = summary.get(rule)
+        if isinstance(entry, dict) and entry.get("ed") is not None and entry.get("ci_low") is not None:
+            widths[rule] = int(entry["ci_high"]) - int(entry["ci_low"])
+    return int(summary["n_examples"]), widths
+
+
+def walk_plan(settings: RunSettings, probes: Sequence[str], rule: Precision, results_dir: Path | str) -> WalkPlan:
+    """Where a precision walk stands in the cache, read from its summaries (no bootstrap, no model):
+    the steps finished, and the n it computes next (None when it stopped). A step whose summary
+    cannot be read is planned as the next (``precise_run`` then reads or recomputes it)."""
+    n, steps = rule.n_min, []
+    while True:
+        step = settings.replace(n=n)
+        cached = _cached_widths(default_out_dir(step, results_dir, hashed=False), step.key(), probes)
+        if cached is None:
+            return WalkPlan(steps, n)
+        count, widths = cached
+        steps.append(n)
+        met = count >= rule.n_min and all(w <= 2 * rule.halfwidth for w in widths.values())
+        if count < n or met or n >= rule.n_max:
+            return WalkPlan(steps, None)
+        n = rule.next_n(n, widths)
+
+
+@dataclass(frozen=True)
+class WalkPlan:
+    steps: list[int]
+    next_n: int | None
+
+    @property
+    def state(self) -> str:
+        if self.next_n is None:
+            return "cached"
+        return "partial" if self.steps else "missing"

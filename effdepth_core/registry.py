@@ -41,6 +41,7 @@ DEFAULT = ("cosine", "logit_lens")  # what `effdepth run` measures unless told o
 _EXTRA: dict[str, ProbeSpec] = {}  # registered in process (tests, notebooks): ``register``
 
 
+@functools.cache
 def _entry_points() -> dict[str, object]:
     from importlib.metadata import entry_points
 
@@ -106,18 +107,21 @@ def _check_plugin(name: str, spec: object, known: Mapping[str, ProbeSpec]) -> No
 def register(spec: ProbeSpec) -> None:
     """Add a probe for this process (tests, a notebook): as if a plugin had declared it."""
     _EXTRA[spec.name] = spec
+    _entry_points.cache_clear()
     _all.cache_clear()
     options.cache_clear()
 
 
 def unregister(name: str) -> None:
     _EXTRA.pop(name, None)
+    _entry_points.cache_clear()
     _all.cache_clear()
     options.cache_clear()
 
 
 def reload() -> None:
     """Forget what was loaded (after installing a plugin in this process)."""
+    _entry_points.cache_clear()
     _all.cache_clear()
     options.cache_clear()
 

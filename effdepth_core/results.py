@@ -37,6 +37,7 @@ from .rundir import (
     verified_files,
 )
 from .settings import (
+    MAX_GENERATED,
     MapSettings,
     RunSettings,
     check_settings,
@@ -340,6 +341,17 @@ def run(
     described = {**settings.numbers(), **settings.key_fields()}  # what a refusal compares, named
     directory = RunDirectory.open(plan.out, plan.key, described, registry.frames(), overwrite)
     try:
+        damaged = directory.damaged(registry.names())
+        if damaged and not (overwrite and set(damaged) - {"examples"} <= set(plan.names)):
+            name, what = next(iter(damaged.items()))
+            extra = [p for p in damaged if p != "examples" and p not in plan.names]
+            fix = "--overwrite" + (f" --probes {','.join([*plan.names, *extra])}" if extra else "")
+            raise OutputDirectoryError(
+                f"the cached {'examples are' if name == 'examples' else name + ' results are'} damaged in "
+                f"{directory.path} ({what}); rerun with the same options and {fix} to compute them again"
+            )
+        if damaged:
+            directory.forget(p for p in damaged if p != "examples")
         missing = [p for p in plan.names if not directory.has_probe(p)]
         behind = _outdated_cached(directory, [p for p in plan.names if p not in missing], settings, not renew_outdated)
         if renew_outdated:
@@ -364,7 +376,7 @@ def run(
                     donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from)
                     frames = _compute(spec, loaded, examples, settings, donor)
                     record = {
-                        "seconds": round(time.perf_counter() - started, 2),
+                        "seconds": round(time.perf_counter() - started, 4),
                         "peak_rss_mb": _peak_rss_mb(),
                         "key": key,
                         "revision": spec.revision,
@@ -476,14 +488,15 @@ def _map_examples(settings: MapSettings, small: LoadedModel) -> tuple[list[Examp
         return examples, len(examples) // 2, sum(count(e.prompt) for e in examples[: len(examples) // 2])
     held = settings.n + settings.n_validation
     wanted, examples = settings.tokens_per_width * small.d_model, []
-    n = held + 16
+    size = settings.pool_size() or MAX_GENERATED  # n never asks for more prompts than the task has
+    n = min(held + 16, size)
     while True:
         examples = load_task(settings.task, count_tokens=count, **settings.task_options(n))
         tokens = [count(e.prompt) for e in examples[held:]]
         total = sum(tokens)
-        if total >= wanted or len(examples) < n:
+        if total >= wanted or len(examples) < n or n == size:
             break
-        n = held + int(len(tokens) * wanted / max(total, 1) * 1.2) + 1
+        n = min(held + int(len(tokens) * wanted / max(total, 1) * 1.2) + 1, size)
     if total < wanted:
         raise EffdepthError(
             f"{settings.task} has {total} training tokens after the {held} held-out prompts, below "
@@ -550,6 +563,7 @@ def run_map(settings: MapSettings, out_dir: Path | str | None = None, overwrite:
                 "n_layers": small.n_layers,
                 "n_examples": len(test),
                 "n_asked": settings.n,
+                "n_lines": len(examples),  # test, validation and training prompts
                 "probes": {},
             }
             from .provenance import environment
@@ -558,7 +572,7 @@ def run_map(settings: MapSettings, out_dir: Path | str | None = None, overwrite:
             directory.start(metadata, examples)
             by_prompt = frame.filter(pl.col("prompt").is_not_null()) if "prompt" in frame.columns else frame.head(0)
             rest = frame.filter(pl.col("prompt").is_null()) if "prompt" in frame.columns else frame
-            record = {"seconds": round(time.perf_counter() - started, 2), "peak_rss_mb": _peak_rss_mb(), "key": key}
+            record = {"seconds": round(time.perf_counter() - started, 4), "peak_rss_mb": _peak_rss_mb(), "key": key}
             directory.save_probe("map", {"map_by_example": by_prompt, "map": rest}, record)
         return frame
     except BaseException:

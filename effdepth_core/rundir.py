@@ -34,6 +34,7 @@ from .cache import (
     LOCK_NAME,
     CacheLockError,
     DirectoryLock,
+    LockHeldError,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
@@ -55,6 +56,7 @@ __all__ = [
     "LOCK_NAME",
     "METADATA",
     "SUMMARY",
+    "DirectoryBusyError",
     "OutputDirectoryError",
     "RunDirectory",
     "is_complete",
@@ -64,6 +66,10 @@ __all__ = [
 
 class OutputDirectoryError(EffdepthError):
     """``--out`` cannot be used without risking files effdepth did not write."""
+
+
+class DirectoryBusyError(OutputDirectoryError):
+    """Another effdepth process is writing the run directory now (the grid leaves the cell to it)."""
 
 
 def is_own_file(name: str, frames: Mapping[str, tuple[str, ...]], probes) -> bool:
@@ -76,13 +82,27 @@ def is_own_file(name: str, frames: Mapping[str, tuple[str, ...]], probes) -> boo
 
 
 def read_cached_frame(path: Path) -> pl.DataFrame:
-    """A cached parquet frame; one-line error when it is damaged."""
+    """A cached parquet frame; one-line error when it is damaged or holds a non-finite number
+    (effdepth never writes one: nulls mean "not defined")."""
+    fix = "rerun `effdepth run` with its options and --overwrite to compute it again"
     try:
-        return pl.read_parquet(path)
+        frame = pl.read_parquet(path)
     except Exception as exc:  # polars raises several types for a damaged file
+        raise EffdepthError(f"the cached {path} is damaged ({type(exc).__name__}); {fix}") from exc
+    floats = [c for c, t in frame.schema.items() if t.is_float()]
+    if any(bool((~frame[c].is_finite()).fill_null(False).any()) for c in floats):
+        raise EffdepthError(f"the cached {path} holds NaN or inf values, which effdepth never writes; {fix}")
+    return frame
+
+
+def check_recorded(folder: Path, metadata: dict, probe: str) -> None:
+    """The files a probe's record lists have their recorded sha256 (one line naming the first that does not)."""
+    bad = verified_files(folder, ((metadata.get("probes") or {}).get(probe) or {}).get("files", {}))
+    if bad is not None:
         raise EffdepthError(
-            f"the cached {path} is damaged ({type(exc).__name__}); delete it and rerun to compute it again"
-        ) from exc
+            f"the cached {probe} results in {folder} do not match its metadata ({damage(folder / bad)}); rerun "
+            "`effdepth run` with its options and --overwrite to compute them again"
+        )
 
 
 def read_metadata(out: Path) -> dict | None:
@@ -99,31 +119,77 @@ def read_metadata(out: Path) -> dict | None:
         return None
     if not isinstance(metadata.get("settings", {}), dict) or not isinstance(metadata.get("probes", {}), dict):
         return None
-    if not isinstance(metadata.get("pending", {}), dict) or not isinstance(metadata.get("files", {}), dict):
-        return None
-    return metadata
+    return metadata if well_formed(metadata) else None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _names(value) -> bool:
+    """A mapping of plain file names (no folders, links or effdepth's control files) to sha256s."""
+    return isinstance(value, dict) and all(_plain(k) and isinstance(v, str) for k, v in value.items())
+
+
+def _plain(name) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..", LOCK_NAME) and Path(name).name == name
+
+
+def well_formed(metadata: dict) -> bool:
+    """Whether the metadata has the structure effdepth writes (a hand-damaged one is not effdepth's:
+    nothing it names is read, deleted or trusted)."""
+    if "format" in metadata and not _count(metadata["format"]):
+        return False
+    probes, pending = metadata.get("probes"), metadata.get("pending", {})  # effdepth always writes probes
+    if not isinstance(metadata.get("settings", {}), dict) or not isinstance(probes, dict):
+        return False
+    if not _names(metadata.get("files", {})) or not isinstance(pending, dict):
+        return False
+    if not all(isinstance(v, list) and all(_plain(n) and n != METADATA for n in v) for v in pending.values()):
+        return False
+    for record in probes.values():
+        if not isinstance(record, dict) or not _names(record.get("files", {})):
+            return False
+        if any(k in record and not _count(record[k]) for k in ("revision", "answer_format")):
+            return False
+        if "key" in record and not isinstance(record["key"], str):
+            return False
+    return True
 
 
 def is_complete(out: Path, key: str, probes) -> bool:
-    """Whether ``out`` holds a finished run of ``key`` with every probe in ``probes``."""
+    """Whether ``out`` holds a finished run of ``key`` with every probe in ``probes`` and its
+    summary (a run killed between its last probe and the summary is not finished)."""
     metadata = read_metadata(out)
     return (
         metadata is not None
         and metadata["key"] == key
         and not metadata.get("pending")
         and (out / EXAMPLES).is_file()
+        and (out / SUMMARY).is_file()
         and all(p in metadata.get("probes", {}) and (out / f"{p}_by_example.parquet").is_file() for p in probes)
     )
 
 
+FACTS = ("key", "n_layers", "d_model", "vocab_size", "n_params", "n_examples", "n_asked", "n_lines")
+
+
+def facts_digest(metadata: dict) -> str:
+    """The sha256 of the run's model facts (``FACTS``): a hand-edited ``n_layers`` or ``n_examples``
+    would change every ratio and table without touching a recorded file."""
+    import hashlib
+
+    facts = json.dumps({k: metadata.get(k) for k in FACTS}, sort_keys=True)
+    return hashlib.sha256(facts.encode()).hexdigest()
+
+
 def describes_a_run(metadata: dict) -> bool:
-    """Whether the metadata holds the model facts a finished start wrote (n_layers, n_examples)."""
-
-    def count(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
+    """Whether the metadata holds the model facts a finished start wrote (n_layers, n_examples),
+    unchanged since (their digest, where the run recorded one)."""
     asked = metadata.get("n_asked", metadata.get("n_examples"))
-    return count(metadata.get("n_layers")) and count(metadata.get("n_examples")) and count(asked)
+    if not (_count(metadata.get("n_layers")) and _count(metadata.get("n_examples")) and _count(asked)):
+        return False
+    return "facts_sha256" not in metadata or metadata["facts_sha256"] == facts_digest(metadata)
 
 
 def verified_files(folder: Path, records: Mapping) -> str | None:
@@ -134,6 +200,15 @@ def verified_files(folder: Path, records: Mapping) -> str | None:
         if path.is_symlink() or not path.is_file() or not isinstance(sha, str) or sha256_file(path) != sha:
             return name
     return None
+
+
+def damage(path: Path) -> str:
+    """What is wrong with a recorded file that failed its check, in a few words."""
+    if path.is_symlink():
+        return f"{path.name} is now a symbolic link"
+    if not path.is_file():
+        return f"{path.name} is missing"
+    return f"{path.name} is damaged: its sha256 differs from the one effdepth recorded when writing it"
 
 
 def _short(value) -> str:
@@ -177,6 +252,7 @@ class RunDirectory:
     opened_metadata: dict | None = None  # what the directory held when opened
     wrote: bool = False
     finished: int = 0  # probes finished by this process
+    forgotten: set[str] = field(default_factory=set)  # damaged probes dropped to be computed again (their files own)
     _lock: DirectoryLock | None = None
 
     @property
@@ -199,7 +275,8 @@ class RunDirectory:
         except CacheLockError as exc:
             directory._lock = None
             directory.abandon()
-            raise OutputDirectoryError(str(exc).replace("another effdepth process", "another effdepth run")) from exc
+            kind = DirectoryBusyError if isinstance(exc, LockHeldError) else OutputDirectoryError
+            raise kind(str(exc).replace("another effdepth process", "another effdepth run")) from exc
         try:  # what the directory holds now that nobody else writes: read it again
             directory._inspect(key, settings, overwrite)
             directory._clean_leftovers()
@@ -267,12 +344,12 @@ class RunDirectory:
         pending = (self.metadata or {}).get("pending") or {}
         if not pending:
             return
-        for names in pending.values():
-            for name in names if isinstance(names, list) else []:
-                path = self.path / str(name)
-                if is_own_file(path.name, self.frames, self.probes) and path.is_file() and not path.is_symlink():
+        for names in pending.values():  # plain names (``well_formed``): only files in this directory
+            for name in names:
+                path = self.path / name
+                if is_own_file(name, self.frames, self.probes) and path.is_file() and not path.is_symlink():
                     path.unlink()
-        self.metadata = {**self.metadata, "pending": {}}
+        self.metadata = {**self.metadata, "pending": {}, "probes": dict(self.metadata.get("probes", {}))}
         for entry in pending:  # a half-written probe is not finished, whatever else says so
             self.metadata["probes"].pop(entry, None)
         self._write_metadata()
@@ -308,12 +385,37 @@ class RunDirectory:
     def foreign_files_for(self, probes) -> list[str]:
         """Files that writing ``probes`` would replace but that no effdepth run here recorded (a
         user's file of the same name): effdepth refuses rather than overwrite them."""
-        recorded = tuple((self.metadata or {}).get("probes", {}))  # by the run here (also a stale one)
+        recorded = (*(self.metadata or {}).get("probes", {}), *self.forgotten)  # by the run here (also a stale one)
         names = [f"{frame}.parquet" for p in probes for frame in self.frames.get(p, ())]
         return [n for n in names if (self.path / n).exists() and not is_own_file(n, self.frames, recorded)]
 
+    def damaged(self, probes) -> dict[str, str]:
+        """The finished ``probes`` here whose recorded files fail their sha256 check: probe → what is wrong."""
+        found = {}
+        examples = {EXAMPLES: (self.metadata or {}).get("files", {}).get(EXAMPLES)}
+        if not self.stale and examples[EXAMPLES] is not None and verified_files(self.path, examples) is not None:
+            found["examples"] = damage(self.path / EXAMPLES)
+        for name in probes:
+            if self.has_probe(name):
+                bad = verified_files(self.path, self.probe_record(name).get("files", {}))
+                if bad is not None:
+                    found[name] = damage(self.path / bad)
+        return found
+
+    def forget(self, probes) -> None:
+        """Drop the records of ``probes`` (damaged ones ``--overwrite`` computes again; their files,
+        effdepth's own names, are replaced when they are)."""
+        for name in probes:
+            self.metadata["probes"].pop(name, None)
+            self.forgotten.add(name)
+        self._write_metadata()
+
     def has_examples(self) -> bool:
-        return not self.stale and (self.path / EXAMPLES).is_file()
+        """Present and, where recorded, unchanged (damaged ones are written again under ``--overwrite``)."""
+        record = (self.metadata or {}).get("files", {}).get(EXAMPLES)
+        if self.stale or not (self.path / EXAMPLES).is_file():
+            return False
+        return record is None or verified_files(self.path, {EXAMPLES: record}) is None
 
     def _write_metadata(self) -> None:
         atomic_write_json(self.path / METADATA, self.metadata, _KEPT)
@@ -346,6 +448,7 @@ class RunDirectory:
             if int(previous.get("format", 1)) < FORMAT:  # its probes carry no sha256: keep it format 1
                 metadata["format"] = previous.get("format", 1)
         metadata.setdefault("format", FORMAT)
+        metadata["facts_sha256"] = facts_digest(metadata)
         metadata.setdefault("files", {})
         metadata.setdefault("pending", {})
         self.metadata, self.wrote = metadata, True
@@ -381,30 +484,35 @@ class RunDirectory:
 
     def read_metadata_or_fail(self) -> dict:
         metadata = read_metadata(self.path)
-        if metadata is None or not describes_a_run(metadata):
+        if metadata is None or not describes_a_run(metadata) or not self._examples_agree(metadata):
             raise EffdepthError(
-                f"{self.path / METADATA} is damaged (it lacks the run's model facts); delete the directory's effdepth "
-                "files or choose another --out"
+                f"{self.path / METADATA} is damaged (its model facts are missing or were changed since effdepth "
+                "wrote them); delete the directory's effdepth files or choose another --out"
             )
         return metadata
+
+    def _examples_agree(self, metadata: dict) -> bool:
+        path = self.path / EXAMPLES
+        if not path.is_file() or path.is_symlink():
+            return False
+        with path.open("rb") as lines:
+            # the map's examples.jsonl holds its training prompts too (``n_lines``)
+            return sum(1 for line in lines if line.strip()) == metadata.get("n_lines", metadata["n_examples"])
 
     def _read(self, name: str) -> pl.DataFrame:
         return read_cached_frame(self.path / name)
 
     def check_files(self, metadata: dict) -> None:
         """Every file the metadata records has its recorded sha256 (format 2), else one line."""
-        if int(metadata.get("format", 1)) < FORMAT:
-            return
-        records = dict(metadata.get("files", {}))
+        records = dict(metadata.get("files", {}))  # a format-1 run records none; any record is checked
         for entry in metadata.get("probes", {}).values():
             records.update((entry or {}).get("files", {}))
         records.pop(SUMMARY, None)  # derived: rewritten from the probes on every run
         bad = verified_files(self.path, records)
         if bad is not None:
             raise EffdepthError(
-                f"the cached probe files in {self.path} do not match its metadata ({bad} is damaged: its sha256 "
-                "differs from the one effdepth recorded when writing it); delete the directory's effdepth files, or "
-                "rerun with --overwrite into a new --out"
+                f"the cached probe files in {self.path} do not match its metadata ({damage(self.path / bad)}); "
+                "rerun `effdepth run` with the same options and --overwrite to compute the damaged probe again"
             )
 
     def read_probes(self, metadata: dict) -> tuple[dict[str, pl.DataFrame], dict[str, pl.DataFrame]]:

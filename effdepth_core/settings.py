@@ -232,6 +232,9 @@ def parse_probes(probes: str | Sequence[str], settings: RunSettings | None = Non
     return list(dict.fromkeys(expanded))
 
 
+MAX_GENERATED = 100_000  # generated tasks have no size; a larger --n is a typo, not a study
+
+
 def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[str, Any] | None = None) -> None:
     """One-line errors for values that cannot work, found before any model loads (``facts``: what
     is known of the model already: ``vocab_size``, ``n_layers``)."""
@@ -240,6 +243,10 @@ def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[
         value = getattr(settings, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise EffdepthError(f"--{name.replace('_', '-')} must be at least 1, got {value!r}")
+    if settings.task in ARITHMETIC and settings.n > MAX_GENERATED:
+        raise EffdepthError(
+            f"--n {settings.n} is more {settings.task} problems than a run can probe; use --n {MAX_GENERATED} or fewer"
+        )
     if settings.max_tokens is not None and (not isinstance(settings.max_tokens, int) or settings.max_tokens < 1):
         raise EffdepthError(f"--max-tokens must be at least 1, got {settings.max_tokens}")
     from .models import resolve_device
@@ -338,6 +345,19 @@ class MapSettings:
         for spec in (self.small, self.big):
             preflight_model(spec)
         load_task(self.task, **self.task_options())  # the task and n
+        size = self.pool_size()
+        held = self.n + (self.n_validation if self.ridge is None else 0)
+        if self.ridge is None and size is not None and held >= size:
+            raise EffdepthError(
+                f"--n {self.n} test and --n-validation {self.n_validation} prompts take all {size} prompts of "
+                f"{self.task}, leaving none to fit the map on: lower them (their sum below {size})"
+            )
+
+    def pool_size(self) -> int | None:
+        """How many prompts the task has (None: a generated task, as many as asked)."""
+        from .tasks import task_pool
+
+        return None if self.task in ARITHMETIC else len(task_pool(self.task))
 
     def name(self) -> str:
         """A run directory name that spells every setting that changes the numbers (and the key)."""

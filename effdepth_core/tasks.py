@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import random
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -48,14 +49,16 @@ class Example:
         return {"prompt": self.prompt, "question": self.question, "answer": self.answer, "meta": self.meta}
 
 
-def _vendored(relative: str) -> Iterable[dict]:
+@functools.cache
+def _vendored(relative: str) -> tuple[dict, ...]:
+    """A vendored data file's rows (read once per process; they never change)."""
     path = resources.files("effdepth_core") / "data" / relative
     with path.open("rb") as raw:
         data = gzip.decompress(raw.read()) if relative.endswith(".gz") else raw.read()
     text = data.decode("utf-8")
     if relative.endswith((".json", ".json.gz")):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return tuple(json.loads(text))
+    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
 
 def _hub(path: str, split: str, name: str | None = None) -> list[dict]:
@@ -100,7 +103,7 @@ def boxed_example(task: str, problem: str, solution: str, meta: dict) -> Example
 
 def arithmetic_example(op: str, a: int, b: int) -> Example:
     """``Give the answer directly: a op b = `` and the result's digits: the space belongs to the
-    question, as in the published code, so the answer tokens are the digits alone (method.md §9)."""
+    question, as in the published code, so the answer tokens are the digits alone (method.md §8)."""
     result = a + b if op == "+" else a * b
     return Example(f"Give the answer directly: {a} {op} {b} = ", f"{result}", {"a": a, "b": b, "op": op})
 
@@ -233,10 +236,32 @@ def check_task(name: str) -> None:
     if path.is_dir():
         raise TaskError(f"task {name!r} is a directory; pass a .jsonl file or one of {', '.join(TASKS)}")
     if name.endswith(".jsonl") or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise TaskError(f"task file {name!r} does not exist")
+        if not path.is_file():  # a FIFO or a device would hang or read nothing
+            raise TaskError(f"task file {name!r} is not a regular file; pass a .jsonl file")
         return
     raise TaskError(f"unknown task {name!r}; use one of {', '.join(TASKS)} or a path to a .jsonl file")
+
+
+def task_pool(
+    name: str, source: str = "local", level: int | None = None, aime_solution: str = "first"
+) -> list[Example]:
+    """Every example of a data-set task or task file, in file order (not the generated tasks)."""
+    check_task(name)
+    if name not in TASKS:
+        return _jsonl(Path(name).expanduser())
+    if name in ARITHMETIC:
+        raise TaskError(f"{name} is generated: it has no fixed pool of examples")
+    if name == "gsm8k":
+        return _gsm8k(source)
+    if name == "hellaswag":
+        return _hellaswag(source)
+    if name == "aime24":
+        return _aime24(source, aime_solution)
+    if level is not None and level not in range(1, 6):
+        raise TaskError(f"MATH level must be 1..5, got {level}")
+    return _math(source, level)
 
 
 def load_task(
@@ -263,24 +288,12 @@ def load_task(
     if source not in ("local", "hub"):
         raise TaskError(f"source must be 'local' or 'hub', got {source!r}")
     rng = random.Random(seed)
-    path = Path(name).expanduser()
-    check_task(name)
     is_file = name not in TASKS
-    if is_file:
-        pool = _jsonl(path)
-    elif name in ARITHMETIC:
+    if name in ARITHMETIC:
         return _arithmetic("+" if name == "addition" else "*", n, digits, rng)
-    elif name == "gsm8k":
-        pool = _gsm8k(source)
-    elif name == "hellaswag":
-        pool = _hellaswag(source)
-    elif name == "aime24":
-        pool = _aime24(source, aime_solution)
+    pool = task_pool(name, source, level, aime_solution)
+    if name == "aime24":
         max_tokens = AIME_MAX_TOKENS if max_tokens is None else max_tokens
-    else:  # math
-        if level is not None and level not in range(1, 6):
-            raise TaskError(f"MATH level must be 1..5, got {level}")
-        pool = _math(source, level)
     if n > len(pool):
         what = f"{name} (level {level})" if level is not None else name
         raise TaskError(f"--n {n} asks for more examples than {what} has ({len(pool)}); use --n {len(pool)} or fewer")

@@ -43,6 +43,8 @@ class ZooModel:
     licence: str = ""
     gguf_meta: tuple[tuple[str, object], ...] = ()  # (key, value) the GGUF header must hold
     vocab_size: int | None = None
+    d_model: int | None = None  # the width and parameter count as loaded (effdepth's cost model reads them)
+    n_params: int | None = None
 
     @property
     def n_layers(self) -> int | None:
@@ -85,6 +87,8 @@ def _zoo() -> dict[str, ZooModel]:
             licence="Apache-2.0",
             gguf_meta=_meta("llama", "Smollm2 135M 8k Lc100K Mix1 Ep2", 30),
             vocab_size=49152,
+            d_model=576,
+            n_params=134515008,
         ),
         ZooModel(
             "gemma3-270m",
@@ -99,6 +103,8 @@ def _zoo() -> dict[str, ZooModel]:
             licence="Gemma Terms of Use (ai.google.dev/gemma/terms)",
             gguf_meta=_meta("gemma3", "Gemma 3 270m", 18),
             vocab_size=262144,
+            d_model=640,
+            n_params=268098176,
         ),
         ZooModel(
             "qwen2.5-coder-0.5b",
@@ -113,6 +119,8 @@ def _zoo() -> dict[str, ZooModel]:
             licence="Apache-2.0",
             gguf_meta=_meta("qwen2", "Qwen2.5 Coder 0.5B Instruct AWQ", 24),
             vocab_size=151936,
+            d_model=896,
+            n_params=630167424,
         ),
         ZooModel(
             "qwen2.5-coder-1.5b",
@@ -127,6 +135,8 @@ def _zoo() -> dict[str, ZooModel]:
             licence="Apache-2.0",
             gguf_meta=_meta("qwen2", "Qwen2.5 Coder 1.5B Instruct GGUF", 28),
             vocab_size=151936,
+            d_model=1536,
+            n_params=1777088000,
         ),
     ]
     return {m.alias: m for m in models}

@@ -3,6 +3,7 @@ the paper's reference table, and the chart specs."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -96,8 +97,14 @@ def test_templates_are_clean_and_take_every_parameter(section):
     # the title is rendered from the `title` parameter (glued for the book), never a literal placeholder
     heading = next(c for c in notebook.cells if c.cell_type == "markdown")
     assert heading.source.startswith("# {glue:text}`page_title`")
-    assert any('glue("page_title", title' in c.source for c in code)
+    assert any("pages.heading(title)" in c.source for c in code)  # the shared title cell, one function
     assert not any("{title}" in c.source for c in notebook.cells if c.cell_type == "markdown")
+    # every other code cell is a library call: one line, no control flow, no logic of its own
+    for cell in code:
+        if cell is tagged[0] or "pages.heading(title)" in cell.source:
+            continue
+        lines = [line for line in cell.source.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("page."), cell.source
 
 
 def test_task_specs():
@@ -181,11 +188,18 @@ def test_chart_data_is_typed_csv_that_reads_back():
         "format": {"type": "csv", "parse": {"layer": "number", "task": "string", "value": "number"}},
     }
     assert spec["config"]["font"] == plots.FONT
-    html = plots.show(chart).html()
+    html = plots.chart_html(spec, "effdepth-chart-test")
     assert "</script" not in html.split("<script", 1)[1].split("</script>")[0]  # no early end tag
     payload = html.split(".push([", 1)[1].rsplit("]);", 1)[0]
     element_id, spec_text = payload.split(",", 1)
-    assert json.loads(spec_text) == spec and element_id.strip('"').startswith("effdepth-chart-")
+    assert json.loads(spec_text) == spec and element_id.strip('"') == "effdepth-chart-test"
+    bundle = plots.show(chart)._repr_mimebundle_()
+    version = spec["$schema"].rsplit("/v", 1)[1].split(".")[0]
+    assert f"application/vnd.vegalite.v{version}+json" in bundle  # the mimetype of the spec's own version
+    assert (
+        bundle["image/svg+xml"].lstrip().startswith("<svg") and base64.b64decode(bundle["image/png"])[:4] == b"\x89PNG"
+    )
+    assert bundle["text/plain"].startswith("chart")  # never an object dump
 
 
 def _curves() -> pl.DataFrame:

@@ -172,6 +172,9 @@ def test_igrad_fast_equals_slow_and_is_complete(arch):
     fast = integrated_gradients(loaded, items, steps=8, quadrature="gauss", max_rows=3)
     slow = integrated_gradients(loaded, items, steps=8, quadrature="gauss", method="slow")
     assert _max_diff(fast, slow, ["example", "layer", "position", "metric"]) < 1e-6
+    # the published script's loop: 3 values of α per pass as batch rows from the layer on (16 there)
+    blocked = integrated_gradients(loaded, items, steps=8, quadrature="gauss", method="slow", slow_block=3)
+    assert _max_diff(blocked, slow, ["example", "layer", "position", "metric"]) < 1e-6
     precise = integrated_gradients(loaded, items, steps=24, quadrature="gauss")
     delta = precise.filter(metric="target_delta")["value"].abs()
     gap = precise.filter(metric="completeness_gap")["value"].abs()

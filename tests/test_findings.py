@@ -36,54 +36,132 @@ def _summary(rows: list[tuple]) -> pl.DataFrame:
     return pl.DataFrame(out)
 
 
-def _difficulty(eds: tuple[int, int, int], width: int = 0) -> pl.DataFrame:
+def _between(steps: list[tuple[str, str, float, float, float]], excluded: dict | None = None) -> pl.DataFrame:
+    """``evidence.between_tasks`` rows for model m, rule cosine: (first, second, point, low, high)."""
+    rows = [
+        {
+            "rule": "cosine",
+            "first": a,
+            "second": b,
+            "point": p,
+            "low": lo,
+            "high": hi,
+            "defined": 1.0,
+            "excluded": (excluded or {}).get((a, b)),
+            "model": "m",
+        }
+        for a, b, p, lo, hi in steps
+    ]
+    return pl.DataFrame(rows)
+
+
+def _difficulty_summary() -> pl.DataFrame:
     tasks = ("hellaswag", "gsm8k", "aime24")
-    return _summary([("m", 30, t, "cosine", e, e - width, e + width) for t, e in zip(tasks, eds, strict=True)])
+    return _summary([("m", 30, t, "cosine", e, e - 1, e + 1) for t, e in zip(tasks, (20, 20, 21), strict=True)])
 
 
-def test_difficulty_finding_follows_the_numbers():
-    flat = findings.difficulty_finding(_difficulty((20, 20, 21), width=1))
-    rising = findings.difficulty_finding(_difficulty((12, 20, 26)))
-    assert "consistent — **we agree**" in flat and "we disagree" not in flat
-    assert "rises with difficulty — **we disagree**" in rising
-    assert "HellaSwag 12 (0.43) [12–12] → GSM8K 20 (0.70) [20–20] → AIME24 26 (0.90) [26–26]" in rising
-    # the tolerance is the paper's own spread across data sets plus the sampling slack
+def test_difficulty_finding_follows_the_intervals():
     paper = reference.paper_table1()
-    tolerance = findings.paper_spread(paper, "cosine", "task") + findings.SAMPLING_SLACK
-    assert 0.1 < tolerance < 0.25
-    assert "**we agree**" in findings.difficulty_finding(_difficulty((17, 20, 21)), paper=paper)
-    # a lens-KL ED of 2 is the rule's artefact: named, left out of the verdict
-    kl = _summary(
-        [("m", 30, t, "lens KL", e, e, e) for t, e in zip(("hellaswag", "gsm8k", "aime24"), (2, 20, 21), strict=True)]
+    tolerance = findings.paper_spread(paper, "cosine", "task")
+    assert 0.05 < tolerance < 0.25  # the paper's own spread across data sets
+    summary = _difficulty_summary()
+    flat = findings.difficulty_finding(
+        summary,
+        paper=paper,
+        between=_between([("hellaswag", "gsm8k", 0.0, -0.02, 0.02), ("gsm8k", "aime24", 0.01, -0.02, 0.03)]),
     )
-    text = findings.difficulty_finding(kl)
-    assert "artefact" in text and "HellaSwag (2)" in text and "**we agree**" in text
+    assert "m: **we agree**." in flat and "HellaSwag→GSM8K ±0.00 [−0.02, +0.02]" in flat
+    rising = findings.difficulty_finding(
+        summary,
+        paper=paper,
+        between=_between([("hellaswag", "gsm8k", 0.3, 0.25, 0.35), ("gsm8k", "aime24", 0.0, -0.1, 0.1)]),
+    )
+    assert "m: **we disagree**." in rising and "+0.30 [+0.25, +0.35]" in rising
+    # the same centre with wider intervals: the verdict turns into cannot tell
+    wide = findings.difficulty_finding(
+        summary,
+        paper=paper,
+        between=_between([("hellaswag", "gsm8k", 0.0, -0.3, 0.3), ("gsm8k", "aime24", 0.01, -0.4, 0.4)]),
+    )
+    assert "m: **we cannot tell**." in wide
+    # a comparison whose cell rests on fewer than 20 prompts never decides; it is named
+    small = findings.difficulty_finding(
+        summary,
+        paper=paper,
+        between=_between(
+            [("hellaswag", "gsm8k", 0.0, -0.02, 0.02), ("gsm8k", "aime24", 0.5, 0.4, 0.6)],
+            {("gsm8k", "aime24"): "m aime24: n = 3 < 20, no interval that counts"},
+        ),
+    )
+    assert "m: **we agree**." in small and "Not counted: cosine GSM8K→AIME24 (n = 3 < 20" in small
+    degenerate = summary.with_columns(
+        pl.when(pl.col("task") == "aime24").then(pl.lit("it fires at layer 0")).otherwise(None).alias("degenerate")
+    )
+    text = findings.difficulty_finding(degenerate, paper=paper, between=_between([]))
+    assert "Degenerate and left out of the verdicts" in text and "m AIME24 cosine ED 21" in text
 
 
-def test_scale_finding_follows_the_numbers():
+def _within(ed: tuple[float, float, float], ratio: tuple[float, float, float]) -> pl.DataFrame:
+    rows = []
+    for rule in ("cosine", "lens KL", "lens overlap"):
+        for measure, (p, lo, hi) in (("ed", ed), ("ratio", ratio)):
+            rows.append(
+                {
+                    "rule": rule,
+                    "task": "all",
+                    "measure": measure,
+                    "point": p,
+                    "low": lo,
+                    "high": hi,
+                    "n": None,
+                    "excluded": None,
+                    "defined": 1.0,
+                    "small": "q-0.5b",
+                    "big": "q-1.5b",
+                }
+            )
+    return pl.DataFrame(rows)
+
+
+def test_scale_finding_separates_within_and_across_families():
     tasks = ("hellaswag", "gsm8k", "aime24")
-    stable = _summary(
+    summary = _summary(
         [
-            (m, n, t, "cosine", round(0.6 * n), round(0.6 * n) - 2, round(0.6 * n) + 2)
-            for m, n in (("a", 20), ("b", 40))
+            (m, n, t, "cosine", round(0.6 * n), round(0.6 * n) - 1, round(0.6 * n) + 1)
+            for m, n in (("q-0.5b", 24), ("q-1.5b", 28))
             for t in tasks
         ]
     )
-    apart = _summary([(m, n, t, "cosine", e, e, e) for m, n, e in (("a", 20, 5), ("b", 40, 35)) for t in tasks])
     paper = reference.paper_table1()
-    assert "**we agree** on a stable ratio" in findings.scale_finding(stable, paper)
-    text = findings.scale_finding(apart, paper)
-    assert "**we disagree** on a stable ratio" in text and "a 0.30, b 0.90" in text and "grows with size" in text
-    single = findings.scale_finding(stable.filter(model="a"), paper)
-    assert "Cannot tell" in single and "inside the paper's 0.43–0.75" in single
-    partly = findings.scale_finding(apart.filter(model="b").with_columns(ratio=pl.Series([0.5, 0.7, 0.9])), paper)
-    assert "partly inside" in partly
+    agree = findings.scale_finding(summary, paper, _within((2.0, 1.0, 3.0), (0.0, -0.02, 0.03)))
+    assert "Within one family, q-0.5b → q-1.5b on the same prompts: **we agree**." in agree
+    assert "Cosine: ED +2.0 [+1.0, +3.0] layers" in agree
+    wider = findings.scale_finding(summary, paper, _within((2.0, -1.0, 5.0), (0.0, -0.2, 0.2)))
+    assert "**we cannot tell**" in wider  # the same centres, wider intervals
+    shrinks = findings.scale_finding(summary, paper, _within((-3.0, -4.0, -2.0), (-0.2, -0.3, -0.15)))
+    assert "**we disagree**" in shrinks
+    across = pl.DataFrame(
+        {
+            "rule": ["cosine"],
+            "n_models": [4],
+            "rho": [0.8],
+            "p": [0.33],
+            "min_p": [1 / 12],
+            "ratio_min": [0.37],
+            "ratio_max": [0.70],
+        }
+    )
+    text = findings.scale_finding(summary, paper, None, across)
+    assert "Across families (4 models of different families): **we cannot tell**." in text
+    assert "too few to test (4 points: the smallest permutation p is 0.08)" in text
+    single = findings.scale_finding(summary.filter(model="q-0.5b"), paper)
+    assert "**we cannot tell** from q-0.5b alone" in single and "the paper's" in single
 
 
 def test_long_cot_finding_uses_ours_when_measured_and_says_so_when_not():
     pairs = [{"base": "Qwen/Qwen2.5-Math-1.5B", "long_cot": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"}]
     paper = reference.paper_table1()
-    empty = pl.DataFrame(schema=_difficulty((1, 1, 1)).schema)
+    empty = pl.DataFrame(schema=_difficulty_summary().schema)
     error = "cannot load model 'x': the Hugging Face hub cannot be reached from this machine. Offline aliases: a, b"
     offline = findings.long_cot_finding(empty, pairs, {"Qwen/Qwen2.5-Math-1.5B": error}, paper)
     assert "we cannot tell" in offline and "the Hugging Face hub cannot be reached from this machine)" in offline
@@ -177,34 +255,35 @@ def test_effdepth_plot_handles_odd_runs_and_outputs(tiny_dir, tmp_path, capsys, 
 # --- beyond the paper: the verdicts follow the numbers ---------------------------------------------
 
 
-def _lens_summary(tuned_shift: int) -> pl.DataFrame:
+def _lenses(differences: list[tuple[float, float, float]], excluded: list[str | None] | None = None) -> pl.DataFrame:
     rows = []
-    for task in ("gsm8k", "hellaswag"):
-        rows += [("m", 30, task, "lens KL", 20, 19, 21), ("m", 30, task, "lens overlap", 22, 21, 23)]
-        rows += [
-            ("m", 30, task, "tuned KL", 20 + tuned_shift, 19 + tuned_shift, 21 + tuned_shift),
-            ("m", 30, task, "tuned overlap", 22 + tuned_shift, 21 + tuned_shift, 23 + tuned_shift),
-        ]
-    return _summary(rows)
+    for index, (p, lo, hi) in enumerate(differences):
+        rows.append(
+            {
+                "model": "m",
+                "task": ("gsm8k", "hellaswag")[index % 2],
+                "lens_rule": ("KL", "overlap")[index // 2 % 2],
+                "point": p,
+                "low": lo,
+                "high": hi,
+                "defined": 1.0,
+                "n": 20,
+                "excluded": (excluded or [None] * len(differences))[index],
+            }
+        )
+    return pl.DataFrame(rows)
 
 
-def test_lens_finding_verdict_follows_the_numbers():
-    assert "**no**" in findings.lens_finding(_lens_summary(0))
-    assert "**yes**: no tuned-lens ED agrees with the logit lens's (4 earlier)" in findings.lens_finding(
-        _lens_summary(-8)
-    )
-    assert "(4 later)" in findings.lens_finding(_lens_summary(+6))
-    mixed = _lens_summary(0).with_columns(
-        pl.when((pl.col("rule") == "tuned KL") & (pl.col("task") == "gsm8k"))
-        .then(5)
-        .otherwise(pl.col("ed"))
-        .alias("ed")
-    )
-    mixed = mixed.with_columns(
-        ((pl.col("ed") + 1) / 30).alias("ratio"), pl.col("ed").alias("ci_low"), pl.col("ed").alias("ci_high")
-    )
-    assert "**unclear**" in findings.lens_finding(mixed)
-    assert "cannot tell" in findings.lens_finding(_summary([("m", 30, "gsm8k", "lens KL", 20, 19, 21)]))
+def test_lens_finding_verdict_follows_the_intervals():
+    summary = _summary([("m", 30, "gsm8k", "lens KL", 20, 19, 21)])
+    assert "**no**" in findings.lens_finding(summary, None, _lenses([(0, -1, 1), (0.5, -0.5, 1.0)]))
+    assert "**yes**" in findings.lens_finding(summary, None, _lenses([(-8, -9, -7), (6, 5, 7)]))
+    said = findings.lens_finding(summary, None, _lenses([(0, -1, 1), (-8, -9, -7)]))
+    assert "**we cannot tell**: 1 of 2 usable EDs move" in said
+    # a degenerate or small cell never counts, and is named
+    kept = findings.lens_finding(summary, None, _lenses([(0, -1, 1), (-8, -9, -7)], [None, "m gsm8k: degenerate"]))
+    assert "**no**" in kept and "Not counted" in kept
+    assert "cannot tell" in findings.lens_finding(summary, None, None)
     fit = pl.DataFrame(
         {
             "model": ["m"] * 4,
@@ -213,7 +292,7 @@ def test_lens_finding_verdict_follows_the_numbers():
             "value": [5.0, 2.0, 1.0, 1.5],
         }
     )
-    assert "1 of 2 layers (mean 3.00 → 1.75 nats)" in findings.lens_finding(_lens_summary(0), fit)
+    assert "m at 1 of 2 layers (mean 3.00 → 1.75 nats)" in findings.lens_finding(summary, fit, _lenses([(0, -1, 1)]))
 
 
 def _comparison(after: float, angular: float, influence: float) -> pl.DataFrame:
@@ -254,29 +333,53 @@ def test_early_exit_finding_reads_the_layer_after_ed():
         }
     )
     said = findings.early_exit_finding(exits, summary)
-    assert "exit after layer 1 of 4, saving 50% of the layers): 75% of tokens keep their top-1" in said
-    assert "answer NLL 1.00 → 3.00" in said
+    assert "Across 1 runs, exiting right after ED saves 50%–50% of the layers; 75%–75% of tokens keep" in said
+    assert "rises by +2.00 to +2.00 nats" in said  # exit after layer 1 (layer 2 decoded): 3.00 against 1.00
 
 
-def _map(best: list[int], n_big: int = 8) -> pl.DataFrame:
+def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 1.0) -> pl.DataFrame:
+    """A measured map whose error is lowest at ``best[m]`` (the same in every test prompt)."""
     n_small = len(best) - 1
-    rows = [(m, b, "relative_error", 0.1 + abs(b - best[m]) / 10) for m in range(n_small + 1) for b in range(n_big + 1)]
-    rows += [(m, None, "best_big_layer", float(best[m])) for m in range(n_small + 1)]
-    rows += [(m, None, "equal_depth_layer", m * n_big / n_small) for m in range(n_small + 1)]
-    schema = {"small_layer": pl.Int64, "big_layer": pl.Int64, "metric": pl.String, "value": pl.Float64}
+    rows = []
+    for prompt in [None, *range(n_prompts)]:
+        rows += [
+            (prompt, m, b, "relative_error", 0.1 + abs(b - best[m]) / 10)
+            for m in range(n_small + 1)
+            for b in range(n_big + 1)
+        ]
+    rows += [(None, m, b, "baseline_error", baseline) for m in range(n_small + 1) for b in range(n_big + 1)]
+    rows += [(None, m, b, "self_error", 0.0 if m == b else 0.5) for m in range(n_small + 1) for b in range(n_small + 1)]
+    rows += [(None, m, None, "best_big_layer", float(best[m])) for m in range(n_small + 1)]
+    rows += [(None, m, None, "equal_depth_layer", m * n_big / n_small) for m in range(n_small + 1)]
+    rows += [(None, None, None, "n_train_tokens", 9000.0), (None, None, None, "small_width", 896.0)]
+    schema = {
+        "prompt": pl.Int64,
+        "small_layer": pl.Int64,
+        "big_layer": pl.Int64,
+        "metric": pl.String,
+        "value": pl.Float64,
+    }
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
 def test_map_finding_verdict_follows_the_numbers():
-    stretched = findings.map_finding(_map([0, 2, 4, 6, 8]), "small", "big")
-    assert "For 3 of the 3 inner layers" in stretched and "Verdict: **yes**" in stretched
-    squashed = findings.map_finding(_map([0, 8, 8, 8, 8]), "small", "big")
-    assert "Verdict: **no**" in squashed
+    from effdepth_core.book.evidence import map_statistic
+
+    stretched = _map([0, 2, 4, 6, 8])
+    said = findings.map_finding(stretched, "small", "big", map_statistic(stretched))
+    assert "**yes**" in said and "For 100% [100%, 100%] of the 3 inner layers" in said
+    assert "shuffled pairs give 1.00–1.00" in said and "at most 0.0e+00 on the diagonal" in said
+    squashed = _map([0, 8, 8, 8, 8])
+    assert "**no**" in findings.map_finding(squashed, "small", "big", map_statistic(squashed))
+    blind = _map([0, 2, 4, 6, 8], baseline=0.1)  # the shuffled maps are as good: nothing is measured
+    assert "no better than maps fitted on shuffled token pairs" in findings.map_finding(
+        blind, "small", "big", map_statistic(blind)
+    )
     assert "cannot tell" in findings.map_finding(pl.DataFrame({"metric": []}, schema={"metric": pl.String}), "a", "b")
 
 
 def test_beyond_charts_build_from_probe_frames():
-    summary = _lens_summary(-3)
+    summary = _summary([("m", 30, t, r, 20, 19, 21) for t in ("gsm8k",) for r in ("lens KL", "tuned KL")])
     fit = pl.DataFrame(
         {"model": ["m"] * 2, "layer": [0, 0], "metric": ["heldout_kl_logit", "heldout_kl_tuned"], "value": [5.0, 2.0]}
     )
@@ -288,12 +391,3 @@ def test_beyond_charts_build_from_probe_frames():
         spec = plots.themed_spec(chart)
         assert spec["datasets"], spec
     assert isinstance(plots.pruning_curves(pl.DataFrame()), plots.Note)
-
-
-def test_lens_finding_leaves_out_the_logit_lens_kl_artefact():
-    rows = [("m", 30, "hellaswag", "lens KL", 2, 2, 2), ("m", 30, "hellaswag", "tuned KL", 15, 14, 16)]
-    rows += [("m", 30, "hellaswag", "lens overlap", 24, 24, 24), ("m", 30, "hellaswag", "tuned overlap", 23, 22, 24)]
-    said = findings.lens_finding(_summary(rows))
-    assert "(the logit lens's KL artefact, left out)" in said and "Verdict: **no**" in said
-    only_artefact = findings.lens_finding(_summary(rows[:2]))
-    assert "**cannot tell**" in only_artefact

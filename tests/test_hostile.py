@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,20 @@ CASES = [
     ("a one-token prompt", ["run", "--task", "{tmp}/one-token.jsonl"], "has 1 token(s); the cosine probe needs", True),
     ("igrad tolerance not a number", ["run", "--probes", "igrad", "--igrad-tol", "x"], "must be a number", False),
     ("kl fraction out of range", ["run", "--kl-fraction", "1.5"], "must be a fraction between 0 and 1", False),
+    # the hostile pass of issue 17 (second round): each hung, was ignored or misled before
+    ("generated n absurd", ["run", "--n", "100000000000000000000"], "use --n 100000 or fewer", False),
+    ("task is a FIFO", ["run", "--task", "{tmp}/fifo.jsonl"], "is not a regular file", False),
+    ("reuse from nowhere", ["run", "--reuse-from", "{tmp}/nowhere"], "--reuse-from", False),
+    ("reuse from a file", ["run", "--reuse-from", "{tmp}/notes.txt"], "is not a directory", False),
+    ("lens option unused", ["run", "--probes", "cosine", "--lens", "tuned"], "--lens applies to early_exit", False),
+    ("prune sizes unused", ["run", "--probes", "cosine", "--prune-sizes", "1"], "--prune-sizes applies to", False),
+    (
+        "map holds out every prompt",
+        ["map", "--small", "{tiny}", "--big", "{tiny}", "--task", "{tmp}/two.jsonl", "--n", "2"],
+        "leaving none to fit the map on",
+        False,
+    ),
+    ("grid root without params", ["grid", "quick", "--dry-run", "--root", "{tmp}/empty"], "no params/ folder", False),
 ]
 
 
@@ -97,6 +112,7 @@ def _files(tmp: Path) -> None:
     (tmp / "elsewhere").mkdir()
     (tmp / "linked").symlink_to(tmp / "elsewhere")
     (tmp / "empty").mkdir()
+    os.mkfifo(tmp / "fifo.jsonl")
 
 
 @pytest.fixture

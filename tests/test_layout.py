@@ -29,6 +29,7 @@ LAYERS = {
     "display": 6,
     "results": 6,
     "precision": 6,
+    "cost": 6,
     "cli": 7,
     "book": 7,
 }
@@ -38,6 +39,7 @@ BOOK_ENTRIES = {
     ("effdepth_core.cli", "effdepth_core.book.runner"),
     ("effdepth_core.cli", "effdepth_core.book"),
     ("effdepth_core.cli", "effdepth_core.book.grid"),  # `effdepth grid`: the book's cells from params/
+    ("effdepth_core.cli", "effdepth_core.book.executors"),  # `effdepth grid --executor ray`
 }
 
 

@@ -24,6 +24,7 @@ from effdepth_core.probes import (
     skip_effects,
     train_tuned_lens,
 )
+from effdepth_core.probes.norm import residual_norm
 from effdepth_core.probes.tuned_lens import LensTraining
 from effdepth_core.registry import BUILTIN as PROBES
 
@@ -105,6 +106,7 @@ def every_probe(loaded: LoadedModel, lens: TunedLens, other: LoadedModel) -> dic
     ]
     return {
         "cosine": residual_cosine(loaded, prompts, batch_size=2),
+        "norm": residual_norm(loaded, prompts, batch_size=2),
         "logit_lens": logit_lens(loaded, prompts, top_k=TOP_K, batch_size=2),
         "skip": skip,
         "skip_slow": skip_effects(loaded, long, parts=("layer",), method="slow"),

@@ -209,7 +209,7 @@ def test_hand_damaged_counts_and_columns_are_one_line_errors(tiny_dir, tmp_path,
     (out / "metadata.json").write_text(json.dumps(metadata))
     (out / "cosine_by_example.parquet").write_bytes((out / "logit_lens_by_example.parquet").read_bytes())
     code, err = _run(capsys, *argv)
-    assert code == 2 and "do not match its metadata" in err
+    assert code == 2 and "cosine results are damaged" in err and "cosine_by_example.parquet is damaged" in err
 
 
 def test_a_fifo_in_place_of_effdepths_files_does_not_hang(tiny_dir, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Task formats exactly as SPEC.md, deterministic sampling, and clear errors."""
+"""Task formats exactly as the paper's (docs/method.md), deterministic sampling, and clear errors."""
 
 from __future__ import annotations
 

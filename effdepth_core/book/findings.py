@@ -1,17 +1,19 @@
-"""What the numbers say: the findings paragraphs of the book, generated from the results (never
-typed by hand), one per question of the paper — scale, long-CoT training, task difficulty.
+"""What the numbers say: the findings of the book, generated from the results (never typed by
+hand), one paragraph per question — scale, long-CoT training, task difficulty, and the questions of
+the fourth section.
 
-Each function takes the long ED summary (``Study.summary()``: model, task, rule, ed, ratio,
-ci_low, ci_high, ratio_low, ratio_high, n_layers, n_params, n_examples) and returns Markdown that
-states our numbers beside the paper's claim and says plainly whether they agree, disagree, or
-cannot tell. The yardsticks are written here once:
+Each paragraph opens with one claim sentence (we agree / we disagree / we cannot tell, against the
+paper's claim), then its evidence in numbers with 95 % bootstrap intervals, then the qualifications;
+sentences stay short. The yardsticks are written here once:
 
-- a ratio is *stable* across models or data sets when its spread (max − min) is within the
-  paper's own spread for that rule plus ``SAMPLING_SLACK`` (our samples are small); beyond twice
-  that it is not; in between, unclear;
-- a lens-KL ED of at most ``KL_ARTEFACT`` layers is the half-maximum rule firing at the first
-  layers (the paper's own table has one: 1 for DeepSeek-R1-Distill-Qwen-1.5B on GSM8K); such
-  cells are named and left out of the verdicts, for the paper's numbers and ours alike.
+- a *ratio difference* (ED + 1) / L is "no change" when its whole interval lies within ± the paper's
+  own spread for that rule (across its models for scale, across its data sets for difficulty), a
+  change when its whole interval lies beyond it, and cannot tell otherwise (``stats.interval_verdict``);
+- an ED difference *grows* when its whole interval lies above 0;
+- a degenerate ED (``stats.degenerate``: a rule firing in the first layers against its own curve, or
+  an interval over half the depth) and an interval from fewer than 20 prompts never decide a verdict
+  — they are named as qualifications, for the paper's numbers' artefacts (lens-KL ED ≤ 2) likewise;
+- a rank correlation over models or levels counts only when its permutation test can reach 5 %.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
-from ..labels import format_ed
 from .reference import RULE_LABELS
+from .stats import ALPHA, interval_verdict
 
 TASK_ORDER = ("hellaswag", "gsm8k", "aime24")  # the paper's difficulty order
 TASK_NAMES = {"hellaswag": "HellaSwag", "gsm8k": "GSM8K", "aime24": "AIME24"}
@@ -30,17 +32,27 @@ CLAIMS = {
     "long_cot": "long-CoT (R1-distilled) models show no increase in effective depth over their base models",
     "difficulty": "effective depth stays consistent from HellaSwag to GSM8K to AIME24",
 }
-SAMPLING_SLACK = 0.05
-KL_ARTEFACT = 2
+KL_ARTEFACT = 2  # the paper's own lens-KL artefact (1 for DeepSeek-R1-Distill-Qwen-1.5B on GSM8K)
 MINUS = "−"
+WORDS = {"agree": "we agree", "disagree": "we disagree", "cannot tell": "we cannot tell"}
 
 
 def _name(task: str) -> str:
     return TASK_NAMES.get(task, task)
 
 
-def _signed(value: int) -> str:
-    return f"+{value}" if value > 0 else f"{MINUS}{-value}" if value < 0 else "±0"
+def _signed(value: float, digits: int = 0) -> str:
+    text = f"{abs(value):.{digits}f}"
+    return f"+{text}" if value > 0 else f"{MINUS}{text}" if value < 0 else f"±{text}"
+
+
+def _interval(row: Mapping, digits: int = 2) -> str:
+    """``+0.03 [−0.02, +0.08]``."""
+    if row.get("point") is None:
+        return "undefined"
+    if row.get("low") is None:
+        return f"{_signed(row['point'], digits)} (no interval)"
+    return f"{_signed(row['point'], digits)} [{_signed(row['low'], digits)}, {_signed(row['high'], digits)}]"
 
 
 def _artefact() -> pl.Expr:
@@ -51,10 +63,16 @@ def _defined(summary: pl.DataFrame) -> pl.DataFrame:
     return summary.filter(pl.col("ed").is_not_null())
 
 
+def _usable(summary: pl.DataFrame) -> pl.DataFrame:
+    """Defined, not degenerate (when the summary says which are)."""
+    rows = _defined(summary)
+    return rows.filter(pl.col("degenerate").is_null()) if "degenerate" in rows.columns else rows
+
+
 def paper_spread(paper: pl.DataFrame, rule: str, by: str) -> float:
     """The paper's own spread of the ratio for ``rule``: across its models (``by="model"``, each
     model's mean over the data sets) or across the data sets (``by="task"``, the largest within
-    one model). Rule artefacts are left out."""
+    one model). Its rule artefacts are left out."""
     rows = paper.filter(pl.col("rule") == rule).filter(~_artefact())
     if by == "model":
         means = rows.group_by("model").agg(pl.col("ratio").mean())["ratio"]
@@ -63,90 +81,122 @@ def paper_spread(paper: pl.DataFrame, rule: str, by: str) -> float:
     return float(spreads.max())
 
 
-def _verdict(spread: float, tolerance: float) -> str:
-    if spread <= tolerance:
-        return "**we agree**"
-    return "**we disagree**" if spread > 2 * tolerance else "**unclear**"
+def _combine(verdicts: Sequence[str]) -> str:
+    """One verdict from several: any disagreement decides; all agreeing agrees; else cannot tell."""
+    if not verdicts:
+        return "cannot tell"
+    if "disagree" in verdicts:
+        return "disagree"
+    return "agree" if all(v == "agree" for v in verdicts) else "cannot tell"
 
 
-def _range_words(low: float, high: float, p_low: float, p_high: float) -> str:
-    if p_low - 1e-9 <= low and high <= p_high + 1e-9:
-        return "inside"
-    return "outside" if high < p_low or low > p_high else "partly inside"
+def degenerate_sentence(summary: pl.DataFrame) -> str | None:
+    """The qualification naming every degenerate ED of a summary (left out of every verdict)."""
+    if "degenerate" not in summary.columns:
+        return None
+    rows = summary.filter(pl.col("degenerate").is_not_null())
+    if not rows.height:
+        return None
+    cells = "; ".join(f"{r['model']} {_name(r['task'])} {r['rule']} ED {r['ed']}" for r in rows.iter_rows(named=True))
+    return f"Degenerate and left out of the verdicts (method.md §10): {cells}."
 
 
-def scale_finding(summary: pl.DataFrame, paper: pl.DataFrame | None = None) -> str:
-    """Is the ED ratio stable across our models (ordered by size), and does absolute ED grow? With
-    one model: where its ratios fall against the paper's."""
-    rows = _defined(summary).filter(pl.col("task").is_in(TASK_ORDER))
-    artefacts = rows.filter(_artefact())
-    rows = rows.filter(~_artefact())
-    text = [f"**Model scale.** The paper finds that {CLAIMS['scale']}."]
-    models = rows.select("model", "n_params", "n_layers").unique().sort("n_params", "model")
-    if models.height == 0:
-        return text[0] + " We have no defined ED to compare: **cannot tell**."
-    clean_paper = paper.filter(~_artefact()) if paper is not None else None
-    if models.height == 1:
-        model, _, n_layers = models.row(0)
-        parts = []
-        for rule in RULE_LABELS.values():
-            mine = rows.filter(pl.col("rule") == rule)["ratio"]
-            if not mine.len():
-                continue
-            low, high = float(mine.min()), float(mine.max())
-            where = ""
-            if clean_paper is not None:
-                theirs = clean_paper.filter(pl.col("rule") == rule)["ratio"]
-                p_low, p_high = float(theirs.min()), float(theirs.max())
-                where = f", {_range_words(low, high, p_low, p_high)} the paper's {p_low:.2f}–{p_high:.2f}"
-            parts.append(f"{rule} {low:.2f}–{high:.2f}{where}")
-        text.append(
-            f"One model cannot show a trend: {model} (L = {n_layers}) has ED ratios {'; '.join(parts)}. "
-            "**Cannot tell** from this page; the comparison page sets the four models side by side."
+def _test_words(row: Mapping, what: str) -> str:
+    """A rank correlation with its test, or why it cannot be tested."""
+    if row.get("rho") is None:
+        return f"{what}: too few points to rank"
+    if row.get("min_p") is not None and row["min_p"] > ALPHA:
+        return (
+            f"{what} ρ = {row['rho']:.2f}, too few to test ({row.get('n_models') or row.get('levels')} points: the "
+            f"smallest permutation p is {row['min_p']:.2f})"
         )
-    else:
+    return f"{what} ρ = {row['rho']:.2f} (permutation p = {row['p']:.3f})"
+
+
+def scale_finding(
+    summary: pl.DataFrame,
+    paper: pl.DataFrame | None = None,
+    within: pl.DataFrame | None = None,
+    across: pl.DataFrame | None = None,
+) -> str:
+    """Does ED grow with size while the ratio stays stable? Within one family (``within``:
+    ``evidence.within_family``) and across families (``across``: ``evidence.across_models``) are
+    separate statements; one model on its own page is placed against the paper's range."""
+    rows = _usable(summary).filter(pl.col("task").is_in(TASK_ORDER))
+    text = [f"**Model scale.** The paper finds that {CLAIMS['scale']}."]
+    models = rows.select("model").unique()
+    if models.height == 0:
+        return text[0] + " We have no usable ED to compare: **we cannot tell**."
+    clean_paper = paper.filter(~_artefact()) if paper is not None else None
+    if within is not None and within.height:
+        small, big = within["small"][0], within["big"][0]
+        verdicts, evidence = [], []
+        for rule in RULE_LABELS.values():
+            pooled = {m: within.filter(rule=rule, task="all", measure=m) for m in ("ed", "ratio")}
+            if not (pooled["ed"].height and pooled["ratio"].height):
+                continue
+            ed, ratio = pooled["ed"].row(0, named=True), pooled["ratio"].row(0, named=True)
+            tolerance = paper_spread(paper, rule, "model") if paper is not None else 0.05
+            grows = (
+                "agree"
+                if ed["low"] is not None and ed["low"] > 0
+                else ("disagree" if ed["high"] is not None and ed["high"] < 0 else "cannot tell")
+            )
+            stable = interval_verdict(ratio["low"], ratio["high"], tolerance)
+            verdicts.append(_combine([grows, stable]))
+            evidence.append(
+                f"{rule}: ED {_interval(ed, 1)} layers, ratio {_interval(ratio)} (no change within ±{tolerance:.2f})"
+            )
+        verdict = _combine(verdicts)
+        text.append(
+            f"Within one family, {small} → {big} on the same prompts: **{WORDS[verdict]}**."
+            if evidence
+            else f"Within one family, {small} → {big}: no usable pair of EDs, **we cannot tell**."
+        )
+        text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
+    if across is not None and across.height and int(across["n_models"].max()) >= 2:
+        n_models = int(across["n_models"].max())
+        tests = [_test_words(r, f"{r['rule']} size–ED") for r in across.iter_rows(named=True)]
+        testable = [r for r in across.iter_rows(named=True) if r["min_p"] is not None and r["min_p"] <= ALPHA]
+        verdict = (
+            "cannot tell"
+            if not testable
+            else ("agree" if all(r["p"] <= ALPHA and r["rho"] > 0 for r in testable) else "cannot tell")
+        )
+        text.append(f"Across families ({n_models} models of different families): **{WORDS[verdict]}**.")
+        text.append("Spearman over the models: " + "; ".join(tests) + ".")
+        spreads = [
+            f"{r['rule']} {r['ratio_min']:.2f}–{r['ratio_max']:.2f}"
+            for r in across.iter_rows(named=True)
+            if r["ratio_min"] is not None
+        ]
+        if spreads:
+            text.append(f"Mean ratios across them: {'; '.join(spreads)}.")
+    elif models.height == 1 and clean_paper is not None:
+        model = models["model"][0]
         parts = []
         for rule in RULE_LABELS.values():
-            per_model = rows.filter(pl.col("rule") == rule)
-            if per_model["model"].n_unique() < 2:
+            mine = rows.filter(pl.col("rule") == rule)
+            if not mine.height:
                 continue
-            means = (
-                per_model.group_by("model", "n_params", "n_layers")
-                .agg(pl.col("ratio").mean(), pl.col("ed").mean())
-                .sort("n_params", "model")
+            theirs = clean_paper.filter(pl.col("rule") == rule)["ratio"]
+            low, high = float(mine["ratio"].min()), float(mine["ratio"].max())
+            p_low, p_high = float(theirs.min()), float(theirs.max())
+            where = (
+                "inside"
+                if p_low - 1e-9 <= low and high <= p_high + 1e-9
+                else ("outside" if high < p_low or low > p_high else "partly inside")
             )
-            spread = float(means["ratio"].max() - means["ratio"].min())
-            tolerance = (paper_spread(paper, rule, "model") if paper is not None else 0.0) + SAMPLING_SLACK
-            rho = (
-                pl.DataFrame({"size": means["n_params"], "ed": means["ed"]})
-                .select(pl.corr("size", "ed", method="spearman"))
-                .item()
-            )
-            listing = ", ".join(f"{m} {r:.2f}" for m, r in zip(means["model"], means["ratio"], strict=True))
-            grows = "grows" if rho is not None and rho >= 0.8 else "does not grow steadily"
-            rho_text = "n/a" if rho is None else f"{rho:.2f}"
-            parts.append(
-                f"{rule}: ratios {listing} (spread {spread:.2f} against a tolerance of {tolerance:.2f}) — "
-                f"{_verdict(spread, tolerance)} on a stable ratio; absolute ED {grows} with size (Spearman {rho_text})"
-            )
-        text.append("Our models by size, mean over the data sets: " + "; ".join(parts) + ".")
-    if artefacts.height:
-        cells = ", ".join(f"{r['model']} {_name(r['task'])} ({r['ed']})" for r in artefacts.iter_rows(named=True))
-        text.append(f"Left out as a rule artefact (lens-KL ED ≤ {KL_ARTEFACT}): {cells}.")
+            parts.append(f"{rule} {low:.2f}–{high:.2f}, {where} the paper's {p_low:.2f}–{p_high:.2f}")
+        text.append(f"One model cannot show a trend: **we cannot tell** from {model} alone.")
+        text.append(f"Its ratios: {'; '.join(parts)}.")
+    n = summary["n_examples"] if "n_examples" in summary.columns else None
+    if n is not None and n.len():
+        text.append(f"Prompts per cell: {int(n.min())}–{int(n.max())}; intervals count from 20 prompts.")
+    qualification = degenerate_sentence(summary.filter(pl.col("task").is_in(TASK_ORDER)))
+    if qualification:
+        text.append(qualification)
     return " ".join(text)
-
-
-def _trend(by_task: Mapping[str, Mapping], order: Sequence[str], tolerance: float) -> str:
-    present = [t for t in order if t in by_task]
-    ratios = [by_task[t]["ratio"] for t in present]
-    spread = max(ratios) - min(ratios)
-    if spread <= tolerance:
-        return f"spread {spread:.2f}: consistent — **we agree**"
-    if ratios == sorted(ratios) and spread > 2 * tolerance:
-        return f"spread {spread:.2f}: rises with difficulty — **we disagree**"
-    if ratios == sorted(ratios, reverse=True) and spread > 2 * tolerance:
-        return f"spread {spread:.2f}: falls with difficulty — **we disagree**"
-    return f"spread {spread:.2f}, no clear trend — **unclear**"
 
 
 def difficulty_finding(
@@ -154,44 +204,47 @@ def difficulty_finding(
     order: Sequence[str] = TASK_ORDER,
     paper: pl.DataFrame | None = None,
     groups: Mapping[str, Sequence[str]] | None = None,
+    between: pl.DataFrame | None = None,
+    trends: pl.DataFrame | None = None,
 ) -> str:
-    """Does ED rise with the difficulty of the data set (in ``order``), per model and rule? ``groups``
-    (name → ordered task labels, e.g. MATH levels) are summarized too."""
-    rows = _defined(summary)
+    """Does ED stay consistent across the data sets in ``order``? Per model: the ratio differences
+    between successive data sets (``between``: ``evidence.between_tasks``) against the paper's own
+    spread, and the rank correlation over each ordered group of levels (``trends``:
+    ``evidence.level_trend`` rows with a ``group`` column)."""
     text = [f"**Task difficulty.** The paper finds that {CLAIMS['difficulty']}."]
+    rows = _usable(summary)
     if rows.filter(pl.col("task").is_in(list(order))).is_empty():
-        return text[0] + " We have no defined ED on these data sets: **cannot tell**."
+        return text[0] + " We have no usable ED on these data sets: **we cannot tell**."
     for model in sorted(rows["model"].unique().to_list()):
-        parts, artefacts = [], []
+        verdicts, evidence, excluded = [], [], []
+        mine = between.filter(model=model) if between is not None and between.height else None
         for rule in RULE_LABELS.values():
-            mine = rows.filter(pl.col("model") == model, pl.col("rule") == rule)
-            by_task = {r["task"]: r for r in mine.iter_rows(named=True)}
-            kept = {
-                t: r
-                for t, r in by_task.items()
-                if not (rule == RULE_LABELS["logit_lens_kl"] and r["ed"] <= KL_ARTEFACT)
-            }
-            artefacts += [f"{_name(t)} ({by_task[t]['ed']})" for t in order if t in by_task and t not in kept]
-            present = [t for t in order if t in kept]
-            if len(present) < 2:
+            if mine is None:
                 continue
-            tolerance = (paper_spread(paper, rule, "task") if paper is not None else 0.0) + SAMPLING_SLACK
-            cells = " → ".join(
-                f"{_name(t)} {format_ed(kept[t]['ed'], kept[t]['ratio'], kept[t]['ci_low'], kept[t]['ci_high'])}"
-                for t in present
-            )
-            line = f"{rule} {cells} ({_trend(kept, present, tolerance)})"
-            for name, levels in (groups or {}).items():
-                within = {r["task"]: r for r in mine.iter_rows(named=True) if r["task"] in levels}
-                ratios = [within[t]["ratio"] for t in levels if t in within]
-                if len(ratios) >= 2:
-                    line += f"; by {name} {min(ratios):.2f}–{max(ratios):.2f}"
-            parts.append(line)
-        n = rows.filter(pl.col("model") == model, pl.col("task").is_in(list(order)))["n_examples"]
-        sentence = f"{model} (n = {n.min()}–{n.max()} prompts per data set): " + "; ".join(parts) + "."
-        if artefacts:
-            sentence += f" Left out as a rule artefact (lens-KL ED ≤ {KL_ARTEFACT}): {', '.join(artefacts)}."
-        text.append(sentence)
+            tolerance = paper_spread(paper, rule, "task") if paper is not None else 0.05
+            steps = []
+            for r in mine.filter(rule=rule).iter_rows(named=True):
+                pair = f"{_name(r['first'])}→{_name(r['second'])}"
+                if r["excluded"]:
+                    excluded.append(f"{rule} {pair} ({r['excluded'].split(': ', 1)[-1]})")
+                    continue
+                verdict = interval_verdict(r["low"], r["high"], tolerance)
+                verdicts.append(verdict)
+                steps.append(f"{pair} {_interval(r)}")
+            if steps:
+                evidence.append(f"{rule} ratio {'; '.join(steps)} (no change within ±{tolerance:.2f})")
+        verdict = _combine(verdicts)
+        text.append(f"{model}: **{WORDS[verdict]}**.")
+        text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
+        if excluded:
+            text.append(f"Not counted: {'; '.join(excluded)}.")
+        if trends is not None and trends.height:
+            for group, frame in trends.filter(model=model).group_by("group", maintain_order=True):
+                words = [_test_words(r, r["rule"]) for r in frame.iter_rows(named=True)]
+                text.append(f"By {group[0]}, rank correlation of level and ED: {'; '.join(words)}.")
+    qualification = degenerate_sentence(summary)
+    if qualification:
+        text.append(qualification)
     return " ".join(text)
 
 
@@ -275,73 +328,39 @@ def long_cot_finding(
 
 
 # --- beyond the paper (method.md §7–§7b) ----------------------------------------------------------
-# Yardsticks: two EDs *agree* when their ratios differ by at most SAMPLING_SLACK or their bootstrap
-# intervals overlap; a layer choice for pruning *wins* when its ΔNLL is the least of the three
-# rules; a small layer's best big layer is *on the diagonal* when it lies within STRETCH_SLACK of
-# L_big (at least one layer) of equal relative depth.
-STRETCH_SLACK = 0.1
-LENS_PAIRS = {"KL": ("lens KL", "tuned KL"), "overlap": ("lens overlap", "tuned overlap")}
+# A pruning choice *wins* when its ΔNLL is the least of the three rules (the fourth section).
 
 
-def _overlaps(a: Mapping, b: Mapping) -> bool:
-    if abs(a["ratio"] - b["ratio"]) <= SAMPLING_SLACK:
-        return True
-    if None in (a["ci_low"], a["ci_high"], b["ci_low"], b["ci_high"]):
-        return False
-    return a["ci_low"] <= b["ci_high"] and b["ci_low"] <= a["ci_high"]
-
-
-def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None) -> str:
-    """Is ED an artefact of the logit lens? Logit- vs tuned-lens ED per model, task and rule, and how
-    well the translators fit (held-out KL per layer)."""
-    rows = _defined(summary)
-    models = [m for m in rows["model"].unique(maintain_order=True) if rows.filter(model=m, rule="tuned KL").height]
-    if not models:
-        return "**Is ED an artefact of the logit lens?** No tuned lens was run on this page: **cannot tell**."
-    parts, agree, differ, earlier = [], 0, 0, 0
-    for model in models:
-        cells = []
-        for task in rows.filter(model=model)["task"].unique(maintain_order=True):
-            for name, (logit_rule, tuned_rule) in LENS_PAIRS.items():
-                logit = rows.filter(model=model, task=task, rule=logit_rule)
-                tuned = rows.filter(model=model, task=task, rule=tuned_rule)
-                if not (logit.height and tuned.height):
-                    continue
-                a, b = logit.row(0, named=True), tuned.row(0, named=True)
-                cell = (
-                    f"{_name(task)} {name} {format_ed(a['ed'], a['ratio'], a['ci_low'], a['ci_high'])} → "
-                    f"{format_ed(b['ed'], b['ratio'], b['ci_low'], b['ci_high'])}"
-                )
-                if name == "KL" and a["ed"] <= KL_ARTEFACT:  # the logit lens's early-layer artefact: not counted
-                    cells.append(cell + " (the logit lens's KL artefact, left out)")
-                    continue
-                same = _overlaps(a, b)
-                agree += same
-                differ += not same
-                earlier += (not same) and b["ed"] < a["ed"]
-                cells.append(cell)
-        parts.append(f"{model}: " + "; ".join(cells))
-    if agree + differ == 0:
-        verdict = "**cannot tell**: every comparison is a logit-lens artefact"
-    elif differ == 0:
-        verdict = "**no**: with the tuned lens every ED lands where the logit lens put it"
-    elif agree == 0:
-        later = differ - earlier
-        moves = " and ".join(f"{n} {side}" for n, side in ((earlier, "earlier"), (later, "later")) if n)
-        verdict = (
-            f"**yes**: no tuned-lens ED agrees with the logit lens's ({moves}), so where ED lands depends on the "
-            "lens that reads the residual stream"
-        )
+def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses: pl.DataFrame | None = None) -> str:
+    """Is ED an artefact of the logit lens? The paired difference ED(tuned) − ED(logit) per model,
+    task and lens rule (``lenses``: ``evidence.between_lenses``): no when every usable difference
+    lies within ±1 layer, yes when every one lies beyond it, else cannot tell; degenerate EDs and
+    intervals from fewer than 20 prompts never count. And how well the translators fit."""
+    question = "**Is ED an artefact of the logit lens?**"
+    if lenses is None or not lenses.height:
+        return f"{question} No tuned lens was run on this page: **we cannot tell**."
+    usable = lenses.filter(pl.col("excluded").is_null(), pl.col("low").is_not_null())
+    verdicts = [interval_verdict(r["low"], r["high"], 1.0) for r in usable.iter_rows(named=True)]
+    if not verdicts:
+        answer = "**we cannot tell**: no usable pair of EDs"
+    elif all(v == "agree" for v in verdicts):
+        answer = "**no**: the tuned lens puts every usable ED within a layer of the logit lens's"
+    elif all(v == "disagree" for v in verdicts):
+        answer = "**yes**: every usable tuned-lens ED moves by more than a layer"
     else:
-        verb = "does" if differ == 1 else "do"
-        verdict = f"**unclear**: {agree} of {agree + differ} comparisons agree, {differ} {verb} not"
-    text = (
-        "**Is ED an artefact of the logit lens?** ED by the logit lens → by the tuned lens (ED (ratio) "
-        f"[interval]): {' | '.join(parts)}. Verdict: {verdict}."
-    )
+        moved = sum(v == "disagree" for v in verdicts)
+        answer = f"**we cannot tell**: {moved} of {len(verdicts)} usable EDs move by more than a layer"
+    text = [f"{question} {answer}."]
+    for model, frame in usable.group_by("model", maintain_order=True):
+        cells = [f"{_name(r['task'])} {r['lens_rule']} {_interval(r, 1)}" for r in frame.iter_rows(named=True)]
+        text.append(f"{model[0]}, tuned − logit in layers: {'; '.join(cells)}.")
+    excluded = lenses.filter(pl.col("excluded").is_not_null())
+    if excluded.height:
+        cells = [f"{r['model']} {_name(r['task'])} {r['lens_rule']}" for r in excluded.iter_rows(named=True)]
+        text.append(f"Not counted (degenerate, or fewer than 20 prompts): {'; '.join(cells)}.")
     if fit is not None and fit.height:
         sentences = []
-        for model in models:
+        for model in lenses["model"].unique(maintain_order=True):
             wide = (
                 fit.filter(model=model)
                 .unique(["layer", "metric"])
@@ -352,11 +371,14 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None) -> str:
                 continue
             better = int((wide["heldout_kl_tuned"] < wide["heldout_kl_logit"]).sum())
             sentences.append(
-                f"{model} {better} of {wide.height} layers (mean {wide['heldout_kl_logit'].mean():.2f} → "
+                f"{model} at {better} of {wide.height} layers (mean {wide['heldout_kl_logit'].mean():.2f} → "
                 f"{wide['heldout_kl_tuned'].mean():.2f} nats)"
             )
-        text += " The translators lower the held-out KL to the final distribution on " + "; ".join(sentences) + "."
-    return text
+        if sentences:
+            text.append(
+                "The translators lower the held-out KL to the final distribution: " + "; ".join(sentences) + "."
+            )
+    return " ".join(text)
 
 
 def pruning_finding(comparison: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
@@ -400,70 +422,74 @@ def pruning_finding(comparison: pl.DataFrame, ed_rule: str = "lens overlap") -> 
 
 
 def early_exit_finding(exits: pl.DataFrame, summary: pl.DataFrame, rule: str = "lens overlap") -> str:
-    """What exiting right after ED buys (layers saved) and costs (tokens whose top-1 changes, answer NLL)."""
+    """What exiting right after ED buys (layers saved) and costs (tokens whose top-1 changes, the
+    answer NLL), summarized over the runs in a claim and its range; the page's chart has each run."""
+    question = f"**What does exiting at ED (the {rule} rule) cost?**"
     if not exits.height:
-        return "**What does exiting at ED cost?** The early-exit probe was not run here: **cannot tell**."
+        return f"{question} The early-exit probe was not run here: **we cannot tell**."
     cells = []
     for (model, task), group in exits.group_by(["model", "task"], maintain_order=True):
-        ed = _defined(summary).filter(model=model, task=task, rule=rule)
+        ed = _usable(summary).filter(model=model, task=task, rule=rule)
         if not ed.height:
             continue
         ed_value, n_layers = int(ed["ed"][0]), int(ed["n_layers"][0])
-        layer = ed_value + 1
         for lens in group["lens"].unique(maintain_order=True):
             rows = group.filter(lens=lens)
-            at = {m: rows.filter(layer=layer, metric=m)["value"] for m in ("agreement", "answer_nll")}
+            agree = rows.filter(layer=ed_value + 1, metric="agreement")["value"]
+            nll = rows.filter(layer=ed_value + 1, metric="answer_nll")["value"]
             full = rows.filter(layer=n_layers, metric="answer_nll")["value"]
-            if not (len(at["agreement"]) and len(full)):
-                continue
-            cells.append(
-                f"{model} {_name(task)} ({lens} lens, exit after layer {ed_value} of {n_layers}, saving "
-                f"{1 - layer / n_layers:.0%} of the layers): {at['agreement'][0]:.0%} of tokens keep their top-1, "
-                f"answer NLL {full[0]:.2f} → {at['answer_nll'][0]:.2f}"
-            )
+            if agree.len() and nll.len() and full.len():
+                cells.append((model, task, lens, 1 - (ed_value + 1) / n_layers, agree[0], nll[0] - full[0]))
     if not cells:
-        return "**What does exiting at ED cost?** No ED to exit at: **cannot tell**."
-    return f"**What does exiting at ED (the {rule} rule) cost?** " + "; ".join(cells) + "."
-
-
-def map_finding(mapped: pl.DataFrame, small: str, big: str) -> str:
-    """Does the big model stretch the small one? Where each small layer's best big layer lies
-    against equal relative depth, and how good the maps are."""
-    if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns):
-        return "**Does the deeper model stretch the shallower one?** The map was not computed: **cannot tell**."
-    best = mapped.filter(metric="best_big_layer").sort("small_layer")
-    equal = mapped.filter(metric="equal_depth_layer").sort("small_layer")
-    errors = mapped.filter(metric="relative_error")
-    if not best.height:
-        return "**Does the deeper model stretch the shallower one?** The map was not computed: **cannot tell**."
-    n_small = int(best["small_layer"].max())
-    n_big = int(errors["big_layer"].max())
-    slack = max(1.0, STRETCH_SLACK * n_big)
-    inner = [m for m in range(1, n_small)]
-    on = [
-        m
-        for m in inner
-        if abs(best.filter(small_layer=m)["value"][0] - equal.filter(small_layer=m)["value"][0]) <= slack
-    ]
-    share = len(on) / max(len(inner), 1)
-    order = pl.DataFrame({"m": inner, "best": [best.filter(small_layer=m)["value"][0] for m in inner]})
-    rho = order.select(pl.corr("m", "best", method="spearman")).item() if len(inner) > 2 else None
-    best_error = [errors.filter(small_layer=m).sort("value")["value"][0] for m in inner]
-    verdict = "**yes**" if share >= 2 / 3 else "**partly**" if share >= 1 / 3 else "**no**"
-    counts = mapped.filter(metric="n_train_prompts")["value"]
-    n_train = f" (maps fitted on {counts[0]:.0f} prompts)" if len(counts) else ""
+        return f"{question} No usable ED to exit at: **we cannot tell**."
+    saved = [c[3] for c in cells]
+    kept = [c[4] for c in cells]
+    cost = [c[5] for c in cells]
+    worst = max(cells, key=lambda c: c[5])
     return (
-        f"**Does {big} stretch the computation of {small}?** For {len(on)} of the {len(inner)} inner layers of {small} "
-        f"the best-predicted layer of {big} lies within {slack:.1f} layers of equal relative depth "
-        f"(Spearman between small layer and best big layer {'n/a' if rho is None else f'{rho:.2f}'}); "
-        "the held-out relative error there is "
-        f"{min(best_error):.2f}–{max(best_error):.2f}{n_train}. Verdict: {verdict}, the deeper model "
-        + (
-            "stretches the shallower one's computation along its depth."
-            if share >= 1 / 3
-            else "does not map layer for layer onto equal relative depth."
-        )
+        f"{question} Across {len(cells)} runs, exiting right after ED saves {min(saved):.0%}–{max(saved):.0%} of the "
+        f"layers; {min(kept):.0%}–{max(kept):.0%} of tokens keep their final top-1. "
+        f"The answer NLL rises by {min(cost):+.2f} to {max(cost):+.2f} nats, most for {worst[0]} on "
+        f"{_name(worst[1])} ({worst[2]} lens)."
     )
+
+
+def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping | None = None) -> str:
+    """Does the big model stretch the small one? The share of the small model's inner layers whose
+    best-predicted big layer lies within ``evidence.STRETCH_SLACK`` of equal relative depth, with its bootstrap
+    interval over test prompts (``statistic``: ``evidence.map_statistic``), against the shuffled-pairing
+    baseline and the self-map check."""
+    question = f"**Does {big} stretch the computation of {small}?**"
+    if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns) or statistic is None:
+        return f"{question} The map was not computed: **we cannot tell**."
+    share, low, high = statistic["share"], statistic["low"], statistic["high"]
+    if statistic["beats_baseline"] < 0.5:
+        verdict = "**we cannot tell**: the maps are no better than maps fitted on shuffled token pairs"
+    elif low >= 2 / 3:
+        verdict = "**yes**: the best layers follow equal relative depth"
+    elif high <= 1 / 3:
+        verdict = "**no**: the best layers do not follow equal relative depth"
+    else:
+        verdict = "**we cannot tell**"
+    text = [f"{question} {verdict}."]
+    text.append(
+        f"For {share:.0%} [{low:.0%}, {high:.0%}] of the {statistic['inner']} inner layers of {small} the best "
+        f"{big} layer lies within {statistic['slack']:.1f} layers of equal relative depth."
+    )
+    text.append(
+        f"Best-layer errors are {statistic['best_low']:.2f}–{statistic['best_high']:.2f}; shuffled pairs give "
+        f"{statistic['baseline_low']:.2f}–{statistic['baseline_high']:.2f} there."
+    )
+    text.append(
+        f"Mapped onto itself, {small} gives at most {statistic['self_max']:.1e} on the diagonal (the identity, "
+        "as it must)."
+    )
+    ratio = statistic["train_tokens"] / statistic["width"]
+    text.append(
+        f"The maps fit on {statistic['train_tokens']:.0f} tokens ({ratio:.0f}× the width of {small}), each ridge "
+        f"chosen on held-out prompts; {statistic['test_prompts']:.0f} test prompts."
+    )
+    return " ".join(text)
 
 
 def beyond_finding(
@@ -473,11 +499,18 @@ def beyond_finding(
     exits: pl.DataFrame,
     mapped: pl.DataFrame | None = None,
     pair: Mapping | None = None,
+    lenses: pl.DataFrame | None = None,
+    statistic: Mapping | None = None,
 ) -> str:
     """The paragraphs of a "beyond the paper" page: the map's, or the lens, pruning and early-exit ones."""
     paragraphs = []
     if pair:
-        paragraphs.append(map_finding(mapped if mapped is not None else pl.DataFrame(), pair["small"], pair["big"]))
+        mapped = mapped if mapped is not None else pl.DataFrame()
+        paragraphs.append(map_finding(mapped, pair["small"], pair["big"], statistic))
     if summary.height:
-        paragraphs += [lens_finding(summary, fit), pruning_finding(comparison), early_exit_finding(exits, summary)]
+        paragraphs += [
+            lens_finding(summary, fit, lenses),
+            pruning_finding(comparison),
+            early_exit_finding(exits, summary),
+        ]
     return "\n\n".join(paragraphs) or "Nothing was measured on this page."

@@ -1,20 +1,30 @@
 """The book's grid of runs as a plan: every (page, model, task spec) cell of a params profile, its
-state in the cache, and its computation — one cell after another here (``run_local``), or spread
-over machines (``effdepth grid --executor``). The cells are the runs the notebooks make
-(``sections.plans``), so the pages then render from the cache without model work."""
+state in the cache and its estimated cost (``cost.py``), and its computation — here one cell after
+another (``run_local``), a slice of it (``shard``: one job of a Slurm array), or spread over a Ray
+cluster (``executors.run_ray``). The cells are the runs the notebooks make (``sections.plans``), so
+the pages then render from the cache without model work.
+
+Cells that may share run directories or lend each other examples (one model on one task, any
+probes, any n) form one *unit*: a unit is computed in plan order by one process, so every executor
+writes the same bytes. Two processes never write one run directory at once (its lock); a cell whose
+directory another process holds is left to it (``busy``) and picked up by a rerun."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..precision import Precision, precise_run
-from ..rundir import is_complete
-from ..settings import RunSettings, default_out_dir
+from ..cost import NOTHING, Calibration, Estimate, estimate, shape_of, task_lengths
+from ..errors import EffdepthError
+from ..precision import Precision, walk_plan
+from ..results import _peak_rss_mb
+from ..rundir import DirectoryBusyError, is_complete, read_metadata
+from ..settings import RunSettings, check_settings, default_out_dir, run_name, slug
 from .runner import SECTIONS, parameter_sets
 from .sections import defaults, plans
-from .study import ModelLoader, RunRecord, compute_record, outdated_probes, record_of
+from .study import ModelLoader, RunRecord, compute_record, map_settings, outdated_probes, record_of
 
 
 @dataclass
@@ -50,20 +60,65 @@ class Cell:
         rule = self.record.precision
         return (str(self.results_dir), self.settings.key(), tuple(self.record.probes), rule)
 
+    @property
+    def unit(self) -> tuple:
+        """Cells of one unit share run directories or lend each other examples (the module's docstring)."""
+        name = run_name(self.settings.replace(n=1)).replace("-n1-", "-")
+        return (slug(self.model), name)
+
+    def directories(self) -> dict[Path, str]:
+        """Every run directory the cell may write (a precision walk: each n it may step to) → the
+        settings key of the run written there."""
+        rule = self.record.precision
+        if rule is None:
+            sizes = [self.settings.n]
+        else:
+            steps = range(rule.step, rule.n_max + 1, rule.step)
+            sizes = sorted({rule.n_min, rule.n_max, *(n for n in steps if n > rule.n_min)})
+        found = {}
+        for n in sizes:
+            step = self.settings.replace(n=n)
+            found[default_out_dir(step, self.results_dir, hashed=False)] = step.key()
+        return found
+
+    def _todo(self) -> tuple[str, list[str], int]:
+        """State, the probes still to compute and the examples already measured."""
+        rule = self.record.precision
+        if rule is not None:
+            plan = walk_plan(self.settings, self.record.probes, rule, self.results_dir)
+            done = max(plan.steps, default=0)
+            return plan.state, (list(self.record.probes) if plan.next_n else []), done
+        out = default_out_dir(self.settings, self.results_dir, hashed=False)
+        if is_complete(out, self.settings.key(), self.record.probes):
+            stale = outdated_probes(out, self.record)
+            return ("stale" if stale else "cached"), stale, 0
+        recorded = (read_metadata(out) or {}).get("probes", {}) if out.is_dir() else {}
+        return "missing", [p for p in self.record.probes if p not in recorded], 0
+
     def state(self) -> str:
         """``cached`` (every run it needs is finished), ``partial`` (a precision walk under way),
         ``stale`` (cached, but from an earlier revision of a probe) or ``missing``."""
-        if self.record.precision is not None:
-            walk = precise_run(
-                self.settings, self.record.probes, self.record.precision, self.results_dir, cached_only=True
-            )
-            if walk.stopped != "not computed":
-                return "cached"
-            return "partial" if walk.steps else "missing"
-        out = default_out_dir(self.settings, self.results_dir, hashed=False)
-        if not is_complete(out, self.settings.key(), self.record.probes):
-            return "missing"
-        return "stale" if outdated_probes(out, self.record) else "cached"
+        return self._todo()[0]
+
+    def estimate(self, calibration: Calibration) -> Estimate:
+        """What computing the rest of the cell costs (a precision walk: up to its cap, at most)."""
+        _, probes, done = self._todo()
+        if not probes:
+            return NOTHING
+        rule = self.record.precision
+        if rule is None:
+            return estimate(self.settings, probes, task_lengths(self.settings), calibration)
+        lengths = task_lengths(self.settings, rule.n_max)[done:]  # the walk reuses what it measured
+        return estimate(self.settings, probes, lengths, calibration)
+
+    def compute(self, loader: ModelLoader | None) -> tuple[str, ModelLoader]:
+        if loader is None or loader.model != self.model:
+            loader = ModelLoader(self.model, download=self.download)
+        compute_record(
+            self.record, self.results_dir, loader.bind(self.record), reuse_from=self.reuse_from, renew_outdated=True
+        )
+        walk, rule = self.record.walk, self.record.precision
+        return (walk.reason(rule) if walk is not None and rule is not None else "done"), loader
 
 
 @dataclass
@@ -89,23 +144,45 @@ class MapCell:
     def key(self) -> tuple:
         return (str(self.results_dir), "map", tuple(sorted(self.pair.items())))
 
+    @property
+    def unit(self) -> tuple:
+        return ("map", *self.key)
+
     def state(self) -> str:
-        from .study import map_study
+        settings, out = map_settings(self.pair, self.shared, self.results_dir)
+        return "cached" if is_complete(out, settings.key(), ["map"]) else "missing"
 
-        return "cached" if map_study(self.pair, self.shared, self.results_dir, cached_only=True).height else "missing"
+    def estimate(self, calibration: Calibration) -> Estimate:
+        """Both models' forward passes over the map's prompts, and a least-squares fit per layer pair."""
+        if self.state() == "cached":
+            return NOTHING
+        settings, _ = map_settings(self.pair, self.shared, self.results_dir)
+        small, big = shape_of(settings.small, calibration), shape_of(settings.big, calibration)
+        if small is None or big is None:
+            return Estimate(None, None, "map: a model's shape unknown")
+        tokens = settings.tokens_per_width * small.d_model * 1.2  # and the held-out prompts, ~20 % more
+        pairs = (small.n_layers + 1) * (big.n_layers + 1)
+        work = (small.forward + big.forward) * tokens + pairs * 2 * tokens * small.d_model * big.d_model
+        rate, source = calibration.rate("map", "map", small.n_params)
+        from ..cost import GPU_OPS_PER_SECOND
 
-    def compute(self) -> str:
+        return Estimate(None if rate is None else work * rate, work / GPU_OPS_PER_SECOND, f"map {source}")
+
+    def compute(self, loader: ModelLoader | None) -> tuple[str, None]:
         from .study import map_study
 
         map_study(self.pair, self.shared, self.results_dir)
-        return "done"
+        return "done", None
 
 
-def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = None) -> list[Cell | MapCell]:
+AnyCell = Cell | MapCell
+
+
+def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = None) -> list[AnyCell]:
     """Every distinct cell of the profile's pages, in book order (a section's pages, their studies,
     each study's models and specs). Every results folder of the profile may lend examples to the
     others (``reuse_from``)."""
-    found: dict[tuple, Cell] = {}
+    found: dict[tuple, AnyCell] = {}
     items = [s for section in (sections or SECTIONS) for s in parameter_sets(root, section, profile)]
     roots = tuple(dict.fromkeys(Path(s.parameters.get("results_dir", "results")) for s in items))
     for item in items:
@@ -117,41 +194,118 @@ def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = No
         for plan in plans(item.section, item.parameters):
             for model in plan.models:
                 for spec in plan.specs_by_model.get(model, plan.specs):
-                    record = record_of(model, spec, shared)
+                    try:
+                        record = record_of(model, spec, shared)
+                        check_settings(record.settings, record.probes)
+                    except EffdepthError as exc:  # a value in params/, not a flag: name the page
+                        raise EffdepthError(f"params/{item.section}.yml, page {item.name}, {model}: {exc}") from exc
                     cell = Cell(item.section, item.name, plan.name, record, results_dir, roots, plan.download)
                     found.setdefault(cell.key, cell)
+    _check_distinct([c for c in found.values() if isinstance(c, Cell)])
     return list(found.values())
 
 
-def run_local(todo: Sequence[Cell | MapCell], progress: bool = True, log=print) -> list[tuple[Cell | MapCell, str]]:
-    """Compute the cells one after another, loading each model once for its cells in a row."""
+def _check_distinct(plan: Sequence[Cell]) -> None:
+    """Two cells whose runs differ must not share a run directory (the book's results tree names a
+    run by task, n, seed, level and digits only: its other settings live in params/)."""
+    owners: dict[Path, tuple[str, Cell]] = {}
+    for cell in plan:
+        for path, key in cell.directories().items():
+            key_and_cell = owners.setdefault(path, (key, cell))
+            if key_and_cell[0] != key:
+                other = key_and_cell[1]
+                raise EffdepthError(
+                    f"params: {other.section}/{other.page} ({other.name}) and {cell.section}/{cell.page} "
+                    f"({cell.name}) would both write {path} with different settings; give one of them another "
+                    "n, seed or results_dir in params/"
+                )
+
+
+def units(plan: Sequence[AnyCell]) -> list[list[AnyCell]]:
+    """The plan's cells grouped into units (in plan order, by first appearance)."""
+    grouped: dict[tuple, list[AnyCell]] = {}
+    for cell in plan:
+        grouped.setdefault(cell.unit, []).append(cell)
+    return list(grouped.values())
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``i/N`` → (i, N), with 0 ≤ i < N."""
+    index, _, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        raise EffdepthError(f"--shard must be i/N (e.g. 0/4), got {text!r}") from None
+    if not 0 <= i < n:
+        raise EffdepthError(f"--shard {text}: i must be 0..N-1")
+    return i, n
+
+
+def shard(groups: Sequence[list[AnyCell]], index: int, count: int) -> list[list[AnyCell]]:
+    """Shard ``index`` of ``count``: every count-th unit of the plan (the same slice whatever the
+    cache holds, so the jobs of an array never overlap)."""
+    return [unit for position, unit in enumerate(groups) if position % count == index]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one cell ended: ``done`` (with why a precision walk stopped), ``busy``, ``unavailable``."""
+
+    cell: AnyCell
+    status: str
+    detail: str = ""
+    seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+
+    def line(self) -> str:
+        cost = f" ({self.seconds:.0f} s, peak {self.peak_rss_mb:.0f} MB)" if self.status == "done" else ""
+        return f"  {self.status}{': ' + self.detail if self.detail else ''}{cost}"
+
+
+def run_unit(unit: Sequence[AnyCell], log: Callable[[Outcome], None] = lambda outcome: None) -> list[Outcome]:
+    """Compute a unit's cells in order in this process (one model load per model in a row)."""
     from .study import Unavailable
 
-    done: list[tuple[Cell, str]] = []
-    loader: ModelLoader | None = None
-    for index, cell in enumerate(todo, start=1):
-        log(f"[{index}/{len(todo)}] {cell.name}")
-        if isinstance(cell, MapCell):
-            loader = None  # the map loads its two models itself
-            done.append((cell, cell.compute()))
-            log("  done")
-            continue
-        if loader is None or loader.model != cell.model:
-            loader = ModelLoader(cell.model, download=cell.download)
+    outcomes, loader = [], None
+    for cell in unit:
+        started = time.perf_counter()
         try:
-            compute_record(
-                cell.record, cell.results_dir, loader.bind(cell.record), reuse_from=cell.reuse_from, renew_outdated=True
-            )
+            detail, loader = cell.compute(loader)
+            outcome = Outcome(cell, "done", detail, time.perf_counter() - started, _peak_rss_mb())
         except Unavailable as exc:
-            done.append((cell, f"unavailable: {exc}"))
-            log(f"  unavailable: {exc}")
-            continue
-        walk = cell.record.walk
-        rule = cell.record.precision
-        outcome = walk.reason(rule) if walk is not None and rule is not None else "done"
-        done.append((cell, outcome))
-        log(f"  {outcome}")
+            outcome = Outcome(cell, "unavailable", str(exc))
+        except DirectoryBusyError:
+            outcome = Outcome(cell, "busy", "another effdepth process is computing it; rerun to pick it up")
+        outcomes.append(outcome)
+        log(outcome)
+    return outcomes
+
+
+def run_local(groups: Sequence[Sequence[AnyCell]], log: Callable[[str], None] = print, progress=None) -> list[Outcome]:
+    """Compute the units one after another in this process."""
+    total = sum(len(u) for u in groups)
+    done: list[Outcome] = []
+
+    def report(outcome: Outcome) -> None:
+        done.append(outcome)
+        log(f"[{len(done)}/{total}] {outcome.cell.name}\n{outcome.line()}")
+        if progress is not None:
+            progress(outcome)
+
+    for unit in groups:
+        run_unit(unit, report)
     return done
 
 
-__all__ = ["Cell", "MapCell", "Precision", "cells", "run_local"]
+__all__ = [
+    "Cell",
+    "MapCell",
+    "Outcome",
+    "Precision",
+    "cells",
+    "parse_shard",
+    "run_local",
+    "run_unit",
+    "shard",
+    "units",
+]

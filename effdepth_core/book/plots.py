@@ -2,10 +2,10 @@
 
 Every builder takes the long frames of ``study.Study`` (or what a probe function returns, labelled
 with ``model=`` / ``task=``) and returns an Altair chart; ``show`` turns one into notebook output
-that every viewer can draw: in the book, an HTML container whose spec the page's one copy of Vega
-renders (``effdepth-vega.js``, written by the ``sphinx_vega`` extension: no CDN); in JupyterLab and
-VS Code, the standard Vega-Lite output; on GitHub and anywhere without JavaScript, a static image
-inside the container. ``save`` writes any chart as SVG or PNG for a paper.
+that every viewer can draw: the Vega-Lite spec under its version's mimetype (the book draws it with
+its one offline copy of Vega, ``effdepth-vega.js``; JupyterLab and VS Code with theirs) and static
+SVG and PNG outputs (GitHub, nbviewer, anything without JavaScript). ``save`` writes any chart as
+SVG or PNG for a paper.
 """
 
 from __future__ import annotations
@@ -36,9 +36,16 @@ THEME = {
     "range": {"category": PALETTE},
 }
 RULE_ORDER = list(RULE_LABELS.values())
+# ED rules have colours of their own (Dark2), never used for models or tasks (the theme's PALETTE):
+# one colour means one thing across the charts of an output cell
+RULE_COLOURS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#a6761d"]
+RULE_SCALE = alt.Scale(
+    domain=[*RULE_ORDER, "tuned KL", "tuned overlap", "norm"], range=RULE_COLOURS[: len(RULE_ORDER) + 3]
+)
+DEGENERATE_NOTE = "hollow: a degenerate ED (method.md §10), left out of every verdict"
 ANSWER_OUTLINE = "#111111"  # the answer tokens' outline on erasure maps (no other mark uses it)
 CONTENT_WIDTH = 600  # px of plot area that fits the book's content column at 1400 px (legends below)
-SOURCE_SCALE = alt.Scale(domain=[OURS, PAPER], range=[PALETTE[0], "#8c8c8c"])  # the same on every page
+SOURCE_COLOURS = {OURS: PALETTE[0], PAPER: "#8c8c8c"}  # the same on every page
 METRIC_TITLES = {
     "cos_attn": "cosine of the attention write",
     "cos_mlp": "cosine of the MLP write",
@@ -133,47 +140,54 @@ def save(chart: alt.TopLevelMixin, path, scale: float = 2.0) -> None:
         raise ValueError(f"save charts as .svg or .png, not {path.suffix or 'no suffix'}")
 
 
+def vegalite_mime(spec: dict) -> str:
+    """The Vega-Lite output mimetype of ``spec``'s own version (``…vegalite.v6+json`` for a v6 spec)."""
+    schema = str(spec.get("$schema", ""))
+    major = schema.rsplit("/v", 1)[-1].split(".")[0] if "/v" in schema else "5"
+    return f"application/vnd.vegalite.v{major}+json"
+
+
 class ChartOutput:
-    """Notebook output of one chart: an HTML container (holding a static image until the page's Vega
-    draws the chart) with the script that queues its spec for the book's ``effdepth-vega.js``, and
-    the standard Vega-Lite output for JupyterLab and VS Code."""
+    """Notebook output of one chart, for every viewer: the Vega-Lite spec under the mimetype of its
+    version (the book draws it with its one offline copy of Vega through the ``sphinx_vega`` MyST-NB
+    renderer; JupyterLab and VS Code draw it where they know that version), and a static SVG and PNG
+    as outputs of their own mimetypes (GitHub, nbviewer, and any viewer without Vega)."""
 
     def __init__(self, chart: alt.TopLevelMixin):
         self.spec = themed_spec(chart)
         text = json.dumps(self.spec, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha1(text.encode()).hexdigest()[:10]
         self.element_id = f"effdepth-chart-{digest}-{next(_counter)}"
-        self._json = text
 
-    def fallback_image(self) -> str:
-        """A static rendering for viewers that run no JavaScript: a JPEG (quality 70, a third of
-        the PNG's size for these charts), base64."""
+    def description(self) -> str:
+        title = self.spec.get("title")
+        text = title.get("text") if isinstance(title, dict) else title
+        return f"chart: {text}" if text else "chart (interactive where Vega-Lite is drawn; SVG and PNG attached)"
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         import base64
 
         import vl_convert
 
-        image = vl_convert.vegalite_to_jpeg(_fixed_width(self.spec), scale=1.0, quality=70)
-        return base64.b64encode(image).decode()
-
-    def html(self) -> str:
-        payload = self._json.replace("</", "<\\/")  # never end the script early
-        image = (
-            f'<img class="effdepth-fallback" alt="chart (static image; the interactive chart needs JavaScript)" '
-            f'src="data:image/jpeg;base64,{self.fallback_image()}" style="max-width: 100%">'
-        )
-        return (
-            f'<div class="effdepth-chart" id="{self.element_id}">{image}</div>\n'
-            '<script type="text/javascript">\n'
-            f'(window.effdepthCharts = window.effdepthCharts || []).push(["{self.element_id}", {payload}]);\n'
-            "</script>"
-        )
-
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        static = _fixed_width(self.spec)
         return {
-            "text/html": self.html(),
-            "application/vnd.vegalite.v5+json": _fixed_width(self.spec),
-            "text/plain": f"<chart {self.element_id}>",
+            vegalite_mime(self.spec): static,
+            "image/svg+xml": vl_convert.vegalite_to_svg(static),
+            "image/png": base64.b64encode(vl_convert.vegalite_to_png(static, scale=1.0)).decode(),
+            "text/plain": self.description(),
         }
+
+
+def chart_html(spec: dict, element_id: str) -> str:
+    """The book's HTML for a chart: a container and the script that queues its spec for the page's
+    ``effdepth-vega.js`` (the ``sphinx_vega`` renderer writes it for every Vega-Lite output)."""
+    payload = json.dumps(spec, sort_keys=True, separators=(",", ":")).replace("</", "<\\/")  # never end the script
+    return (
+        f'<div class="effdepth-chart" id="{element_id}"></div>\n'
+        '<script type="text/javascript">\n'
+        f'(window.effdepthCharts = window.effdepthCharts || []).push(["{element_id}", {payload}]);\n'
+        "</script>"
+    )
 
 
 def show(chart: alt.TopLevelMixin | Note) -> ChartOutput | Note:
@@ -198,6 +212,31 @@ def note(text: str) -> Note:
 
 def _rounded(frame: pl.DataFrame, columns: Sequence[str] = ("value",), digits: int = 5) -> pl.DataFrame:
     return frame.with_columns(pl.col(c).round(digits) for c in columns if c in frame.columns)
+
+
+def _marked(summary: pl.DataFrame) -> pl.DataFrame:
+    """ED rows with ``status`` (``degenerate`` or ``usable``) and a ``description`` every mark carries
+    (a screen reader's label, and how a test finds the degenerate points)."""
+    degenerate = pl.col("degenerate") if "degenerate" in summary.columns else pl.lit(None, dtype=pl.String)
+    return summary.with_columns(
+        pl.when(degenerate.is_not_null()).then(pl.lit("degenerate")).otherwise(pl.lit("usable")).alias("status"),
+        pl.format(
+            "{} {} {}: ED {}{}",
+            "model",
+            "task",
+            "rule",
+            "ed",
+            pl.when(degenerate.is_not_null()).then(pl.format(" (degenerate: {})", degenerate)).otherwise(pl.lit("")),
+        ).alias("description"),
+    )
+
+
+def _hollow_when_degenerate() -> dict:
+    """Encodings that draw a degenerate ED's point hollow (filled otherwise)."""
+    return {
+        "fillOpacity": alt.condition(alt.datum.status == "degenerate", alt.value(0.0), alt.value(1.0)),
+        "description": alt.Description("description:N"),
+    }
 
 
 def _pickers(chart: alt.Chart, frame: pl.DataFrame, fields: Sequence[str] = ("model", "task")) -> alt.Chart:
@@ -392,6 +431,9 @@ def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
     if not parts:
         return Note(f"No {variant}-token skip effects to draw.")
     part = alt.param(name="part", value=parts[0], bind=alt.binding_select(options=parts, name="skipped "))
+    # a few cells (the layers right after the skipped one) can be 10–40× the rest: the colour scale
+    # ends at the 95th percentile and clamps the larger ones, so one cell cannot wash out the map
+    cap = float(frame["value"].quantile(0.95)) or float(frame["value"].max()) or 1.0
     chart = (
         alt.Chart(frame)
         .transform_filter(alt.datum.part == part)
@@ -399,10 +441,11 @@ def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
         .encode(
             x=alt.X("layer:O", title="layer measured"),
             y=alt.Y("skipped_layer:O", title="layer skipped"),
-            color=alt.Color(  # sqrt: a few large effects (the skipped layer itself) would wash out the rest
+            color=alt.Color(
                 "value:Q",
-                title="relative change (sqrt scale)",
-                scale=alt.Scale(scheme="viridis", domainMin=0, type="sqrt"),
+                title=f"relative change (≥ {cap:.2f} darkest)",
+                scale=alt.Scale(scheme="viridis", domain=[0, cap], clamp=True),
+                legend=alt.Legend(titleLimit=0, gradientLength=240),
             ),
             tooltip=["part:N", "skipped_layer:O", "layer:O", alt.Tooltip("value:Q", format=".3f")],
         )
@@ -539,7 +582,7 @@ def completeness_bars(igrad: pl.DataFrame) -> alt.Chart:
 def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
     """ED ratio with its bootstrap interval against depth (``n_layers``) or size (``n_params``),
     one panel per task; click a legend entry to highlight a rule."""
-    frame = summary.filter(pl.col("ratio").is_not_null()).with_columns(
+    frame = _marked(summary.filter(pl.col("ratio").is_not_null())).with_columns(
         (pl.col("n_params") / 1e6).round(1).alias("params_m")
     )
     x_field = {
@@ -554,12 +597,13 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
     pick = alt.selection_point(fields=["rule"], bind="legend")
     base = alt.Chart(frame).encode(
         x=x_field,
-        color=alt.Color("rule:N", sort=RULE_ORDER, title="ED rule"),
+        color=alt.Color("rule:N", scale=RULE_SCALE, title="ED rule"),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     points = base.mark_point(filled=True, size=70).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
         shape=alt.Shape("model:N", title="model"),
+        **_hollow_when_degenerate(),
         tooltip=[
             "model:N",
             "task:N",
@@ -578,7 +622,42 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
         .properties(width=140, height=200)
         .facet(column=alt.Column("task:N", title=None, sort=frame["task"].unique(maintain_order=True).to_list()))
         .add_params(pick)
+        .properties(title=alt.Title("", subtitle=DEGENERATE_NOTE))
     )
+
+
+@_needs_data
+def threshold_sensitivity(table: pl.DataFrame) -> alt.Chart:
+    """ED ratio of each thresholded rule as its threshold varies (``Study.sensitivity``), one line per
+    task, one panel per rule, the paper's threshold dotted: a gap between tasks that changes with the
+    threshold belongs to the threshold, not the task. A dropdown picks the model."""
+    paper = {"kl_fraction": 0.5, "overlap_threshold": 0.3}
+    frame = _rounded(table.filter(pl.col("ratio").is_not_null()), ("ratio", "threshold"), 4)
+    pickers = _picker_params(frame, ("model",))
+    panels = []
+    for index, (rule, part) in enumerate(frame.group_by("rule", maintain_order=True)):
+        setting = part["setting"][0]
+        line = (
+            alt.Chart(part)
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("threshold:Q", title=setting.replace("_", " "), scale=alt.Scale(zero=False)),
+                y=alt.Y("ratio:Q", title=f"{rule[0]}: (ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
+                color=alt.Color("task:N", title="task"),
+                tooltip=["model:N", "task:N", "threshold:Q", "ed:Q", alt.Tooltip("ratio:Q", format=".2f")],
+            )
+        )
+        mark = (
+            alt.Chart(pl.DataFrame({"threshold": [paper.get(setting, 0.5)]}))
+            .mark_rule(strokeDash=[4, 4], color="#888")
+            .encode(x="threshold:Q")
+        )
+        for name, param in pickers:
+            line = line.transform_filter(alt.datum[name] == param)
+        if index == 0 and pickers:
+            line = line.add_params(*(param for _, param in pickers))
+        panels.append(alt.layer(line, mark).properties(width=(CONTENT_WIDTH - 40) // 2, height=200))
+    return alt.hconcat(*panels)
 
 
 @_needs_data
@@ -624,18 +703,20 @@ def relative_depth_curves(curves: pl.DataFrame, metrics: Sequence[str]) -> alt.C
 @_needs_data
 def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt.Chart:
     """ED ratio per task (difficulty order on x) with bootstrap intervals, one colour per rule."""
-    frame = summary.filter(pl.col("ratio").is_not_null())
+    frame = _marked(summary.filter(pl.col("ratio").is_not_null()))
     sort = list(order) if order else None
     pick = alt.selection_point(fields=["rule"], bind="legend")
     base = alt.Chart(frame).encode(
         x=alt.X("task:N", sort=sort, title=None, axis=alt.Axis(labelAngle=-30)),
         xOffset=alt.XOffset("rule:N", sort=RULE_ORDER),
-        color=alt.Color("rule:N", sort=RULE_ORDER, title="ED rule"),
+        color=alt.Color("rule:N", scale=RULE_SCALE, title="ED rule"),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     points = base.mark_point(filled=True, size=60).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
+        **_hollow_when_degenerate(),
         tooltip=[
+            "status:N",
             "model:N",
             "task:N",
             "rule:N",
@@ -647,7 +728,8 @@ def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt
         ],
     )
     bars = base.mark_rule().encode(y="ratio_low:Q", y2="ratio_high:Q")
-    return alt.layer(bars, points).add_params(pick).properties(width=520, height=240)
+    chart = alt.layer(bars, points).add_params(pick)
+    return chart.properties(width=520, height=240, title=alt.Title("", subtitle=DEGENERATE_NOTE))
 
 
 @_needs_data
@@ -689,6 +771,8 @@ def paper_vs_ours(table: pl.DataFrame) -> alt.Chart:
     the rule."""
     rules = [r for r in RULE_ORDER if r in set(table["rule"].to_list())]
     rule = alt.param(name="rule", value=rules[0], bind=alt.binding_select(options=rules, name="rule "))
+    present = [s for s in SOURCE_COLOURS if s in set(table.filter(pl.col("ratio").is_not_null())["source"].to_list())]
+    scale = alt.Scale(domain=present, range=[SOURCE_COLOURS[s] for s in present])  # no legend entry without marks
     return (
         alt.Chart(table.filter(pl.col("ratio").is_not_null()))
         .transform_filter(alt.datum.rule == rule)
@@ -696,7 +780,7 @@ def paper_vs_ours(table: pl.DataFrame) -> alt.Chart:
         .encode(
             x=alt.X("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
             y=alt.Y("model:N", title=None, sort=alt.EncodingSortField("n_layers")),
-            color=alt.Color("source:N", title=None, scale=SOURCE_SCALE),
+            color=alt.Color("source:N", title=None, scale=scale),
             shape=alt.Shape("task:N"),
             tooltip=[
                 "source:N",
@@ -728,7 +812,7 @@ def lens_ed_comparison(summary: pl.DataFrame) -> alt.Chart:
         "tuned KL": ("KL rule", "tuned lens"),
         "tuned overlap": ("overlap rule", "tuned lens"),
     }
-    frame = summary.filter(pl.col("rule").is_in(list(labels)), pl.col("ratio").is_not_null()).with_columns(
+    frame = _marked(summary.filter(pl.col("rule").is_in(list(labels)), pl.col("ratio").is_not_null())).with_columns(
         pl.col("rule").replace_strict({k: v[0] for k, v in labels.items()}).alias("panel"),
         pl.col("rule").replace_strict({k: v[1] for k, v in labels.items()}).alias("lens"),
     )
@@ -739,11 +823,24 @@ def lens_ed_comparison(summary: pl.DataFrame) -> alt.Chart:
     )
     points = base.mark_point(filled=True, size=70).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        tooltip=["model:N", "task:N", "lens:N", "ed:Q", alt.Tooltip("ratio:Q", format=".2f"), "ci_low:Q", "ci_high:Q"],
+        **_hollow_when_degenerate(),
+        tooltip=[
+            "model:N",
+            "task:N",
+            "lens:N",
+            "status:N",
+            "ed:Q",
+            alt.Tooltip("ratio:Q", format=".2f"),
+            "ci_low:Q",
+            "ci_high:Q",
+        ],
     )
     bars = base.mark_rule(strokeWidth=2).encode(y="ratio_low:Q", y2="ratio_high:Q")
     chart = alt.layer(bars, points, data=frame).properties(width=270, height=200)
-    return _pickers(chart.facet(column=alt.Column("panel:N", title=None)), frame, ("model",))
+    faceted = chart.facet(column=alt.Column("panel:N", title=None)).properties(
+        title=alt.Title("", subtitle=DEGENERATE_NOTE)
+    )
+    return _pickers(faceted, frame, ("model",))
 
 
 @_needs_data
@@ -774,16 +871,16 @@ def lens_fit_curves(fit: pl.DataFrame) -> alt.Chart:
 @_needs_data
 def pruning_curves(prune: pl.DataFrame, summary: pl.DataFrame | None = None, rule: str = "lens overlap") -> alt.Chart:
     """ΔNLL of the answer tokens when a block of k consecutive layers starting at a layer is removed
-    (one line per k, log scale), with the layer after the ED of ``rule`` marked: does cutting
-    after ED hurt less than cutting elsewhere?"""
+    (one line per k, log scale), with the layer after the ED of ``rule`` on the same model and task
+    marked (the dropdowns filter both): does cutting after ED hurt less than cutting elsewhere?"""
     frame = _rounded(
         prune.filter(rule="block", metric="delta_nll")
         .select("model", "task", "k", "start", "removed", "value")
         .with_columns(pl.format("k = {}", "k").alias("block"))
     )
     sizes = sorted(frame["k"].unique().to_list())
-    line = (
-        alt.Chart()
+    layers = [
+        alt.Chart(frame)
         .mark_line(point=alt.OverlayMarkDef(size=20))
         .encode(
             x=alt.X("start:Q", title="first removed layer"),
@@ -791,20 +888,27 @@ def pruning_curves(prune: pl.DataFrame, summary: pl.DataFrame | None = None, rul
             color=alt.Color("block:N", sort=[f"k = {k}" for k in sizes], title="layers removed"),
             tooltip=["model:N", "task:N", "removed:N", alt.Tooltip("value:Q", title="Δ NLL", format=".3f")],
         )
-    )
-    layers = [line]
+    ]
     if summary is not None:
         eds = summary.filter(pl.col("rule") == rule, pl.col("ed").is_not_null()).select(
             "model", "task", (pl.col("ed") + 1).alias("after_ed")
         )
+        eds = eds.join(frame.select("model", "task").unique(), on=["model", "task"])  # the pruned tasks only
         if eds.height:
             layers.append(
                 alt.Chart(eds)
                 .mark_rule(strokeDash=[3, 3], color="#111")
                 .encode(x="after_ed:Q", tooltip=["task:N", alt.Tooltip("after_ed:Q", title=f"ED ({rule}) + 1")])
             )
-    chart = alt.layer(*layers, data=frame).properties(width=CONTENT_WIDTH, height=220)
-    return _pickers(chart, frame, ("model", "task"))
+    pickers = _picker_params(frame, ("model", "task"))
+    filtered = []
+    for chart in layers:  # each layer carries its own data: the dropdowns filter each one
+        for name, param in pickers:
+            chart = chart.transform_filter(alt.datum[name] == param)
+        filtered.append(chart)
+    if pickers:
+        filtered[0] = filtered[0].add_params(*(param for _, param in pickers))
+    return alt.layer(*filtered).properties(width=CONTENT_WIDTH, height=220)
 
 
 @_needs_data
@@ -856,22 +960,33 @@ def early_exit_curves(
 @_needs_data
 def map_heatmap(mapped: pl.DataFrame, small: str = "small model", big: str = "big model") -> alt.Chart:
     """Held-out relative error of the affine map from each small-model layer (y) to each big-model
-    layer (x), the best big layer per small layer circled, and the equal-relative-depth diagonal."""
+    layer (x), the best big layer per small layer circled, and the equal-relative-depth diagonal;
+    beside it the same maps fitted on shuffled token pairs (the baseline) and the small model mapped
+    onto itself (the check). The colour scale spans the map's informative range (its 2nd to 90th
+    percentile; larger errors, such as the embedding rows, clamp to the lightest colour)."""
+    if "prompt" in mapped.columns:
+        mapped = mapped.filter(pl.col("prompt").is_null())
     errors = _rounded(mapped.filter(metric="relative_error").select("small_layer", "big_layer", "value"), digits=4)
+    low, high = float(errors["value"].quantile(0.02)), float(errors["value"].quantile(0.9))
+    scale = alt.Scale(scheme="viridis", reverse=True, domain=[low, high], clamp=True)
     best = mapped.filter(metric="best_big_layer").select(
         "small_layer", pl.col("value").cast(pl.Int64).alias("big_layer")
     )
     equal = mapped.filter(metric="equal_depth_layer").select("small_layer", pl.col("value").alias("big_layer"))
-    heat = (
-        alt.Chart(errors)
-        .mark_rect()
-        .encode(
-            x=alt.X("big_layer:O", title=f"{big} layer l"),
-            y=alt.Y("small_layer:O", title=f"{small} layer m", sort="descending"),
-            color=alt.Color("value:Q", title="relative error", scale=alt.Scale(scheme="viridis", reverse=True)),
-            tooltip=["small_layer:O", "big_layer:O", alt.Tooltip("value:Q", title="error", format=".3f")],
+
+    def heat(frame: pl.DataFrame, title: str, x_title: str, colour: alt.Scale, legend: str) -> alt.Chart:
+        return (
+            alt.Chart(frame)
+            .mark_rect()
+            .encode(
+                x=alt.X("big_layer:O", title=x_title),
+                y=alt.Y("small_layer:O", title=f"{small} layer m", sort="descending"),
+                color=alt.Color("value:Q", title=legend, scale=colour, legend=alt.Legend(titleLimit=0)),
+                tooltip=["small_layer:O", "big_layer:O", alt.Tooltip("value:Q", title="error", format=".3f")],
+            )
+            .properties(title=title)
         )
-    )
+
     circles = (
         alt.Chart(best)
         .mark_point(shape="circle", color="white", size=60, strokeWidth=2)
@@ -882,4 +997,29 @@ def map_heatmap(mapped: pl.DataFrame, small: str = "small model", big: str = "bi
         .mark_line(color="#e07a1f", strokeDash=[4, 3], strokeWidth=2)
         .encode(x="big_layer:O", y=alt.Y("small_layer:O", sort="descending"), order="small_layer:Q")
     )
-    return alt.layer(heat, diagonal, circles).properties(width=CONTENT_WIDTH - 60, height=420)
+    legend = f"relative error ({low:.2f}–{high:.2f}; beyond clamps)"
+    panels = [
+        alt.layer(heat(errors, f"{small} → {big}", f"{big} layer l", scale, legend), diagonal, circles).properties(
+            width=CONTENT_WIDTH - 60, height=380
+        )
+    ]
+    baseline = _rounded(mapped.filter(metric="baseline_error").select("small_layer", "big_layer", "value"), digits=4)
+    if baseline.height:
+        panels.append(
+            heat(baseline, "shuffled token pairs (baseline)", f"{big} layer l", scale, legend).properties(
+                width=(CONTENT_WIDTH - 60) // 2, height=190
+            )
+        )
+    own = _rounded(mapped.filter(metric="self_error").select("small_layer", "big_layer", "value"), digits=4)
+    if own.height:
+        own_scale = alt.Scale(scheme="greys", reverse=True, domain=[0, max(float(own["value"].max()), 1e-9)])
+        panels.append(
+            heat(own, f"{small} → itself (check)", f"{small} layer", own_scale, "relative error, self-map").properties(
+                width=(CONTENT_WIDTH - 60) // 2, height=190
+            )
+        )
+    if len(panels) == 1:
+        return panels[0]
+    return alt.vconcat(panels[0], alt.hconcat(*panels[1:]).resolve_scale(color="independent")).resolve_scale(
+        color="independent"
+    )

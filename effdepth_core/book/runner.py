@@ -121,16 +121,36 @@ def toc_text(root: Path) -> str:
     parts = []
     for section in SECTIONS:
         chapters = [{"file": s.page} for s in parameter_sets(root, section, TOC_PROFILE)]
+        if (root / "book" / "sections" / f"{section}.md").is_file():  # the section's parameters and notes, once
+            chapters.insert(0, {"file": f"sections/{section}"})
         parts.append({"caption": titles[section], "chapters": chapters})
     parts.append({"caption": "About the measurements", "chapters": [{"file": p} for p in ABOUT_PAGES]})
     toc = {"format": "jb-book", "root": INTRO_PAGE, "parts": parts}
     return TOC_HEADER + yaml.safe_dump(toc, sort_keys=False)
 
 
-def write_toc(root: Path) -> Path:
-    path = root / "_toc.yml"
-    path.write_text(toc_text(root))
+def write_generated(path: Path, text: str, mark: str) -> Path:
+    """Write a file effdepth generates, atomically, only where it is absent or effdepth's own (it
+    begins with ``mark``): never through a link, never over a file someone else wrote."""
+    from ..cache import atomic_write_bytes
+
+    if path.is_symlink():
+        raise EffdepthError(f"{path} is a symbolic link; effdepth never writes through links: remove the link")
+    if path.exists():
+        try:
+            own = path.is_file() and path.read_text(encoding="utf-8").startswith(mark)
+        except (OSError, UnicodeDecodeError):
+            own = False
+        if not own:
+            raise EffdepthError(
+                f"{path} was not written by effdepth (it lacks effdepth's header); move it away to regenerate it"
+            )
+    atomic_write_bytes(path, text.encode("utf-8"))
     return path
+
+
+def write_toc(root: Path) -> Path:
+    return write_generated(root / "_toc.yml", toc_text(root), TOC_HEADER.splitlines()[0])
 
 
 def execute(
@@ -155,6 +175,7 @@ def execute(
             raise EffdepthError(f"missing notebook template {template}")
         notebook = nbformat.read(template, as_version=4)  # the page renders its title from `title`
         output = root / "book" / f"{item.page}.ipynb"
+        _check_page(output)
         output.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         print(f"effdepth book: {item.section}/{item.name} → {output.relative_to(root)}", flush=True)
@@ -185,6 +206,22 @@ def execute(
     return timings
 
 
+def _check_page(output: Path) -> None:
+    """An executed page is replaced only where it is effdepth's (papermill's metadata in it)."""
+    if output.is_symlink():
+        raise EffdepthError(f"{output} is a symbolic link; effdepth never writes through links: remove the link")
+    if not output.exists():
+        return
+    import nbformat
+
+    try:
+        own = output.is_file() and "papermill" in nbformat.read(output, as_version=4).metadata
+    except Exception:  # nbformat raises several types for a file that is not a notebook
+        own = False
+    if not own:
+        raise EffdepthError(f"{output} is not a page effdepth executed (no papermill metadata); move it away")
+
+
 def find_set(root: Path, spec: str, profile: str = "full") -> ParameterSet:
     """The parameter set ``SECTION/NAME`` (as ``effdepth book --print-params`` names it)."""
     section, _, name = spec.partition("/")
@@ -211,100 +248,28 @@ FINDINGS_PAGE = "book/_findings.md"
 
 
 def findings_markdown(root: Path, profile: str = "full") -> str:
-    """The three findings paragraphs from the cached results of every section (no model loads)."""
-    import polars as pl
+    """The findings paragraphs of every section from the cached results (no model loads): the same
+    page objects the notebooks build (``pages.py``), read with ``cached_only``."""
+    from .pages import open_page
 
-    from .findings import difficulty_finding, long_cot_finding, scale_finding
-    from .reference import paper_table1
-    from .study import difficulty_specs, run_study, task_label
+    def page(item: ParameterSet):
+        return open_page(item.section, item.parameters, cached_only=True, root=root)
 
-    def study(item: ParameterSet, key: str = "tasks"):
-        p = item.parameters
-        return run_study(
-            p.get("models") or [],
-            p.get(key) or [],
-            defaults={
-                "seed": p.get("seed", 0),
-                "device": p.get("device", "auto"),
-                "dtype": p.get("dtype", "auto"),
-                "progress": False,
-            },
-            results_dir=root / p["results_dir"],
-            specs_by_model=p.get(f"{key}_by_model"),
-            cached_only=True,
-            n_bootstrap=1000,
-        )
-
-    paper = paper_table1()
     scale_sets = parameter_sets(root, "scale", profile)
     widest = max(scale_sets, key=lambda s: len(s.parameters.get("models") or []))
-    paragraphs = [scale_finding(study(widest).summary(), paper)]
-    pairs, summaries, unavailable = [], [], {}
-    for item in parameter_sets(root, "long_cot", profile):
-        these = item.parameters.get("pairs") or []
-        models = list(dict.fromkeys(m for pair in these for m in (pair["base"], pair["long_cot"])))
-        result = study(ParameterSet(item.section, item.name, item.title, {**item.parameters, "models": models}))
-        pairs += [p for p in these if p not in pairs]
-        summaries.append(result.summary())
-        unavailable.update(result.unavailable())
-    if pairs:
-        names = {m.rsplit("/", 1)[-1] for pair in pairs for m in pair.values()}
-        paper_pairs = paper.filter(paper["model"].is_in(sorted(names)))
-        paragraphs.append(long_cot_finding(pl.concat(summaries), pairs, unavailable, paper_pairs))
-    for item in parameter_sets(root, "difficulty", profile):
-        p = item.parameters
-        specs = difficulty_specs(p.get("math"), p.get("arithmetic"), p.get("skip"))
-        levels = [task_label(spec) for spec in specs]
-        groups = {
-            "MATH level": [t for t in levels if t.startswith("MATH")],
-            "operand length": [t for t in levels if not t.startswith("MATH")],
-        }
-        by_level = study(ParameterSet(item.section, item.name, item.title, {**p, "tasks": specs}))
-        summary = pl.concat([study(item).summary(), by_level.summary()])
-        order = [task_label(t) for t in p.get("tasks") or []]
-        paragraphs.append(difficulty_finding(summary, order, paper, groups))
-    paragraphs += _beyond_paragraphs(root, profile, study)
-    header = (
-        "<!-- Generated by `effdepth book` from the cached results (effdepth_core.book.findings); "
-        "do not edit by hand. -->\n\n"
-    )
-    return header + "\n\n".join(paragraphs) + "\n"
+    paragraphs = [page(widest).findings()]
+    paragraphs += [page(item).findings() for item in parameter_sets(root, "long_cot", profile)]
+    paragraphs += [page(item).findings() for item in parameter_sets(root, "difficulty", profile)]
+    beyond = [page(item).findings() for item in parameter_sets(root, "beyond", profile)]
+    paragraphs += ["**Beyond the paper.** " + text for text in beyond if text and "Nothing was measured" not in text]
+    return FINDINGS_HEADER + "\n\n".join(paragraphs) + "\n"
 
 
-def _beyond_paragraphs(root: Path, profile: str, study) -> list[str]:
-    """The fourth section's findings over all its pages: lens, pruning and early exit across models,
-    then the cross-model map."""
-    import polars as pl
-
-    from .findings import beyond_finding, map_finding
-    from .study import map_study, pruning_comparison
-
-    def joined(frames: list) -> pl.DataFrame:
-        frames = [f for f in frames if f.height]
-        return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
-
-    parts: dict[str, list] = {"summary": [], "fit": [], "comparison": [], "exits": []}
-    maps = []
-    for item in parameter_sets(root, "beyond", profile):
-        p = item.parameters
-        if p.get("pair"):
-            defaults = {"seed": p.get("seed", 0), "device": p.get("device", "auto"), "dtype": p.get("dtype", "auto")}
-            mapped = map_study(p["pair"], defaults, root / p["results_dir"], cached_only=True)
-            maps.append(map_finding(mapped, p["pair"]["small"], p["pair"]["big"]))
-        if p.get("models"):
-            result = study(item)
-            parts["summary"].append(result.summary())
-            parts["fit"].append(result.frame("tuned_lens_fit"))
-            parts["comparison"].append(pruning_comparison(result))
-            parts["exits"].append(result.frame("early_exit"))
-    if not (parts["summary"] or maps):
-        return []
-    frames = [joined(parts[k]) for k in ("summary", "fit", "comparison", "exits")]
-    text = beyond_finding(*frames) if frames[0].height else ""
-    return [p for p in ("**Beyond the paper.** " + text if text else "", *maps) if p]
+FINDINGS_HEADER = (
+    "<!-- Generated by `effdepth book` from the cached results (effdepth_core.book.findings); "
+    "do not edit by hand. -->\n\n"
+)
 
 
 def write_findings(root: Path, profile: str = "full") -> Path:
-    path = root / FINDINGS_PAGE
-    path.write_text(findings_markdown(root, profile), encoding="utf-8")
-    return path
+    return write_generated(root / FINDINGS_PAGE, findings_markdown(root, profile), FINDINGS_HEADER.split(";")[0])

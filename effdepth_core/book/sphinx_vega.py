@@ -1,9 +1,12 @@
 """Sphinx extension: ship Vega, Vega-Lite and Vega-Embed once per site, so that charts render
-with no network.
+with no network; and the MyST-NB renderer that draws every Vega-Lite output with them.
 
 It writes ``_static/effdepth-vega.js`` (the libraries bundled by ``vl-convert-python``, plus the
-code that renders every chart container ``plots.show`` emitted) and adds it to every page. Enable
-it in ``book/_config.yml``: ``sphinx: extra_extensions: [effdepth_core.book.sphinx_vega]``.
+code that renders every chart container) and adds it to every page. Enable it in
+``book/_config.yml``: ``sphinx: extra_extensions: [effdepth_core.book.sphinx_vega]``. The
+renderer (``VegaLiteRenderer``, registered under MyST-NB's ``myst_nb.mime_renderers`` entry-point
+group in pyproject.toml) turns a notebook's Vega-Lite output (any version) into a chart container
+for the HTML book, ahead of the static SVG and PNG outputs the same cell carries for other viewers.
 """
 
 from __future__ import annotations
@@ -41,6 +44,34 @@ if (document.readyState === "loading") {
   effdepthRenderQueued();
 }
 """
+
+
+VEGALITE_MIMES = tuple(f"application/vnd.vegalite.v{major}+json" for major in (4, 5, 6))
+
+
+class VegaLiteRenderer:
+    """MyST-NB mime renderer: a Vega-Lite output becomes the book's chart container (HTML builds);
+    other builders keep the cell's static SVG or PNG."""
+
+    mime_priority_overrides = tuple(("html", mime, 1) for mime in VEGALITE_MIMES)
+
+    @staticmethod
+    def handle_mime(renderer, data, inline):
+        if inline or data.mime_type not in VEGALITE_MIMES:
+            return None
+        import hashlib
+        import json
+
+        from docutils import nodes
+
+        from .plots import chart_html
+
+        spec = data.content if isinstance(data.content, dict) else json.loads(data.content)
+        text = json.dumps(spec, sort_keys=True)
+        element_id = (
+            f"effdepth-chart-{hashlib.sha1(text.encode()).hexdigest()[:10]}-{data.cell_index}-{data.output_index}"
+        )
+        return [nodes.raw("", chart_html(spec, element_id), format="html", classes=["output", "effdepth-vegalite"])]
 
 
 def bundle() -> str:

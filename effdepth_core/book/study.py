@@ -25,6 +25,7 @@ from ..settings import MapSettings, RunSettings, default_out_dir, parse_probes, 
 from .reference import RULE_LABELS, TUNED_RULE_LABELS
 
 RULES = RULE_LABELS
+MIN_INTERVAL_N = 20  # a bootstrap over fewer prompts gives intervals that look precise and are not
 _SETTING_NAMES = set(setting_names())
 _SPEC_ONLY = {"task", "probes", "label", "precision"}
 
@@ -108,29 +109,41 @@ class Study:
         return {r.model: r.error for r in self.records if r.error is not None}
 
     def summary(self) -> pl.DataFrame:
-        """ED per (model, task, rule): ``ed, ratio, ci_low, ci_high, reason`` plus model facts."""
+        """ED per (model, task, rule): ``ed, ratio, ci_low, ci_high, reason``, the interval's
+        ``width`` and whether it counts (``n_examples`` ≥ ``MIN_INTERVAL_N``), why the ED is
+        ``degenerate`` (``stats.degenerate``; null when it is not), where the sample-size rule
+        stopped (``precision``: met, cap, data; null for a fixed n), plus model facts."""
+        from .stats import degenerate
+
         rows = []
         for r in self.finished:
             s, meta = r.result.summary, r.result.metadata
-            for rule, (_, spec_rule) in registry.rules().items():  # every rule the run has, any probe's
+            n_layers = int(s["n_layers"])
+            for rule, (spec, spec_rule) in registry.rules().items():  # every rule the run has, any probe's
                 if rule not in s:
                     continue
-                rule_label = spec_rule.label
                 entry = s[rule]
-                ratio = lambda v, n=s["n_layers"]: None if v is None else (v + 1) / n  # noqa: E731
+                ratio = lambda v, n=n_layers: None if v is None else (v + 1) / n  # noqa: E731
+                low, high, ed = entry.get("ci_low"), entry.get("ci_high"), entry.get("ed")
+                frame = r.result.per_example.get(spec_rule.frame or spec.name)
+                why = degenerate(spec_rule, frame, ed, low, high, n_layers, r.settings) if frame is not None else None
                 rows.append(
                     {
                         "model": r.model,
                         "task": r.label,
-                        "rule": rule_label,
-                        "ed": entry.get("ed"),
+                        "rule": spec_rule.label,
+                        "ed": ed,
                         "ratio": entry.get("ratio"),
-                        "ci_low": entry.get("ci_low"),
-                        "ci_high": entry.get("ci_high"),
-                        "ratio_low": ratio(entry.get("ci_low")),
-                        "ratio_high": ratio(entry.get("ci_high")),
+                        "ci_low": low,
+                        "ci_high": high,
+                        "ratio_low": ratio(low),
+                        "ratio_high": ratio(high),
+                        "width": None if low is None or high is None else high - low,
+                        "interval_counts": int(s["n_examples"]) >= MIN_INTERVAL_N,
+                        "degenerate": why,
+                        "precision": r.walk.stopped if r.walk is not None else None,
                         "reason": entry.get("reason"),
-                        "n_layers": s["n_layers"],
+                        "n_layers": n_layers,
                         "n_params": meta.get("n_params"),
                         "n_examples": s["n_examples"],
                     }
@@ -145,12 +158,48 @@ class Study:
             "ci_high": pl.Int64,
             "ratio_low": pl.Float64,
             "ratio_high": pl.Float64,
+            "width": pl.Int64,
+            "interval_counts": pl.Boolean,
+            "degenerate": pl.String,
+            "precision": pl.String,
             "reason": pl.String,
             "n_layers": pl.Int64,
             "n_params": pl.Int64,
             "n_examples": pl.Int64,
         }
         return pl.DataFrame(rows, schema=schema)
+
+    def sensitivity(self) -> pl.DataFrame:
+        """ED of every rule with a threshold (the lens rules) as the threshold varies, per run:
+        ``model, task, rule, setting, threshold, ed, ratio`` (``stats.threshold_sensitivity``)."""
+        from .stats import threshold_sensitivity
+
+        parts = []
+        for r in self.finished:
+            n_layers = int(r.result.summary["n_layers"])
+            for spec, rule in registry.rules().values():
+                frame = r.result.per_example.get(rule.frame or spec.name)
+                if frame is None or rule.thresholds is None:
+                    continue
+                table = threshold_sensitivity(rule, frame, n_layers, r.settings)
+                parts.append(
+                    table.with_columns(
+                        pl.lit(r.model).alias("model"),
+                        pl.lit(r.label).alias("task"),
+                        pl.lit(rule.label).alias("rule"),
+                        pl.lit(rule.thresholds[0]).alias("setting"),
+                    )
+                )
+        if not parts:
+            return pl.DataFrame()
+        return pl.concat(parts).select("model", "task", "rule", "setting", "threshold", "ed", "ratio")
+
+    def record(self, model: str, label: str, probe: str) -> RunRecord | None:
+        """The finished run of ``model`` on ``label`` that has ``probe`` (None when there is none)."""
+        for r in self.finished:
+            if r.model == model and r.label == label and probe in r.result.per_example:
+                return r
+        return None
 
     def frame(self, probe: str, per_example: bool = False) -> pl.DataFrame:
         """A probe's saved frame (curves, or the per-example frame) of every run that has it, with
@@ -382,18 +431,23 @@ def pruning_comparison(study: Study) -> pl.DataFrame:
     return pl.concat(parts).select("model", "task", pl.exclude("model", "task")) if parts else pl.DataFrame()
 
 
-def map_study(pair: Mapping, defaults: Mapping | None, results_dir: str | Path, cached_only: bool = False):
-    """The cross-model linear map of ``pair`` (``small``, ``big``, ``task``, ``n`` test prompts,
-    optional ``n_validation``, ``tokens_per_width``, ``ridge``, ``digits``, ``max_tokens``), kept in a
-    run directory under ``<results_dir>/map``; with ``cached_only`` an empty frame when it is not
-    computed yet."""
+def map_settings(pair: Mapping, defaults: Mapping | None, results_dir: str | Path) -> tuple[MapSettings, Path]:
+    """The map's settings and its run directory under ``<results_dir>/map``."""
     keys = {"small", "big", "task", "n", "n_validation", "tokens_per_width", "ridge", "digits", "max_tokens", "seed"}
     unknown = sorted(set(pair) - keys)
     if unknown:
         raise EffdepthError(f"unknown map key(s) {', '.join(unknown)}; use {', '.join(sorted(keys))}")
     shared = {k: v for k, v in (defaults or {}).items() if k in ("seed", "device", "dtype", "progress")}
     settings = MapSettings(**{**shared, **pair})
-    out = Path(results_dir) / "map" / settings.name()
+    return settings, Path(results_dir) / "map" / settings.name()
+
+
+def map_study(pair: Mapping, defaults: Mapping | None, results_dir: str | Path, cached_only: bool = False):
+    """The cross-model linear map of ``pair`` (``small``, ``big``, ``task``, ``n`` test prompts,
+    optional ``n_validation``, ``tokens_per_width``, ``ridge``, ``digits``, ``max_tokens``), kept in a
+    run directory under ``<results_dir>/map``; with ``cached_only`` an empty frame when it is not
+    computed yet."""
+    settings, out = map_settings(pair, defaults, results_dir)
     if cached_only and not is_complete(out, settings.key(), ["map"]):
         return pl.DataFrame()
     return run_map(settings, out)
@@ -406,6 +460,7 @@ __all__ = [
     "difficulty_specs",
     "difficulty_trend",
     "expand_levels",
+    "map_settings",
     "map_study",
     "pruning_comparison",
     "run_study",

@@ -1,6 +1,7 @@
 """The book's tables, built with great_tables (Polars' ``DataFrame.style``): column groups, row
-groups, two decimals throughout, notes as footnotes. Each function returns a ``GT`` object, which
-shows itself as HTML in the book, JupyterLab, VS Code and on GitHub."""
+groups, two decimals throughout, notes as footnotes. Each function returns a ``Table``: the table as
+HTML (the book, JupyterLab, VS Code, GitHub) and as aligned text (``text/plain``: a terminal, a diff,
+a reader that shows no HTML)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,30 @@ from .findings import TASK_NAMES, TASK_ORDER
 from .reference import OURS, PAPER, RULE_LABELS, TUNED_RULE_LABELS
 
 HIGHLIGHT = "#fff3cd"
+
+
+class Table:
+    """A great_tables table with the frame it shows, for a readable ``text/plain``."""
+
+    def __init__(self, gt: GT, frame: pl.DataFrame):
+        self.gt, self.frame = gt, frame
+
+    def as_raw_html(self) -> str:
+        return self.gt.as_raw_html()
+
+    def text(self) -> str:
+        frame = self.frame.with_columns(pl.col(c).round(3) for c, t in self.frame.schema.items() if t.is_float())
+        cells = [[str(c) for c in frame.columns]] + [
+            ["—" if v is None else str(v) for v in row] for row in frame.iter_rows()
+        ]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))] if cells[0] else []
+        lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+        return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return {"text/html": self.as_raw_html(), "text/plain": self.text()}
+
+
 # our model → the paper's model of the same architecture (both Qwen2.5, 28 layers, 12/2 heads)
 COMPARABLE = {"qwen2.5-coder-1.5b": "Qwen2.5-1.5B-Instruct"}
 
@@ -35,7 +60,7 @@ def _cell_column(rule: str, task: str) -> str:
     return f"{rule}|{task}"
 
 
-def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str] = COMPARABLE) -> GT:
+def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str] = COMPARABLE) -> Table:
     """Table 1 beside ours: rows grouped by source (ours, the paper), a column group per ED rule
     with one column per data set, each cell "ED (ratio)"; the like-for-like pair highlighted."""
     keep = ["model", "n_layers", "task", "rule", "ed", "ratio"]
@@ -50,12 +75,21 @@ def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str
     columns = [_cell_column(r, t) for r in RULE_LABELS.values() for t in TASK_ORDER]
     wide = long.pivot(on="column", index=["source", "model", "n_layers"], values="cell", aggregate_function="first")
     present = [c for c in columns if c in wide.columns]
-    wide = wide.select("source", "model", pl.col("n_layers").alias("L"), *present)
-    gt = (
-        GT(wide, rowname_col="model", groupname_col="source")
-        .cols_label(**{c: TASK_NAMES[c.split("|")[1]] for c in present}, L="L")
-        .sub_missing(missing_text="—")
-    )
+    if "n_examples" in ours.columns:  # how many prompts each of our cells rests on
+        counts = (
+            ours.filter(pl.col("task").is_in(TASK_ORDER))
+            .group_by("model", "task")
+            .agg(pl.col("n_examples").first())
+            .with_columns(pl.format("n|{}", "task").alias("column"))
+            .pivot(on="column", index="model", values="n_examples")
+        )
+        wide = wide.join(counts, on="model", how="left")
+    n_columns = [f"n|{t}" for t in TASK_ORDER if f"n|{t}" in wide.columns]
+    wide = wide.select("source", "model", pl.col("n_layers").alias("L"), *present, *n_columns)
+    labels = {c: TASK_NAMES[c.split("|")[1]] for c in [*present, *n_columns]}
+    gt = GT(wide, rowname_col="model", groupname_col="source").cols_label(**labels, L="L").sub_missing(missing_text="—")
+    if n_columns:
+        gt = gt.tab_spanner(label="n (prompts)", columns=n_columns)
     for rule in RULE_LABELS.values():
         group = [c for c in present if c.startswith(f"{rule}|")]
         if group:
@@ -82,19 +116,33 @@ def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str
                 placement="right",
             )
     gt = gt.tab_style(style=style.css("white-space: nowrap"), locations=loc.body())
-    return _compact(gt.tab_source_note("Each cell: ED (ratio (ED + 1) / L)."))
+    note = "Each cell: ED (ratio (ED + 1) / L); n: prompts per data set, for our rows (the paper used 10, AIME24 5)."
+    return Table(_compact(gt.tab_source_note(note)), wide)
 
 
-def ed_summary(summary: pl.DataFrame) -> GT:
-    """Our ED per model and data set: a column per rule, "ED (ratio) [95 % interval]", the number of
-    prompts kept, and the reason where a rule found no layer."""
+def ed_summary(summary: pl.DataFrame) -> Table:
+    """Our ED per model and data set: a column per rule, "ED (ratio) [95 % interval] ±half-width"
+    (a degenerate ED marked †, an interval from fewer than 20 prompts marked *), the number of prompts
+    kept, where the sample-size rule stopped, and the reason where a rule found no layer."""
     rows = []
     keys = ["model", "task", "n_layers", "n_examples"]
+    flags: dict[str, int] = {"†": 0, "*": 0}
     for (model, task, n_layers, n_examples), frame in summary.group_by(keys, maintain_order=True):
-        row = {"model": model, "task": task, "L": n_layers, "n": n_examples}
+        stopped = frame["precision"][0] if "precision" in frame.columns else None
+        row = {"model": model, "task": task, "L": n_layers, "n": n_examples, "n set by": stopped or "fixed"}
         reasons = []
         for r in frame.iter_rows(named=True):
-            row[r["rule"]] = format_ed(r["ed"], r["ratio"], r["ci_low"], r["ci_high"])
+            cell = format_ed(r["ed"], r["ratio"], r["ci_low"], r["ci_high"])
+            if r.get("width") is not None and r["ed"] is not None:
+                cell += f" ±{r['width'] / 2:g}"
+            if r.get("interval_counts") is False and r["ed"] is not None:
+                cell += "*"
+                flags["*"] += 1
+            if r.get("degenerate"):
+                cell += " †"
+                flags["†"] += 1
+                reasons.append(f"{r['rule']} degenerate: {r['degenerate']}")
+            row[r["rule"]] = cell
             if r["ed"] is None and r.get("reason"):
                 reasons.append(f"{r['rule']}: {r['reason']}")
         row["note"] = "; ".join(reasons)
@@ -108,15 +156,23 @@ def ed_summary(summary: pl.DataFrame) -> GT:
         TUNED_RULE_LABELS["tuned_lens_overlap"],
     ]
     columns = [c for c in order if c in frame.columns]  # each tuned-lens rule beside its logit-lens rule
-    frame = frame.select("model", "task", "L", "n", *columns, "note")
+    frame = frame.select("model", "task", "L", "n", "n set by", *columns, "note")
     gt = GT(frame, rowname_col="task", groupname_col="model").sub_missing(missing_text="—")
     gt = gt.tab_spanner(label="effective depth", columns=columns).cols_label(n="prompts")
     if not frame["note"].str.len_chars().sum():
         gt = gt.cols_hide("note")
-    return _compact(gt.tab_source_note(CELL_LEGEND))
+    notes = [CELL_LEGEND + "; ± half the interval's width"]
+    if flags["*"]:
+        notes.append("* fewer than 20 prompts: the interval does not count (a bootstrap over so few looks precise)")
+    if flags["†"]:
+        notes.append("† degenerate (method.md §10): left out of every verdict")
+    notes.append("n set by: met (every interval within ±1 layer), cap (the cap reached), data (the data set ran out)")
+    for text in notes:
+        gt = gt.tab_source_note(text)
+    return Table(_compact(gt), frame)
 
 
-def status(models: Sequence[str], unavailable: Mapping[str, str]) -> GT:
+def status(models: Sequence[str], unavailable: Mapping[str, str]) -> Table:
     """Which models were measured here, and why the others were not."""
     frame = pl.DataFrame(
         {
@@ -129,19 +185,19 @@ def status(models: Sequence[str], unavailable: Mapping[str, str]) -> GT:
     missing = frame.with_row_index().filter(pl.col("status") == "not measured")["index"].to_list()
     if missing:
         gt = gt.tab_style(style=style.text(color="#b23a48"), locations=loc.body(columns="status", rows=missing))
-    return gt
+    return Table(gt, frame)
 
 
-def frame_table(frame: pl.DataFrame, caption: str | None = None, decimals: int = 2) -> GT:
+def frame_table(frame: pl.DataFrame, caption: str | None = None, decimals: int = 2) -> Table:
     """Any small frame: floats with ``decimals`` decimals, nulls as —."""
     gt = GT(frame).sub_missing(missing_text="—")
     floats = [c for c, t in frame.schema.items() if t.is_float()]
     if floats:
         gt = gt.fmt_number(columns=floats, decimals=decimals)
-    return gt.tab_header(title=caption) if caption else gt
+    return Table(gt.tab_header(title=caption) if caption else gt, frame)
 
 
-def deltas(frame: pl.DataFrame) -> GT:
+def deltas(frame: pl.DataFrame) -> Table:
     """ED(long-CoT) − ED(base) per pair, source, data set and rule (``reference.pair_deltas``), with a
     footnote on changes beyond ±10 layers (the paper's single lens-KL value of 1)."""
     gt = GT(frame.with_columns(pl.col("task").replace(TASK_NAMES)), groupname_col="source").sub_missing(
@@ -155,7 +211,7 @@ def deltas(frame: pl.DataFrame) -> GT:
             "fires at the first layers — an outlier of the rule, not a shallower model.",
             locations=loc.body(columns="delta", rows=big),
         )
-    return gt
+    return Table(gt, frame)
 
 
 def _layer_list(removed: str) -> str:
@@ -170,7 +226,7 @@ def _layer_list(removed: str) -> str:
     return ", ".join(parts)
 
 
-def pruning_rules(comparison: pl.DataFrame) -> GT:
+def pruning_rules(comparison: pl.DataFrame) -> Table:
     """Per model, task and budget k: the Δ answer NLL of the layers each rule removes ("+0.42 (22–29)")."""
     frame = comparison.with_columns(
         pl.format(
@@ -184,4 +240,4 @@ def pruning_rules(comparison: pl.DataFrame) -> GT:
         label="Δ answer NLL (removed layers) by the rule that chooses them",
         columns=[c for c in wide.columns if c not in ("run", "k")],
     )
-    return _compact(gt)
+    return Table(_compact(gt), wide)

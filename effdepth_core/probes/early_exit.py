@@ -18,8 +18,8 @@ from ..trace import require_finite
 from .answers import AnswerInput, answer_splits
 from .logit_lens import LENS
 from .reduce import token_weighted_mean
-from .spec import Context, ProbeSpec
-from .tuned_lens import LENS_STEPS, LENS_TOKENS, lens_identity, run_tuned_lens
+from .spec import Context, ProbeSpec, Shape
+from .tuned_lens import LENS_STEPS, LENS_TOKENS, check_lens_cache, lens_identity, run_tuned_lens
 
 if TYPE_CHECKING:
     from .tuned_lens import TunedLens
@@ -107,8 +107,14 @@ def _cell(summary, frames) -> str:
     return f"{where} ({lens} lens)"
 
 
+def _work(shape: Shape, settings, lengths) -> float:
+    lenses = 2 if settings.lens == "both" else 1
+    return lenses * (shape.forward + shape.n_layers * shape.unembed) * sum(lengths)
+
+
 SPEC = ProbeSpec(
     name="early_exit",
+    work=_work,
     title="early exit",
     compute=_compute,
     options=(LENS, LENS_STEPS, LENS_TOKENS),
@@ -117,5 +123,6 @@ SPEC = ProbeSpec(
     needs_answers=True,
     reusable=True,
     identity=_identity,
+    check=lambda settings, facts: check_lens_cache(settings) if settings.lens in ("tuned", "both") else None,
     description="decode every layer as if the model stopped there: agreement, answer NLL and accuracy (§7b)",
 )

@@ -30,7 +30,7 @@ from ..trace import (
 )
 from .answers import AnswerInput, AnswerSplit, answer_splits
 from .output_change import head_buffer, output_change
-from .spec import Chart, Context, ProbeSpec
+from .spec import Chart, Context, ProbeSpec, Shape
 
 
 def residual_means(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], batch_size: int = 4) -> torch.Tensor:
@@ -219,8 +219,14 @@ def _cell(summary, frames) -> str:
     return f"largest effect {top['value']:.2f} (erasing at layer {top['layer']})"
 
 
+def _work(shape: Shape, settings, lengths) -> float:
+    # per position t, every layer's erasure replayed from its layer over positions t..: ~ T²/2 × L/2 rows
+    return shape.forward * shape.n_layers / 4 * sum(t * t for t in lengths)
+
+
 SPEC = ProbeSpec(
     name="erasure",
+    work=_work,
     title="residual erasure",
     compute=_compute,
     cell=_cell,

@@ -40,7 +40,7 @@ from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layers
 from ..trace import Hook, intervene, require_finite
 from .answers import AnswerInput, AnswerSplit, answer_splits
-from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec
+from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape
 
 BASELINES = ("position-mean", "hidden-mean")
 QUADRATURES = ("riemann", "gauss", "adaptive")
@@ -238,32 +238,37 @@ def _layer_slow(
     baseline: torch.Tensor,
     nodes: torch.Tensor,
     weights: torch.Tensor,
+    block: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The oracle: one full forward + backward of the whole model per step, the output of layer
-    ``layer`` replaced by x(α) through a hook."""
+    """The oracle: full forwards + backwards of the whole model, the output of layer ``layer``
+    replaced by x(α) through a hook — ``block`` values of α per pass, as rows of one batch from that
+    layer on (the published script batches 16: ``BLOCK_SIZE`` in ``plot_integrated_gradients.py``)."""
     input_ids = split.without_last().view(1, -1).to(loaded.input_device)
     state: dict[str, torch.Tensor] = {}
 
-    def replace(h: torch.Tensor, _) -> torch.Tensor:
+    def replace(h: torch.Tensor, _) -> torch.Tensor:  # h: [1, token, d] → x: [rows, token, d]
         b = baseline.to(h.device)
         state["diff"] = (h - b).detach()
-        state["x"] = (b + state["alpha"] * state["diff"]).requires_grad_(True)
+        alphas = state["alphas"].to(h.device, h.dtype).view(-1, 1, 1)
+        state["x"] = (b + alphas * state["diff"]).requires_grad_(True)
         return state["x"]
 
-    def target_of(alpha: float, grad: bool) -> torch.Tensor:
-        state["alpha"] = alpha
+    def target_of(alphas: torch.Tensor, grad: bool) -> torch.Tensor:
+        state["alphas"] = alphas
         with torch.enable_grad() if grad else torch.no_grad():
-            logits = loaded.model(input_ids=input_ids, use_cache=False).logits[0, split.measured]
+            logits = loaded.model(input_ids=input_ids, use_cache=False).logits[:, split.measured]
             probs = torch.softmax(logits.float(), dim=-1)
-            return probs.gather(-1, split.targets.view(-1, 1).to(probs.device)).sum()
+            targets = split.targets.view(1, -1, 1).to(probs.device).expand(probs.shape[0], -1, 1)
+            return probs.gather(-1, targets).sum(dim=(1, 2))  # [rows]
 
     with intervene([Hook(loaded.layers[layer], "output", replace)]):
         grad_sum = 0.0
-        for alpha, weight in zip(nodes.tolist(), weights.tolist(), strict=True):
-            target = target_of(alpha, grad=True)
-            (grad,) = torch.autograd.grad(target, state["x"])
-            grad_sum = grad_sum + grad.double() * weight
-        ends = torch.stack([target_of(1.0, grad=False), target_of(0.0, grad=False)])
+        for start in range(0, len(nodes), block):
+            alphas, w = nodes[start : start + block], weights[start : start + block]
+            target = target_of(alphas, grad=True)
+            (grad,) = torch.autograd.grad(target.sum(), state["x"])  # rows are independent: one backward
+            grad_sum = grad_sum + (grad.double() * w.view(-1, 1, 1).to(grad.device)).sum(0, keepdim=True)
+        ends = target_of(torch.tensor([1.0, 0.0], dtype=torch.float64), grad=False)
     return (state["diff"].double() * grad_sum).sum(-1)[0], ends
 
 
@@ -287,6 +292,7 @@ def integrated_gradients(
     progress: bool = False,
     tolerance: float = DEFAULT_TOLERANCE,
     max_steps: int | None = None,
+    slow_block: int = 1,
 ) -> pl.DataFrame:
     """Per-layer integrated-gradient attributions to every position towards the answer tokens.
 
@@ -300,8 +306,11 @@ def integrated_gradients(
 
     The adaptive rule refines until the tolerance is met or ``max_steps`` (default 8 × ``steps``)
     gradient evaluations are spent; the fixed rules spend ``steps`` and are only checked. Every
-    layer that misses the tolerance is named in one warning at the end.
+    layer that misses the tolerance is named in one warning at the end. ``slow_block``: the values
+    of α the slow path evaluates per forward pass (1: the oracle; 16: the published script).
     """
+    if slow_block < 1:
+        raise ValueError(f"slow_block must be at least 1, got {slow_block}")
     if method not in ("fast", "slow"):
         raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
     check_tolerance(tolerance, max_steps, steps)
@@ -333,7 +342,7 @@ def integrated_gradients(
                 elif method == "fast":
                     result = path.fixed_rule(nodes, weights)
                 else:
-                    attributions, ends = _layer_slow(loaded, split, layer, base, nodes, weights)
+                    attributions, ends = _layer_slow(loaded, split, layer, base, nodes, weights, slow_block)
                     gap = abs(float(attributions.sum()) - float(ends[0] - ends[1]))
                     result = PathIntegral(attributions, ends, len(nodes), gap)
                 attributions = torch.cat(
@@ -466,8 +475,14 @@ def _cell(summary, frames) -> str:
     return f"most attribution at layer {top['layer']}; tolerance met in {int(met.sum())}/{met.len()} layers"
 
 
+def _work(shape: Shape, settings, lengths) -> float:
+    # a forward and a backward (~3 passes) per quadrature step and layer, from that layer on (~L/2)
+    return 3 * shape.forward * settings.igrad_steps * shape.n_layers / 2 * sum(lengths)
+
+
 SPEC = ProbeSpec(
     name="igrad",
+    work=_work,
     title="integrated gradients",
     compute=_compute,
     options=(IGRAD_STEPS, IGRAD_QUADRATURE, IGRAD_BASELINE, IGRAD_TOL, IGRAD_MAX_STEPS),

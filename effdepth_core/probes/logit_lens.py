@@ -15,7 +15,7 @@ from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..trace import Batch, LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
 from .reduce import per_example_frame, token_weighted_mean
-from .spec import KEY_ALWAYS, KEY_NEVER, Chart, Context, Option, ProbeSpec, Rule
+from .spec import KEY_ALWAYS, KEY_NEVER, Chart, Context, Option, ProbeSpec, Rule, Shape
 
 if TYPE_CHECKING:
     from .tuned_lens import TunedLens
@@ -177,9 +177,21 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
     def overlap(curves: Mapping[str, np.ndarray], settings) -> int | None:
         return ed_overlap(curves["overlap"], settings.overlap_threshold)
 
+    def kl_holds(curves: Mapping[str, np.ndarray], settings) -> np.ndarray:
+        return np.asarray(curves["kl"]) < settings.kl_fraction * np.max(curves["kl"])
+
+    def overlap_holds(curves: Mapping[str, np.ndarray], settings) -> np.ndarray:
+        return np.asarray(curves["overlap"]) > settings.overlap_threshold
+
     return (
         Rule(
-            f"{prefix}_kl", f"{label} KL", ("kl",), kl, lambda s: f"KL never falls below {s.kl_fraction} of its maximum"
+            f"{prefix}_kl",
+            f"{label} KL",
+            ("kl",),
+            kl,
+            lambda s: f"KL never falls below {s.kl_fraction} of its maximum",
+            holds=kl_holds,
+            thresholds=("kl_fraction", (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7)),
         ),
         Rule(
             f"{prefix}_overlap",
@@ -187,6 +199,8 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
             ("overlap",),
             overlap,
             lambda s: f"top-k overlap never exceeds {s.overlap_threshold}",
+            holds=overlap_holds,
+            thresholds=("overlap_threshold", (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)),
         ),
     )
 
@@ -235,8 +249,13 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.Da
     return logit_lens(loaded, prompts, top_k=settings.top_k, batch_size=settings.batch_size, progress=context.progress)
 
 
+def _work(shape: Shape, settings, lengths) -> float:
+    return (shape.forward + shape.n_layers * shape.unembed) * sum(lengths)  # one decode per layer and token
+
+
 SPEC = ProbeSpec(
     name="logit_lens",
+    work=_work,
     title="logit lens",
     compute=_compute,
     options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION),  # --lens belongs to early exit (and expand)

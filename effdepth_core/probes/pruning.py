@@ -29,7 +29,7 @@ from ..replay import CleanRun, clean_run, run_layer
 from ..trace import require_finite, tokenize
 from .answers import AnswerInput, AnswerSplit, answer_splits
 from .reduce import token_weighted_mean
-from .spec import Context, Option, ProbeSpec
+from .spec import Context, Option, ProbeSpec, Shape
 
 PRUNE_METRICS = ("answer_nll", "answer_accuracy")
 SCHEMA = {
@@ -263,8 +263,15 @@ def _cell(summary, frames) -> str:
     return f"cheapest single layer to remove: {best['start']} (ΔNLL {best['value']:+.2f})"
 
 
+def _work(shape: Shape, settings, lengths) -> float:
+    sizes = _sizes(settings.prune_sizes) or [1, 2, 4, math.ceil(shape.n_layers / 4)]
+    removals = sum(max(shape.n_layers - k + 1, 0) + 1 for k in sizes)  # every block, plus ShortGPT's set
+    return shape.forward * (1 + removals / 2) * sum(lengths)  # each replayed from its first layer (~half)
+
+
 SPEC = ProbeSpec(
     name="prune",
+    work=_work,
     title="layer pruning",
     compute=_compute,
     options=(PRUNE_SIZES,),

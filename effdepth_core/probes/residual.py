@@ -85,6 +85,10 @@ def _cosine_rule(curves: Mapping[str, np.ndarray], settings) -> int | None:
     return ed_cosine(np.mean([curves[name] for name in COSINE_PARTS], axis=0))
 
 
+def _cosine_holds(curves: Mapping[str, np.ndarray], settings) -> np.ndarray:
+    return np.mean([curves[name] for name in COSINE_PARTS], axis=0) >= 0
+
+
 def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
     prompts = [getattr(e, "prompt", e) for e in examples]
     return residual_cosine(loaded, prompts, batch_size=context.settings.batch_size, progress=context.progress)
@@ -102,6 +106,7 @@ SPEC = ProbeSpec(
             COSINE_PARTS,
             _cosine_rule,
             lambda settings: "the mean cosine never crosses from negative to non-negative",
+            holds=_cosine_holds,
         ),
     ),
     charts=(Chart("cosine", "contribution_bars", "cosine"),),

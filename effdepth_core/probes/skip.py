@@ -25,7 +25,7 @@ from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffi
 from ..trace import Hook, intervene, replace_positions, require_finite, tokenize
 from .depth_score import depth_scores
 from .output_change import head_buffer, output_change
-from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec
+from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape
 
 SKIP_PARTS = ("layer", "attn", "mlp")
 VARIANTS = ("future", "current")
@@ -487,8 +487,16 @@ def _variant(frame: pl.DataFrame) -> dict:
     return {"variant": "future" if "future" in variants or not variants else sorted(variants)[0]}
 
 
+def _work(shape: Shape, settings, lengths) -> float:
+    parts, variants = len(_names(settings.skip_parts)), _names(settings.skip_variants)
+    # current: every layer's skip replayed from it (~half a pass); future: per position, from it on
+    per_layer = 0.5 * ("current" in variants) + 0.25 * settings.skip_positions * ("future" in variants)
+    return shape.forward * (1 + shape.n_layers * parts * per_layer) * sum(lengths)
+
+
 SPEC = ProbeSpec(
     name="skip",
+    work=_work,
     title="layer skipping",
     compute=_compute,
     options=(SKIP_POSITIONS, SKIP_PARTS_OPTION, SKIP_VARIANTS),

@@ -118,6 +118,10 @@ class Rule:
     reason: Callable[[Any], str]
     needs_final_layer: bool = False
     frame: str | None = None  # the probe's per-example frame it reads (default: the probe's own)
+    # per layer 0..L-1, whether the rule's condition holds there (the book's degenerate-ED check: a
+    # rule that fires in the first layers while its condition fails at most later layers)
+    holds: Callable[[Mapping[str, Any], Any], Any] | None = None
+    thresholds: tuple[str, tuple[float, ...]] | None = None  # (setting, values): the book's sensitivity view
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,31 @@ class Context:
 
 
 Frames = Any  # pl.DataFrame, or (per-example frame, {extra frame name: frame})
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's size as the cost model sees it (``cost.py``)."""
+
+    n_layers: int
+    d_model: int
+    vocab_size: int
+    n_params: int
+
+    @property
+    def forward(self) -> float:
+        """Operations of one forward pass, per token."""
+        return 2.0 * self.n_params
+
+    @property
+    def unembed(self) -> float:
+        """Operations of decoding one residual into the vocabulary (the final norm is negligible)."""
+        return 2.0 * self.d_model * self.vocab_size
+
+
+def forward_work(shape: Shape, settings: Any, lengths: Sequence[int]) -> float:
+    """One forward pass over every prompt (the default of ``ProbeSpec.work``)."""
+    return shape.forward * sum(lengths)
 
 
 @dataclass(frozen=True)
@@ -180,6 +209,9 @@ class ProbeSpec:
     outdated: Callable[[Mapping[str, Any], Any], str | None] | None = None  # (cached record, settings) → warning
     revision: int = 1  # bump when the same settings give other numbers: enters the probe's own key
     description: str = ""
+    # (shape, settings, prompt lengths in tokens) → its operations, up to a constant the cost model
+    # measures per model (``cost.py``): what must scale with layers, vocabulary and settings
+    work: Callable[[Shape, Any, Sequence[int]], float] = forward_work
 
     @property
     def frames(self) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from ..trace import residual_states, tokenize
 from ..zoo import ZOO, cache_dir
 from .logit_lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
 from .reduce import token_weighted_mean
-from .spec import Context, Option, ProbeSpec
+from .spec import Context, Option, ProbeSpec, Shape
 
 LENS_FORMAT = 1  # bump when training changes, so older cached lenses are not reused
 
@@ -417,8 +417,32 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context):
     return frame, {"tuned_lens_fit": fit_frame(lens)}
 
 
+def _work(shape: Shape, settings, lengths) -> float:
+    decode = (shape.forward + shape.n_layers * (shape.unembed + 2 * shape.d_model**2)) * sum(lengths)
+    # training (once per model; counted with every run): the corpus's residuals, then Adam steps
+    train = settings.lens_tokens * shape.forward + settings.lens_steps * 64 * shape.n_layers * 6 * shape.d_model**2
+    return decode + train
+
+
+def check_lens_cache(settings, facts: Mapping | None = None) -> None:
+    """Before any model loads: the cache the trained lens goes to must be a writable directory."""
+    import os
+
+    from ..zoo import check_cache_dir
+
+    root = check_cache_dir()
+    if root.exists() and not os.access(root, os.W_OK | os.X_OK):
+        raise EffdepthError(f"cannot write the tuned-lens cache {root}; set EFFDEPTH_CACHE to a writable directory")
+
+
+def _check(settings, facts: Mapping) -> None:
+    check_top_k(settings, facts)
+    check_lens_cache(settings)
+
+
 SPEC = ProbeSpec(
     name="tuned_lens",
+    work=_work,
     title="tuned lens",
     compute=_compute,
     options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, LENS_STEPS, LENS_TOKENS),
@@ -426,7 +450,7 @@ SPEC = ProbeSpec(
     extra_frames=("tuned_lens_fit",),
     rules=lens_rules("tuned_lens", "tuned"),
     reusable=True,
-    check=check_top_k,
+    check=_check,
     identity=lens_identity,
     description="the lens probe through trained per-layer translators (§7a); its held-out fit in tuned_lens_fit",
 )

@@ -1,0 +1,360 @@
+"""The comparisons the findings rest on, computed from a study's per-example frames with the
+statistics of ``stats.py`` — each a frame of numbers with intervals, so the findings are text made
+from them and can be tested on frames made by hand:
+
+- ``within_family``: for two sizes of one family on the same prompts, the paired bootstrap of the ED
+  and ratio differences per rule and task, and pooled over the tasks;
+- ``across_models``: per rule, the rank correlation of model size and ED over the models (with its
+  permutation test) and the spread of their ratios;
+- ``between_tasks``: per model and rule, the difference of the ED ratio between successive tasks
+  (independent prompts: an unpaired bootstrap), and the rank correlation over ordered levels;
+- ``between_lenses``: per model, task and rule, the paired difference tuned − logit lens.
+
+Degenerate EDs (``stats.degenerate``) and intervals from fewer than ``MIN_INTERVAL_N`` prompts never
+decide a comparison: their rows say so (``excluded``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from .. import registry
+from ..depth import resample_weights
+from .reference import RULE_LABELS
+from .stats import difference_draws, interval, spearman_test
+from .study import MIN_INTERVAL_N, RunRecord, Study
+
+_SIZE = re.compile(r"[-_ ]?\d+(\.\d+)?[bmk]\b", re.IGNORECASE)
+
+
+def family(model: str) -> str:
+    """A model's family: its name without the size (``qwen2.5-coder-0.5b`` → ``qwen2.5-coder``)."""
+    name = model.rsplit("/", 1)[-1]
+    return _SIZE.sub("", name).strip("-_ ").lower()
+
+
+def _rule(label: str):
+    for spec, rule in registry.rules().values():
+        if rule.label == label:
+            return spec, rule
+    raise KeyError(label)
+
+
+def _frames(study: Study, model: str, task: str, label: str) -> tuple[RunRecord, pl.DataFrame] | tuple[None, None]:
+    spec, rule = _rule(label)
+    record = study.record(model, task, rule.frame or spec.name)
+    if record is None:
+        return None, None
+    return record, record.result.per_example[rule.frame or spec.name]
+
+
+def _excluded(summary: pl.DataFrame, cells: Sequence[tuple[str, str]], label: str) -> str | None:
+    """Why any of ``cells`` (model, task) cannot decide a comparison of rule ``label``."""
+    for model, task in cells:
+        row = summary.filter(model=model, task=task, rule=label)
+        if not row.height or row["ed"][0] is None:
+            return f"{model} {task}: no ED"
+        if row["degenerate"][0] is not None:
+            return f"{model} {task}: degenerate ({row['degenerate'][0]})"
+        if not row["interval_counts"][0]:
+            return f"{model} {task}: n = {row['n_examples'][0]} < {MIN_INTERVAL_N}, no interval that counts"
+    return None
+
+
+_SCHEMA = {
+    "rule": pl.String,
+    "task": pl.String,
+    "measure": pl.String,  # ed or ratio
+    "point": pl.Float64,
+    "low": pl.Float64,
+    "high": pl.Float64,
+    "n": pl.Int64,
+    "excluded": pl.String,
+}
+
+
+def within_family(
+    study: Study,
+    small: str,
+    big: str,
+    tasks: Sequence[str],
+    rules: Sequence[str] = tuple(RULE_LABELS.values()),
+    n_bootstrap: int = 1000,
+) -> pl.DataFrame:
+    """ED(big) − ED(small) and ratio(big) − ratio(small) per rule and task, paired over the prompts
+    both runs share, and pooled over the tasks (``task`` = ``all``: the mean of the per-task draws)."""
+    summary = study.summary()
+    rows = []
+    for label in rules:
+        _, rule = _rule(label)
+        pooled: dict[str, list[np.ndarray]] = {"ed": [], "ratio": []}
+        points: dict[str, list[float]] = {"ed": [], "ratio": []}
+        for task in tasks:
+            (rs, fs), (rb, fb) = _frames(study, small, task, label), _frames(study, big, task, label)
+            if fs is None or fb is None:
+                continue
+            why = _excluded(summary, [(small, task), (big, task)], label)
+            shared = min(fs["example"].n_unique(), fb["example"].n_unique())
+            layers = (int(rb.result.summary["n_layers"]), int(rs.result.summary["n_layers"]))
+            for measure in ("ed", "ratio"):
+                point, draws = difference_draws(
+                    rule, fb, fs, layers, rb.settings, paired=True, ratio=measure == "ratio", n_bootstrap=n_bootstrap
+                )
+                rows.append(
+                    {
+                        "rule": label,
+                        "task": task,
+                        "measure": measure,
+                        **interval(point, draws),
+                        "n": shared,
+                        "excluded": why,
+                    }
+                )
+                if why is None and point is not None:
+                    pooled[measure].append(draws)
+                    points[measure].append(point)
+        for measure in ("ed", "ratio"):
+            if points[measure]:
+                draws = np.mean(pooled[measure], axis=0)
+                rows.append(
+                    {
+                        "rule": label,
+                        "task": "all",
+                        "measure": measure,
+                        **interval(float(np.mean(points[measure])), draws),
+                        "n": None,
+                        "excluded": None,
+                    }
+                )
+    frame = (
+        pl.DataFrame(rows, schema={**_SCHEMA, "defined": pl.Float64})
+        if rows
+        else pl.DataFrame(schema={**_SCHEMA, "defined": pl.Float64})
+    )
+    return frame.with_columns(pl.lit(small).alias("small"), pl.lit(big).alias("big"))
+
+
+def across_models(summary: pl.DataFrame, rules: Sequence[str] = tuple(RULE_LABELS.values())) -> pl.DataFrame:
+    """Per rule, over the models: the Spearman correlation of size (parameters) with the mean ED over
+    the tasks (degenerate cells left out), its permutation p-value and the smallest p the number of
+    models allows, and the spread of the mean ratios."""
+    rows = []
+    for label in rules:
+        cells = summary.filter(pl.col("rule") == label, pl.col("ed").is_not_null(), pl.col("degenerate").is_null())
+        means = (
+            cells.group_by("model", "n_params")
+            .agg(pl.col("ed").mean(), pl.col("ratio").mean())
+            .sort("n_params", "model")
+        )
+        test = spearman_test(means["n_params"].to_list(), means["ed"].to_list())
+        rows.append(
+            {
+                "rule": label,
+                "n_models": means.height,
+                "rho": test["rho"],
+                "p": test["p"],
+                "min_p": test["min_p"],
+                "ratio_min": means["ratio"].min() if means.height else None,
+                "ratio_max": means["ratio"].max() if means.height else None,
+            }
+        )
+    schema = {
+        "rule": pl.String,
+        "n_models": pl.Int64,
+        "rho": pl.Float64,
+        "p": pl.Float64,
+        "min_p": pl.Float64,
+        "ratio_min": pl.Float64,
+        "ratio_max": pl.Float64,
+    }
+    return pl.DataFrame(rows, schema=schema)
+
+
+def between_tasks(
+    study: Study,
+    model: str,
+    order: Sequence[str],
+    rules: Sequence[str] = tuple(RULE_LABELS.values()),
+    n_bootstrap: int = 1000,
+) -> pl.DataFrame:
+    """Per rule: ratio(next task) − ratio(task) for each successive pair of ``order`` present
+    (different prompts: an unpaired bootstrap), rows ``rule, first, second, point, low, high, excluded``."""
+    summary = study.summary()
+    rows = []
+    for label in rules:
+        _, rule = _rule(label)
+        present = [t for t in order if _frames(study, model, t, label)[1] is not None]
+        for first, second in itertools.pairwise(present):
+            (ra, fa), (rb, fb) = _frames(study, model, first, label), _frames(study, model, second, label)
+            layers = (int(rb.result.summary["n_layers"]), int(ra.result.summary["n_layers"]))
+            point, draws = difference_draws(
+                rule, fb, fa, layers, rb.settings, paired=False, ratio=True, n_bootstrap=n_bootstrap
+            )
+            why = _excluded(summary, [(model, first), (model, second)], label)
+            rows.append({"rule": label, "first": first, "second": second, **interval(point, draws), "excluded": why})
+    schema = {
+        "rule": pl.String,
+        "first": pl.String,
+        "second": pl.String,
+        "point": pl.Float64,
+        "low": pl.Float64,
+        "high": pl.Float64,
+        "defined": pl.Float64,
+        "excluded": pl.String,
+    }
+    return pl.DataFrame(rows, schema=schema).with_columns(pl.lit(model).alias("model"))
+
+
+def level_trend(summary: pl.DataFrame, model: str, order: Sequence[str], rules: Sequence[str]) -> pl.DataFrame:
+    """Per rule: Spearman of level rank (position in ``order``) with ED over the levels whose ED is
+    defined and not degenerate, its permutation p-value and the smallest p the levels allow."""
+    rows = []
+    for label in rules:
+        cells = summary.filter(model=model, rule=label).filter(
+            pl.col("task").is_in(list(order)), pl.col("ed").is_not_null(), pl.col("degenerate").is_null()
+        )
+        rank = {t: i for i, t in enumerate(order)}
+        ranked = sorted(cells.iter_rows(named=True), key=lambda r: rank[r["task"]])
+        test = spearman_test([rank[r["task"]] for r in ranked], [r["ed"] for r in ranked])
+        left_out = [t for t in order if t not in {r["task"] for r in ranked}]
+        rows.append(
+            {
+                "rule": label,
+                "levels": len(ranked),
+                "rho": test["rho"],
+                "p": test["p"],
+                "min_p": test["min_p"],
+                "left_out": ", ".join(left_out) or None,
+            }
+        )
+    schema = {
+        "rule": pl.String,
+        "levels": pl.Int64,
+        "rho": pl.Float64,
+        "p": pl.Float64,
+        "min_p": pl.Float64,
+        "left_out": pl.String,
+    }
+    return pl.DataFrame(rows, schema=schema).with_columns(pl.lit(model).alias("model"))
+
+
+LENS_PAIRS = {"KL": ("lens KL", "tuned KL"), "overlap": ("lens overlap", "tuned overlap")}
+
+
+def between_lenses(study: Study, n_bootstrap: int = 1000) -> pl.DataFrame:
+    """Per model, task and lens rule: ED(tuned lens) − ED(logit lens) on the same prompts of one run
+    (paired), with ``excluded`` saying why a comparison cannot decide (either ED degenerate, n < 20)."""
+    summary = study.summary()
+    rows = []
+    for r in study.finished:
+        if "tuned_lens" not in r.result.per_example or "logit_lens" not in r.result.per_example:
+            continue
+        n_layers = int(r.result.summary["n_layers"])
+        for name, (logit_label, tuned_label) in LENS_PAIRS.items():
+            _, logit_rule = _rule(logit_label)
+            _, tuned_rule = _rule(tuned_label)
+            point, draws = difference_draws(
+                tuned_rule,
+                r.result.per_example["tuned_lens"],
+                r.result.per_example["logit_lens"],
+                (n_layers, n_layers),
+                r.settings,
+                paired=True,
+                n_bootstrap=n_bootstrap,
+                other_rule=logit_rule,
+            )
+            why = _excluded(summary, [(r.model, r.label)], logit_label) or _excluded(
+                summary, [(r.model, r.label)], tuned_label
+            )
+            rows.append(
+                {
+                    "model": r.model,
+                    "task": r.label,
+                    "lens_rule": name,
+                    **interval(point, draws),
+                    "n": int(r.result.summary["n_examples"]),
+                    "excluded": why,
+                }
+            )
+    schema = {
+        "model": pl.String,
+        "task": pl.String,
+        "lens_rule": pl.String,
+        "point": pl.Float64,
+        "low": pl.Float64,
+        "high": pl.Float64,
+        "defined": pl.Float64,
+        "n": pl.Int64,
+        "excluded": pl.String,
+    }
+    return pl.DataFrame(rows, schema=schema)
+
+
+# a small layer's best big layer is *on the diagonal* when it lies within STRETCH_SLACK of L_big (at
+# least one layer) of equal relative depth; the map *beats* the baseline at a layer when its error
+# there is below BASELINE_MARGIN of the shuffled-pairing map's
+STRETCH_SLACK = 0.1
+BASELINE_MARGIN = 0.9
+
+
+def map_statistic(mapped: pl.DataFrame, n_bootstrap: int = 1000, seed: int = 0) -> dict | None:
+    """The map's verdict statistic — the share of the small model's inner layers (1..L_small-1)
+    whose best big layer lies on the diagonal — with its 95 % bootstrap interval over test prompts,
+    and what qualifies it: the share of inner layers where the map beats the shuffled baseline, the
+    errors at the best layers (map and baseline), the self-map's largest diagonal error, the counts."""
+    needed = {"relative_error", "baseline_error", "self_error"}
+    if "prompt" not in mapped.columns or not needed <= set(mapped["metric"].unique().to_list()):
+        return None
+    overall = mapped.filter(pl.col("prompt").is_null())
+    errors = overall.filter(metric="relative_error")
+    n_small, n_big = int(errors["small_layer"].max()), int(errors["big_layer"].max())
+    slack = max(1.0, STRETCH_SLACK * n_big)
+    inner = np.arange(1, n_small)
+    equal = inner * n_big / n_small
+
+    def matrix(frame: pl.DataFrame) -> np.ndarray:
+        return frame.sort("small_layer", "big_layer")["value"].to_numpy().reshape(n_small + 1, n_big + 1)
+
+    table = matrix(errors)
+    best = table[inner].argmin(axis=1)
+    per_prompt = mapped.filter(pl.col("prompt").is_not_null(), metric="relative_error").sort(
+        "prompt", "small_layer", "big_layer"
+    )
+    n_prompts = per_prompt["prompt"].n_unique()
+    cube = per_prompt["value"].to_numpy().reshape(n_prompts, n_small + 1, n_big + 1)
+    weights = resample_weights(n_prompts, n_bootstrap, seed)  # [boot, prompt]
+    shares = []
+    for w in weights:
+        resampled = np.tensordot(w, cube, axes=1) / w.sum()
+        shares.append(float(np.mean(np.abs(resampled[inner].argmin(axis=1) - equal) <= slack)))
+    baseline = matrix(overall.filter(metric="baseline_error"))
+    at_best = table[inner, best]
+    blind = baseline[inner, best]
+    own = overall.filter(metric="self_error").sort("small_layer", "big_layer")["value"].to_numpy()
+    own = own.reshape(n_small + 1, n_small + 1)
+
+    def count(metric: str) -> float:
+        values = mapped.filter(metric=metric)["value"]
+        return float(values[0]) if values.len() else float("nan")
+
+    return {
+        "share": float(np.mean(np.abs(best - equal) <= slack)),
+        "low": float(np.percentile(shares, 2.5)),
+        "high": float(np.percentile(shares, 97.5)),
+        "inner": int(inner.size),
+        "slack": slack,
+        "beats_baseline": float(np.mean(at_best < BASELINE_MARGIN * blind)),
+        "best_low": float(at_best.min()),
+        "best_high": float(at_best.max()),
+        "baseline_low": float(blind.min()),
+        "baseline_high": float(blind.max()),
+        "self_max": float(np.abs(np.diagonal(own)).max()),
+        "train_tokens": count("n_train_tokens"),
+        "width": count("small_width"),
+        "test_prompts": float(n_prompts),
+    }

@@ -1,0 +1,102 @@
+"""The grid on a Ray cluster: each unit of cells (``grid.units``) a Ray task, asking for one GPU
+when the runs' device is cuda and for CPUs and memory sized from its largest model. Workers write
+the same run directories as the local executor — the checkout (``root``) must be at the same path
+on every node, on a shared filesystem whose locks work across nodes (README: "Grid on a cluster").
+
+A worker killed mid-cell is retried by Ray (``max_retries``): the run directory's lock died with it,
+and the next attempt removes what it left half-written (``rundir``) and resumes. Ctrl-C at the driver
+cancels every task; what finished is on disk, so a rerun goes on from there."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..errors import EffdepthError
+from .grid import AnyCell, Cell, Outcome, run_unit
+
+MAX_RETRIES = 3  # a worker killed (node lost, out of memory) is retried this often
+
+
+def _require_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise EffdepthError("--executor ray needs Ray: pip install 'effdepth[cluster]'") from exc
+    return ray
+
+
+def resources(unit: Sequence[AnyCell], cpus: int, calibration) -> dict:
+    """Ray resources of one unit: ``cpus`` CPUs, a GPU when its runs use cuda, and memory for the
+    largest model's weights in float32 three times over plus 1 GiB (activations, the tokenizer)."""
+    from ..cost import shape_of
+
+    cuda = any(isinstance(c, Cell) and str(c.settings.device).startswith("cuda") for c in unit)
+    models = [m for c in unit for m in (c.model.split(" → ") if not isinstance(c, Cell) else [c.model])]
+    params = max((s.n_params for m in models if (s := shape_of(m, calibration)) is not None), default=0)
+    memory = int(params * 4 * 3 + (1 << 30))
+    return {"num_cpus": cpus, "num_gpus": 1 if cuda else 0, "memory": memory}
+
+
+def _remote_unit(root: str, unit: list, threads: int) -> list[tuple[int, str, str, float, float]]:
+    """Runs in a Ray worker: the unit's cells, from the checkout, quietly; plain tuples back."""
+    os.chdir(root)  # params/ name results folders relative to the checkout
+    os.environ["TQDM_DISABLE"] = "1"
+    import torch
+
+    from ..models import quiet_libraries
+
+    torch.set_num_threads(threads)
+    quiet_libraries(progress=False)
+    for cell in unit:
+        if isinstance(cell, Cell):
+            cell.record.settings.progress = False
+    return [(i, o.status, o.detail, o.seconds, o.peak_rss_mb) for i, o in enumerate(run_unit(unit))]
+
+
+def run_ray(
+    groups: Sequence[Sequence[AnyCell]],
+    root: Path,
+    address: str | None,
+    cpus: int,
+    calibration,
+    report: Callable[[Outcome], None],
+) -> list[Outcome]:
+    """Every unit a Ray task on the cluster at ``address`` (None: a local one); ``report`` hears each
+    cell's outcome as its unit finishes."""
+    ray = _require_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    remote = ray.remote(max_retries=MAX_RETRIES)(_remote_unit)
+    pending = {}
+    for unit in groups:
+        ref = remote.options(**resources(unit, cpus, calibration)).remote(str(root), list(unit), cpus)
+        pending[ref] = unit
+    outcomes: list[Outcome] = []
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            unit = pending.pop(ready[0])
+            try:
+                results = ray.get(ready[0])
+            except ray.exceptions.RayError as exc:  # retries exhausted, or the unit raised
+                cause = getattr(exc, "cause", None) or exc
+                message = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+                results = [(i, "failed", message, 0.0, 0.0) for i in range(len(unit))]
+            for index, status, detail, seconds, peak in results:
+                outcome = Outcome(unit[index], status, detail, seconds, peak)
+                outcomes.append(outcome)
+                report(outcome)
+    except KeyboardInterrupt:
+        for ref in pending:
+            ray.cancel(ref, force=True)  # the workers stop; finished runs stay on disk
+        raise
+    finally:
+        if started_here:
+            ray.shutdown()
+    return outcomes
+
+
+__all__ = ["MAX_RETRIES", "resources", "run_ray"]

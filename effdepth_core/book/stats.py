@@ -1,0 +1,212 @@
+"""The statistics behind the book's claims, pure functions of the per-example frames:
+
+- ``degenerate``: when an ED says nothing about the depth a model uses (method.md §10): its rule
+  fires in the first layers while its own condition fails at most layers after (the curve says
+  otherwise), or its bootstrap interval spans more than half the depth (the sample cannot locate it);
+- ``ed_difference``: a bootstrap interval of the difference of two EDs (or ratios) — paired when
+  both are measured on the same prompts (two lenses of one run), independent otherwise (two tasks);
+- ``spearman_test``: a rank correlation with its exact permutation p-value (and the smallest p
+  the number of points allows, so that "too few to test" is a number, not a feeling);
+- ``interval_verdict``: agree / disagree / cannot tell from an interval against a tolerance;
+- ``threshold_sensitivity``: ED as a rule's threshold varies, per run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ..depth import ed_samples, n_examples, resample_weights
+from ..probes.reduce import token_weighted_mean
+from ..probes.spec import Rule
+
+EARLY_SHARE = 0.1  # "the first layers": the first tenth of the depth (at least 2 layers)
+HELD_SHARE = 0.5  # a rule's condition must hold on at least half the layers after its ED
+ALPHA = 0.05
+
+
+def early_layers(n_layers: int) -> int:
+    """The last layer index counted as "the first layers" of an L-layer model."""
+    return max(2, math.ceil(EARLY_SHARE * n_layers))
+
+
+def curves(rule: Rule, frame: pl.DataFrame, n_layers: int) -> dict[str, np.ndarray]:
+    """The token-weighted mean curve of each metric the rule reads (layers 0..L-1, or 0..L)."""
+    layers = n_layers + 1 if rule.needs_final_layer else n_layers
+    mean = token_weighted_mean(frame) if "example" in frame.columns else frame
+    out = {}
+    for metric in rule.metrics:
+        values = mean.filter(pl.col("metric") == metric, pl.col("layer") < layers).sort("layer")["value"]
+        out[metric] = values.to_numpy()
+    return out
+
+
+def degenerate(
+    rule: Rule,
+    frame: pl.DataFrame,
+    ed: int | None,
+    ci_low: int | None,
+    ci_high: int | None,
+    n_layers: int,
+    settings: Any,
+) -> str | None:
+    """Why an ED is degenerate (None when it is not): see the module's definition."""
+    if ed is None:
+        return None
+    if ci_low is not None and ci_high is not None and ci_high - ci_low > n_layers / 2:
+        return f"its interval [{ci_low}–{ci_high}] spans more than half the {n_layers} layers"
+    if rule.holds is not None and ed <= early_layers(n_layers):
+        held = np.asarray(rule.holds(curves(rule, frame, n_layers), settings), dtype=bool)[ed:n_layers]
+        share = float(held.mean()) if held.size else 1.0
+        if share < HELD_SHARE:
+            return (
+                f"it fires at layer {ed}, in the first layers, while its condition holds at only {share:.0%} of the "
+                "layers after"
+            )
+    return None
+
+
+def difference_draws(
+    rule: Rule,
+    first: pl.DataFrame,
+    second: pl.DataFrame,
+    n_layers: tuple[int, int],
+    settings: Any,
+    paired: bool,
+    ratio: bool = False,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+    other_rule: Rule | None = None,
+) -> tuple[float | None, np.ndarray]:
+    """ED(first) − ED(second) (or the difference of their ratios) and its bootstrap draws (NaN where
+    a rule found no layer). ``paired``: the same prompts, resampled together (only the prompts both
+    frames have, from the first, are used); otherwise the two are resampled independently.
+    ``other_rule`` reads ``second`` (e.g. the tuned-lens rule beside the logit-lens one)."""
+    if paired:
+        shared = min(n_examples(first), n_examples(second))
+        first = first.filter(pl.col("example") < shared)
+        second = second.filter(pl.col("example") < shared)
+        weights = other = resample_weights(shared, n_bootstrap, seed)
+    else:
+        weights = resample_weights(n_examples(first), n_bootstrap, seed)
+        other = resample_weights(n_examples(second), n_bootstrap, seed + 1)
+    a, draws_a = ed_samples(rule, first, n_layers[0], settings, weights)
+    b, draws_b = ed_samples(other_rule or rule, second, n_layers[1], settings, other)
+
+    def scale(values, layers: int):
+        return (values + 1) / layers if ratio else values
+
+    if a is None or b is None:
+        return None, np.full(n_bootstrap, np.nan)
+    point = float(scale(np.float64(a), n_layers[0]) - scale(np.float64(b), n_layers[1]))
+    return point, scale(draws_a, n_layers[0]) - scale(draws_b, n_layers[1])
+
+
+def interval(point: float | None, draws: np.ndarray) -> dict:
+    """The point, the 95 % percentile interval of the defined draws, and the share of them defined."""
+    defined = draws[~np.isnan(draws)]
+    if point is None or not defined.size:
+        return {"point": point, "low": None, "high": None, "defined": float(defined.size / max(draws.size, 1))}
+    return {
+        "point": point,
+        "low": float(np.percentile(defined, 2.5)),
+        "high": float(np.percentile(defined, 97.5)),
+        "defined": float(defined.size / draws.size),
+    }
+
+
+def ed_difference(
+    rule: Rule,
+    first: pl.DataFrame,
+    second: pl.DataFrame,
+    n_layers: tuple[int, int],
+    settings: Any,
+    paired: bool,
+    ratio: bool = False,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+    other_rule: Rule | None = None,
+) -> dict:
+    """``interval`` of ``difference_draws``: the point, its 95 % bootstrap interval, the share defined."""
+    return interval(
+        *difference_draws(rule, first, second, n_layers, settings, paired, ratio, n_bootstrap, seed, other_rule)
+    )
+
+
+def spearman_test(x: Sequence[float], y: Sequence[float], n_permutations: int = 20000, seed: int = 0) -> dict:
+    """Spearman's rho of ``x`` and ``y``, the two-sided permutation p-value (exact for up to 8
+    points), and ``min_p``: the smallest p-value that many points can give (4 points: 1/12 — a
+    test at 5 % cannot reject with fewer than 5)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    n = x.size
+    if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return {"rho": None, "p": None, "min_p": None, "n": n}
+    rx, ry = _ranks(x), _ranks(y)
+    rho = _pearson(rx, ry)
+    if n <= 8:
+        values = np.array([_pearson(rx, ry[list(p)]) for p in itertools.permutations(range(n))])
+    else:
+        rng = np.random.default_rng(seed)
+        values = np.array([_pearson(rx, ry[rng.permutation(n)]) for _ in range(n_permutations)])
+    p = float(np.mean(np.abs(values) >= abs(rho) - 1e-12))
+    ties = len(set(x.tolist())) < n or len(set(y.tolist())) < n
+    min_p = 2 / math.factorial(n) if n <= 8 and not ties else (1 / n_permutations if n > 8 else None)
+    return {"rho": float(rho), "p": p, "min_p": min_p, "n": n}
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    order = values.argsort(kind="stable")
+    ranks = np.empty(values.size)
+    ranks[order] = np.arange(values.size, dtype=float)
+    for value in np.unique(values):  # ties share their mean rank
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a - a.mean(), b - b.mean()
+    denominator = math.sqrt(float((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / denominator) if denominator else 0.0
+
+
+def interval_verdict(low: float | None, high: float | None, tolerance: float) -> str:
+    """``agree`` (the whole interval within ±tolerance: no change beyond it), ``disagree`` (the
+    whole interval beyond it, on one side) or ``cannot tell``."""
+    if low is None or high is None:
+        return "cannot tell"
+    if -tolerance <= low and high <= tolerance:
+        return "agree"
+    if low > tolerance or high < -tolerance:
+        return "disagree"
+    return "cannot tell"
+
+
+def threshold_sensitivity(rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any) -> pl.DataFrame:
+    """ED of ``rule`` on the run's curve as its threshold setting takes each of ``rule.thresholds``:
+    ``threshold, ed, ratio`` (null where the rule finds no layer)."""
+    if rule.thresholds is None:
+        return pl.DataFrame(schema={"threshold": pl.Float64, "ed": pl.Int64, "ratio": pl.Float64})
+    name, values = rule.thresholds
+    curve = curves(rule, frame, n_layers)
+    rows = []
+    for value in values:
+        changed = _With(settings, name, value)
+        ed = rule.find(curve, changed)
+        rows.append((float(value), ed, None if ed is None else (ed + 1) / n_layers))
+    return pl.DataFrame(rows, schema={"threshold": pl.Float64, "ed": pl.Int64, "ratio": pl.Float64}, orient="row")
+
+
+class _With:
+    """``settings`` with one attribute replaced (a rule reads its threshold from its settings)."""
+
+    def __init__(self, settings: Any, name: str, value: Any):
+        self._settings, self._name, self._value = settings, name, value
+
+    def __getattr__(self, attribute: str) -> Any:
+        return self._value if attribute == self._name else getattr(self._settings, attribute)

@@ -1,0 +1,249 @@
+"""The grid past one machine: a tiny 2-model × 2-task profile computed by the local executor, by two
+shards and on a local Ray cluster gives byte-identical results; a killed Ray worker is retried, an
+interrupted driver loses nothing, a cell another process holds is left to it; the plan's costs come
+from the cache's measurements."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import save_tiny_dir
+
+from effdepth_core import cache
+from effdepth_core.book import grid
+from effdepth_core.cli import main
+from effdepth_core.cost import Calibration
+
+COMMON = """profiles:
+  quick:
+    tasks:
+      - {{task: addition, digits: 3, n: 3}}
+      - {{task: {task}, n: 2}}
+    seed: 0
+    device: cpu
+    dtype: float32
+    results_dir: res
+"""
+SCALE = """title: Tiny scale
+profiles:
+  quick:
+    sets:
+      - name: both
+        models: [{a}, {b}]
+"""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    base = tmp_path_factory.mktemp("grid-models")
+    return save_tiny_dir(base / "llama", "llama"), save_tiny_dir(base / "qwen2", "qwen2")
+
+
+def _root(where: Path, models) -> Path:
+    root = where / "checkout"
+    (root / "params").mkdir(parents=True)
+    task = models[0].parent / "prompts.jsonl"  # one path for every root: it names the run directories
+    task.write_text('{"prompt": "the cat sat on the mat and"}\n{"prompt": "two plus two is four, so"}\n')
+    (root / "params" / "common.yml").write_text(COMMON.format(task=task))
+    (root / "params" / "scale.yml").write_text(SCALE.format(a=models[0], b=models[1]))
+    return root
+
+
+def _results(root: Path) -> dict[str, str]:
+    """Every result file's sha256 (metadata.json holds timings and hosts: not a result)."""
+    found = {}
+    for path in sorted((root / "res").rglob("*")):
+        if path.is_file() and path.name not in ("metadata.json", cache.LOCK_NAME):
+            found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def _grid(root: Path, *extra: str) -> int:
+    cwd = os.getcwd()
+    try:
+        return main(["grid", "quick", "--root", str(root), "--section", "scale", "--no-progress", *extra])
+    finally:
+        os.chdir(cwd)  # the grid runs in the checkout
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory, models):
+    root = _root(tmp_path_factory.mktemp("local"), models)
+    assert _grid(root) == 0
+    results = _results(root)
+    assert len([p for p in results if p.endswith("effective_depth.json")]) == 4  # 2 models × 2 tasks
+    return results
+
+
+def test_the_plan_has_four_cells_in_two_units_per_model(tmp_path, models):
+    root = _root(tmp_path, models)
+    plan = grid.cells(root, "quick", ["scale"])
+    assert len(plan) == 4 and len(grid.units(plan)) == 4
+    assert [len(s) for s in (grid.shard(grid.units(plan), i, 2) for i in range(2))] == [2, 2]
+
+
+def test_two_shards_give_the_local_executors_bytes(tmp_path, models, local, capsys):
+    root = _root(tmp_path, models)
+    assert _grid(root, "--shard", "0/2") == 0
+    half = _results(root)
+    assert 0 < len(half) < len(local)  # a slice, not the whole
+    assert _grid(root, "--shard", "1/2") == 0
+    assert _results(root) == local
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="the cluster extra (pip install 'effdepth[cluster]') is not installed")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_gives_the_local_executors_bytes(tmp_path, models, local, ray_cluster):
+    root = _root(tmp_path, models)
+    assert _grid(root, "--executor", "ray") == 0
+    assert _results(root) == local
+
+
+def test_a_killed_ray_worker_is_retried(tmp_path, models, local, ray_cluster, capsys):
+    root = _root(tmp_path, models)
+    killed: list[int] = []
+
+    def kill_first_writer() -> None:  # the pid in the first lock that appears: a worker mid-cell
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            for lock in (root / "res").rglob(cache.LOCK_NAME) if (root / "res").is_dir() else []:
+                try:
+                    pid = int(lock.read_text().split("pid ")[1].split()[0])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if pid != os.getpid():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_first_writer)
+    killer.start()
+    code = _grid(root, "--executor", "ray")
+    killer.join()
+    assert killed, "no worker was caught mid-cell"
+    assert code == 0, capsys.readouterr().out
+    assert _results(root) == local  # the retry removed what the killed worker left and finished it
+
+
+def test_an_interrupted_ray_driver_cancels_and_loses_nothing(tmp_path, models, local, ray_cluster, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = _root(tmp_path, models)
+    real_wait, real_cancel, cancelled, calls = ray_cluster.wait, ray_cluster.cancel, [], []
+
+    def wait_then_interrupt(refs, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # after the first unit came back: Ctrl-C
+            raise KeyboardInterrupt
+        return real_wait(refs, **kwargs)
+
+    monkeypatch.setattr(ray_cluster, "wait", wait_then_interrupt)
+
+    def cancel(ref, force=False):
+        cancelled.append(ref)
+        real_cancel(ref, force=force)
+
+    monkeypatch.setattr(ray_cluster, "cancel", cancel)
+    with pytest.raises(KeyboardInterrupt):
+        from effdepth_core.book.executors import run_ray
+
+        monkeypatch.chdir(root)
+        plan = grid.units(grid.cells(root, "quick", ["scale"]))
+        run_ray(plan, root, None, 1, Calibration(), lambda outcome: None)
+    assert len(cancelled) == 3  # every unit still pending
+    monkeypatch.undo()
+    for ref in cancelled:  # wait until each cancelled task is gone (killed mid-cell) or had finished
+        try:
+            ray_cluster.get(ref)
+        except ray_cluster.exceptions.RayError:
+            pass
+    assert _grid(root) == 0  # the rerun removes what they left half-written and resumes
+    assert _results(root) == local
+
+
+def test_an_interrupted_local_driver_keeps_what_finished(tmp_path, models, local, monkeypatch, capsys):
+    root = _root(tmp_path, models)
+    real = grid.Cell.compute
+    count = []
+
+    def compute_then_interrupt(self, loader):
+        if count:
+            raise KeyboardInterrupt
+        count.append(1)
+        return real(self, loader)
+
+    monkeypatch.setattr(grid.Cell, "compute", compute_then_interrupt)
+    assert _grid(root) == 130
+    assert "interrupted; finished results are kept" in capsys.readouterr().err
+    kept = _results(root)
+    monkeypatch.undo()
+    assert _grid(root) == 0
+    assert "1 cached, 3 to compute" in capsys.readouterr().out
+    after = _results(root)
+    assert after == local and all(after[k] == v for k, v in kept.items())
+
+
+def test_a_cell_another_process_holds_is_left_to_it(tmp_path, models, local, capsys):
+    root = _root(tmp_path, models)
+    plan = grid.cells(root, "quick", ["scale"])
+    held = root / next(iter(plan[0].directories()))  # relative to the checkout
+    held.mkdir(parents=True)
+    lock = cache.DirectoryLock(held)
+    lock.acquire()  # another driver's run, mid-cell
+    try:
+        assert _grid(root) == 0
+        out = capsys.readouterr().out
+        assert "3 done, 1 busy" in out and "rerun to pick them up" in out
+    finally:
+        lock.release()
+    assert _grid(root) == 0
+    assert _results(root) == local
+
+
+def test_the_cost_model_is_calibrated_by_the_cache(tmp_path, models, monkeypatch):
+    from effdepth_core.cost import estimate, task_lengths
+
+    root = _root(tmp_path, models)
+    assert _grid(root) == 0
+    monkeypatch.chdir(root)
+    calibration = Calibration.from_cache([root / "res"])
+    assert {(m.model, m.probe) for m in calibration.measurements} == {
+        (str(m), p) for m in models for p in ("cosine", "logit_lens")
+    }
+    plan = grid.cells(root, "quick", ["scale"])
+    assert all(c.state() == "cached" and c.estimate(calibration).cpu_seconds == 0 for c in plan)
+    # the cosine probe's work is one forward pass, 2 × parameters per token (tokens ≈ characters / 4):
+    # its rate is the median over the model's runs of seconds ÷ work, computed here by hand
+    cell = plan[0]
+    rates, n_params = [], None
+    for metadata_path in sorted((root / "res").rglob("metadata.json")):
+        metadata = json.loads(metadata_path.read_text())
+        if metadata["settings"]["model"] != cell.model:
+            continue
+        n_params = metadata["n_params"]
+        prompts = [json.loads(line)["prompt"] for line in (metadata_path.parent / "examples.jsonl").open()]
+        work = 2 * n_params * sum(math.ceil(len(p) / 4) for p in prompts)
+        if metadata["probes"]["cosine"]["seconds"] > 0:  # a run too fast to time measured nothing
+            rates.append(metadata["probes"]["cosine"]["seconds"] / work)
+    assert rates
+    lengths = task_lengths(cell.settings)
+    expected = statistics.median(rates) * 2 * n_params * sum(lengths)
+    got = estimate(cell.settings, ["cosine"], lengths, calibration).cpu_seconds
+    assert got == pytest.approx(expected, rel=1e-9)  # the same arithmetic in another order: rounding only
+    double = estimate(cell.settings, ["cosine"], lengths * 2, calibration).cpu_seconds
+    assert double == pytest.approx(2 * got, rel=1e-9)  # linear in tokens

@@ -1,0 +1,89 @@
+"""The book's statistics, checked on hand-made curves: the degenerate-ED definition (curves that are
+and are not degenerate), paired and independent ED differences, the permutation test and its
+smallest p-value, verdicts from intervals, and the threshold sensitivity of the lens rules."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import pytest
+
+from effdepth_core import registry
+from effdepth_core.book import stats
+
+SETTINGS = SimpleNamespace(kl_fraction=0.5, overlap_threshold=0.3)
+
+
+def _frame(metric: str, curves: list[list[float]]) -> pl.DataFrame:
+    """A per-example frame: one curve per example, every example one token."""
+    rows = [(e, layer, metric, v, 1) for e, curve in enumerate(curves) for layer, v in enumerate(curve)]
+    schema = {"example": pl.Int64, "layer": pl.Int64, "metric": pl.String, "value": pl.Float64, "n_tokens": pl.Int64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+KL = registry.rules()["logit_lens_kl"][1]
+OVERLAP = registry.rules()["logit_lens_overlap"][1]
+
+
+def test_an_early_firing_that_its_curve_contradicts_is_degenerate():
+    # KL max 10: below 5 at layer 1 (ED 1, within the first 2 layers of 10), above it again until
+    # layer 8: the condition holds at 3 of the 9 layers from 1 on
+    dips = _frame("kl", [[10, 4, 9, 9, 9, 9, 8, 7, 3, 1, 0]])
+    why = stats.degenerate(KL, dips, 1, None, None, 10, SETTINGS)
+    assert why is not None and "fires at layer 1" in why and "33%" in why
+    # the same early firing, sustained: not degenerate
+    falls = _frame("kl", [[10, 4, 3, 2, 2, 1, 1, 1, 1, 1, 0]])
+    assert stats.degenerate(KL, falls, 1, None, None, 10, SETTINGS) is None
+    # a late dip is never "early"
+    late = _frame("kl", [[10, 9, 8, 4, 9, 9, 9, 9, 9, 9, 0]])
+    assert stats.degenerate(KL, late, 3, None, None, 10, SETTINGS) is None
+
+
+def test_an_overlap_at_layer_0_that_falls_away_is_degenerate():
+    curve = [0.4, 0.1, 0.1, 0.1, 0.1, 0.1, 0.2, 0.2, 0.5, 0.9, 1.0]  # layer 0 above 0.3, then not until 8
+    why = stats.degenerate(OVERLAP, _frame("overlap", [curve]), 0, None, None, 10, SETTINGS)
+    assert why is not None and "fires at layer 0" in why
+
+
+def test_an_interval_over_half_the_depth_is_degenerate():
+    frame = _frame("kl", [[10, 9, 8, 7, 6, 4, 3, 2, 1, 1, 0]] * 2)
+    assert "spans more than half" in stats.degenerate(KL, frame, 5, 0, 23, 30, SETTINGS)
+    assert stats.degenerate(KL, frame, 5, 4, 19, 30, SETTINGS) is None  # 15 of 30: not more than half
+
+
+def test_paired_differences_of_one_frame_are_zero_and_independent_ones_cover_a_known_gap():
+    curves = [[10, 8, 6, 4, 2, 1, 1, 1, 0], [10, 9, 7, 3, 2, 1, 1, 1, 0], [10, 7, 6, 4, 2, 1, 1, 1, 0]]
+    frame = _frame("kl", curves)  # L = 8; pooled KL below 5 first at layer 3
+    same = stats.ed_difference(KL, frame, frame, (8, 8), SETTINGS, paired=True, n_bootstrap=200)
+    assert same["point"] == 0 and same["low"] == 0 and same["high"] == 0
+    later = _frame("kl", [[10, 10, *c[:7]] for c in curves])  # every curve two layers later: ED 5
+    gap = stats.ed_difference(KL, later, frame, (8, 8), SETTINGS, paired=False, n_bootstrap=200)
+    assert gap["point"] == 2 and gap["low"] <= 2 <= gap["high"] and gap["defined"] == 1.0
+    ratio = stats.ed_difference(KL, later, frame, (8, 8), SETTINGS, paired=False, ratio=True, n_bootstrap=200)
+    assert ratio["point"] == pytest.approx(2 / 8)
+
+
+def test_spearman_permutation_p_values_by_hand():
+    four = stats.spearman_test([1, 2, 3, 4], [10, 20, 30, 40])
+    assert four["rho"] == pytest.approx(1.0) and four["p"] == pytest.approx(2 / 24) and four["min_p"] == 2 / 24
+    six = stats.spearman_test([1, 2, 3, 4, 5, 6], [3, 1, 2, 6, 5, 4])
+    # rho = 1 - 6·Σd²/(n(n²-1)) with d = (-2, 1, 1, -2, 0, 2): Σd² = 14 → 1 - 84/210 = 0.6
+    assert six["rho"] == pytest.approx(0.6) and 0 < six["p"] < 1 and six["min_p"] == pytest.approx(2 / 720)
+    assert stats.spearman_test([1, 2], [1, 2])["rho"] is None  # too few to rank
+
+
+def test_a_verdict_turns_into_cannot_tell_when_intervals_widen():
+    assert stats.interval_verdict(-0.02, 0.03, 0.05) == "agree"
+    assert stats.interval_verdict(-0.08, 0.10, 0.05) == "cannot tell"  # the same centre, a wider interval
+    assert stats.interval_verdict(0.06, 0.20, 0.05) == "disagree"
+    assert stats.interval_verdict(None, None, 0.05) == "cannot tell"
+
+
+def test_threshold_sensitivity_of_the_lens_rules_by_hand():
+    frame = _frame("kl", [[10, 8, 6, 4, 2, 1, 0]])  # L = 6: ED is the first l in 0..4 with kl < f · 10
+    table = stats.threshold_sensitivity(KL, frame, 6, SETTINGS)
+    eds = dict(zip(table["threshold"].to_list(), table["ed"].to_list(), strict=True))
+    assert eds[0.3] == 4 and eds[0.5] == 3 and eds[0.7] == 2 and eds[0.45] == 3
+    assert np.allclose(table["ratio"].to_numpy(), (table["ed"].to_numpy() + 1) / 6)
