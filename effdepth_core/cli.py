@@ -499,8 +499,7 @@ def _cmd_book(args: argparse.Namespace) -> int:
 def _cmd_grid(args: argparse.Namespace) -> int:
     _quiet(args)
     _book_extra()
-    from .book.grid import cells, parse_shard, shard, units
-    from .cost import Calibration
+    from .book.grid import parse_shard
 
     root = args.root.resolve()
     if not (root / "params").is_dir():
@@ -508,7 +507,18 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     if args.address and args.executor != "ray":
         raise EffdepthError("--address names a Ray cluster; add --executor ray")
     slice_ = parse_shard(args.shard) if args.shard else None
+    cwd = os.getcwd()
     os.chdir(root)  # params/ name results folders relative to the checkout
+    try:
+        return _grid_in_checkout(args, root, slice_)
+    finally:
+        os.chdir(cwd)
+
+
+def _grid_in_checkout(args: argparse.Namespace, root: Path, slice_) -> int:
+    from .book.grid import cells, shard, units
+    from .cost import Calibration
+
     plan = cells(root, args.profile, args.section)
     groups = units(plan)
     if slice_ is not None:

@@ -9,7 +9,6 @@ renamed into the cache atomically. Every later load re-verifies the cached file 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -22,6 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import sha256_file
 from .errors import EffdepthError
 
 CACHE_ENV = "EFFDEPTH_CACHE"
@@ -171,14 +171,6 @@ def model_path(alias: str) -> Path:
 
 def is_cached(alias: str) -> bool:
     return model_path(alias).is_file()
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --- verification of the cache ---------------------------------------------------------------

@@ -153,3 +153,46 @@ def test_table_lists_a_run_once_and_refuses_control_characters(finished, tmp_pat
     (run / "effective_depth.json").write_text(json.dumps({**summary, "model": "evil\nmodel\x1b[31m"}))
     code, err = _cli(capsys, "table", str(run))
     assert code == 2 and "not a printable name" in err and "\x1b" not in err
+
+
+def _book_root(tmp_path: Path) -> Path:
+    root = tmp_path / "checkout"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "params", root / "params")
+    (root / "book").mkdir()
+    return root
+
+
+def test_book_never_writes_through_a_link_nor_over_a_foreign_toc(tmp_path, capsys):
+    pytest.importorskip("papermill", reason="the book extra runs the book")
+    root = _book_root(tmp_path)
+    victim = tmp_path / "victim.yml"
+    victim.write_text("my own table of contents\n")
+    (root / "_toc.yml").symlink_to(victim)
+    code, err = _cli(capsys, "book", "--toc-only", "--root", str(root))
+    assert code == 2 and "symbolic link" in err and victim.read_text() == "my own table of contents\n"
+    (root / "_toc.yml").unlink()
+    (root / "_toc.yml").write_text("format: jb-book\nroot: mine\n")
+    code, err = _cli(capsys, "book", "--toc-only", "--root", str(root))
+    assert code == 2 and "not written by effdepth" in err
+    assert (root / "_toc.yml").read_text() == "format: jb-book\nroot: mine\n"
+    (root / "_toc.yml").unlink()
+    assert _cli(capsys, "book", "--toc-only", "--root", str(root))[0] == 0  # absent: written
+    toc = (root / "_toc.yml").read_text()
+    code, err = _cli(capsys, "book", "--only", "typo", "--root", str(root))  # found before any write
+    assert code == 2 and "no parameter set named 'typo'" in err and (root / "_toc.yml").read_text() == toc
+
+
+def test_grid_refuses_two_cells_that_would_share_a_run_directory(tmp_path, capsys, tiny_dir):
+    pytest.importorskip("papermill", reason="the grid reads the book's params")
+    root = tmp_path / "checkout"
+    (root / "params").mkdir(parents=True)
+    (root / "params" / "common.yml").write_text(
+        "profiles:\n  quick:\n    tasks: [{task: addition, digits: 3, n: 1}]\n    results_dir: res\n"
+    )
+    (root / "params" / "scale.yml").write_text(
+        "title: t\nprofiles:\n  quick:\n    defaults:\n      causal: {task: addition, digits: 3, n: 1, probes: [skip],"
+        f" skip_positions: 1, skip_parts: layer}}\n    sets:\n      - name: one\n        models: [{tiny_dir}]\n"
+    )
+    code, err = _cli(capsys, "grid", "quick", "--root", str(root), "--section", "scale", "--dry-run")
+    assert code == 2 and "would both write" in err and "with different settings" in err
+    assert not (root / "res").exists()

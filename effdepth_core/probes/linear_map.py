@@ -57,6 +57,31 @@ def _with_bias(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, torch.ones(*x.shape[:-1], 1, dtype=x.dtype)], dim=-1)
 
 
+def normal_equations(
+    train_small: StateStream, train_big: StateStream, layers: list[int], p: int, width: int, seed: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """One pass over the training tokens: per small layer in ``layers`` the Gram matrix ``[p, p]``
+    of its residuals (with a bias column), their products with the big model's ``[p, width]``, the
+    same with the big model's tokens shuffled (``seed`` given: the baseline without correspondence),
+    and the number of tokens seen."""
+    gram = torch.zeros(len(layers), p, p, dtype=torch.float64)
+    cross = torch.zeros(len(layers), p, width, dtype=torch.float64)
+    shuffled = torch.zeros_like(cross) if seed is not None else None
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    seen = 0
+    for xs, ys in zip(train_small(), train_big(), strict=True):
+        if xs.shape[0] != ys.shape[0]:
+            raise EffdepthError("the two models saw different numbers of tokens; they must share a tokenizer")
+        x = _with_bias(xs[:, layers].double()).transpose(0, 1)  # [chunk, token, p]
+        y = ys.double().reshape(ys.shape[0], -1)  # [token, big layer · d_big]
+        gram += x.transpose(1, 2) @ x
+        cross += x.transpose(1, 2) @ y
+        if shuffled is not None:
+            shuffled += x.transpose(1, 2) @ y[torch.randperm(y.shape[0], generator=generator)]
+        seen += xs.shape[0]
+    return gram, cross, shuffled, seen
+
+
 def fit_errors(
     train_small: StateStream,
     train_big: StateStream,
@@ -80,17 +105,7 @@ def fit_errors(
     passes = range(0, n_small, chunk)
     for first in tqdm(passes, desc="linear map", unit="pass", disable=not progress):
         layers = list(range(first, min(first + chunk, n_small)))
-        gram = torch.zeros(len(layers), p, p, dtype=torch.float64)
-        cross = torch.zeros(len(layers), p, n_big * d_big, dtype=torch.float64)
-        seen = 0
-        for xs, ys in zip(train_small(), train_big(), strict=True):
-            if xs.shape[0] != ys.shape[0]:
-                raise EffdepthError("the two models saw different numbers of tokens; they must share a tokenizer")
-            x = _with_bias(xs[:, layers].double()).transpose(0, 1)  # [chunk, token, p]
-            y = ys.double().reshape(ys.shape[0], -1)  # [token, big layer · d_big]
-            gram += x.transpose(1, 2) @ x
-            cross += x.transpose(1, 2) @ y
-            seen += xs.shape[0]
+        gram, cross, _, seen = normal_equations(train_small, train_big, layers, p, n_big * d_big)
         if seen <= p and ridge == 0:
             raise EffdepthError(f"{seen} training tokens for {p} unknowns per map: give more prompts or a --ridge")
         penalty = torch.diag(torch.cat([torch.full((d_small,), ridge, dtype=torch.float64), torch.zeros(1).double()]))
@@ -149,20 +164,7 @@ def fit_map(
     chosen = []
     for first in tqdm(range(0, n_small, chunk), desc="linear map", unit="pass", disable=not progress):
         layers = list(range(first, min(first + chunk, n_small)))
-        gram = torch.zeros(len(layers), p, p, dtype=torch.float64)
-        cross = torch.zeros(len(layers), p, n_big * d_big, dtype=torch.float64)
-        shuffled = torch.zeros_like(cross)
-        generator = torch.Generator().manual_seed(seed)
-        seen = 0
-        for xs, ys in zip(train_small(), train_big(), strict=True):
-            if xs.shape[0] != ys.shape[0]:
-                raise EffdepthError("the two models saw different numbers of tokens; they must share a tokenizer")
-            x = _with_bias(xs[:, layers].double()).transpose(0, 1)  # [chunk, token, p]
-            y = ys.double().reshape(ys.shape[0], -1)  # [token, big layer · d_big]
-            gram += x.transpose(1, 2) @ x
-            cross += x.transpose(1, 2) @ y
-            shuffled += x.transpose(1, 2) @ y[torch.randperm(y.shape[0], generator=generator)]
-            seen += xs.shape[0]
+        gram, cross, shuffled, seen = normal_equations(train_small, train_big, layers, p, n_big * d_big, seed)
         for index, m in enumerate(layers):
             scale = float(gram[index].diagonal()[:d_small].mean())
             best = None
