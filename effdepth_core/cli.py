@@ -556,6 +556,8 @@ def _grid_in_checkout(args: argparse.Namespace, root: Path, slice_) -> int:
 def _hours(seconds: float | None) -> str:
     if seconds is None:
         return "?"
+    if seconds < 60:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
     return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds / 60:.1f} min"
 
 
@@ -568,8 +570,8 @@ def _cost_line(costs, calibration) -> str:
     models = len({m.model for m in calibration.measurements})
     return (
         f"effdepth grid: estimated {sum(cpu) / 3600:.2f} CPU hours (rates measured on this machine's cached runs "
-        f"of {models} model(s)) or {sum(gpu) / 3600:.2f} GPU hours (at an assumed {GPU_OPS_PER_SECOND:.1e} "
-        f"operations/s, not measured)" + (f"; {unknown} cell(s) of unknown cost" if unknown else "")
+        f"of {models} model(s)); on a GPU at least {_hours(sum(gpu))} (its operations at an assumed "
+        f"{GPU_OPS_PER_SECOND:.1e}/s, not measured)" + (f"; {unknown} cell(s) of unknown cost" if unknown else "")
     )
 
 
