@@ -139,9 +139,12 @@ CHECK_JS = """
   function marks(chart) { return chart.querySelectorAll("svg g.role-mark path, svg g.role-mark line").length; }
   function report(result) { document.documentElement.setAttribute("data-effdepth-check", JSON.stringify(result)); }
   async function check() {
-    const result = {widths: [], picks: [], outlines: []};
+    const result = {widths: [], picks: [], outlines: [], degenerate: []};
     for (const chart of document.querySelectorAll(".effdepth-chart")) {
       const svg = chart.querySelector("svg");
+      for (const mark of svg.querySelectorAll('[aria-label*="degenerate:"]')) {  // a degenerate ED's point
+        result.degenerate.push([chart.id, mark.getAttribute("aria-label"), mark.getAttribute("fill-opacity")]);
+      }
       const area = chart.closest(".cell_output") || chart.parentElement;
       result.widths.push([chart.id, svg.getBoundingClientRect().width, area.getBoundingClientRect().width]);
       result.outlines.push([chart.id, svg.querySelectorAll('[stroke="#111111"]').length]);
@@ -213,6 +216,10 @@ def test_charts_fit_the_column_dropdowns_filter_and_answer_tokens_are_outlined(
     for chart, drawn, area in comparison["widths"]:
         assert drawn <= area + 1, f"comparison: chart {chart} is {drawn:.0f} px wide in a {area:.0f} px column"
     assert comparison["picks"], "the comparison page has charts with a model dropdown"
+    # degenerate EDs (method.md §10) are drawn, hollow, and say why to a screen reader
+    assert comparison["degenerate"], "the comparison page draws no degenerate ED (its data has some)"
+    for chart, label, opacity in comparison["degenerate"]:
+        assert opacity == "0", f"comparison: chart {chart}'s degenerate point {label!r} is filled ({opacity})"
     for chart, before, after in comparison["picks"]:
         assert before != after, f"comparison: picking another model left chart {chart} with {before} marks"
     smollm2 = _checked(site, "scale/smollm2-135m", tmp_path)

@@ -210,6 +210,19 @@ def note(text: str) -> Note:
     return Note(text)
 
 
+def _picked(layers: Sequence[alt.Chart], pickers, bind: bool = True) -> list[alt.Chart]:
+    """Each layer filtered by the dropdowns (each carries its own data); the first holds the
+    dropdowns themselves when ``bind`` (once per chart)."""
+    filtered = []
+    for chart in layers:
+        for name, param in pickers:
+            chart = chart.transform_filter(alt.datum[name] == param)
+        filtered.append(chart)
+    if bind and pickers:
+        filtered[0] = filtered[0].add_params(*(param for _, param in pickers))
+    return filtered
+
+
 def _rounded(frame: pl.DataFrame, columns: Sequence[str] = ("value",), digits: int = 5) -> pl.DataFrame:
     return frame.with_columns(pl.col(c).round(digits) for c in columns if c in frame.columns)
 
@@ -901,14 +914,7 @@ def pruning_curves(prune: pl.DataFrame, summary: pl.DataFrame | None = None, rul
                 .encode(x="after_ed:Q", tooltip=["task:N", alt.Tooltip("after_ed:Q", title=f"ED ({rule}) + 1")])
             )
     pickers = _picker_params(frame, ("model", "task"))
-    filtered = []
-    for chart in layers:  # each layer carries its own data: the dropdowns filter each one
-        for name, param in pickers:
-            chart = chart.transform_filter(alt.datum[name] == param)
-        filtered.append(chart)
-    if pickers:
-        filtered[0] = filtered[0].add_params(*(param for _, param in pickers))
-    return alt.layer(*filtered).properties(width=CONTENT_WIDTH, height=220)
+    return alt.layer(*_picked(layers, pickers)).properties(width=CONTENT_WIDTH, height=220)
 
 
 @_needs_data
@@ -942,14 +948,7 @@ def early_exit_curves(
             )
             if eds.height:
                 layers.append(alt.Chart(eds).mark_rule(strokeDash=[3, 3], color="#111").encode(x="exit:Q"))
-        charts = []
-        for chart in layers:
-            for name, param in pickers:
-                chart = chart.transform_filter(alt.datum[name] == param)
-            charts.append(chart)
-        if first:
-            charts[0] = charts[0].add_params(*(param for _, param in pickers))
-        return alt.layer(*charts).properties(width=CONTENT_WIDTH, height=170)
+        return alt.layer(*_picked(layers, pickers, first)).properties(width=CONTENT_WIDTH, height=170)
 
     return alt.vconcat(
         panel("agreement", "tokens whose top-1 is the final top-1", True),

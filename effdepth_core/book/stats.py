@@ -120,22 +120,10 @@ def interval(point: float | None, draws: np.ndarray) -> dict:
     }
 
 
-def ed_difference(
-    rule: Rule,
-    first: pl.DataFrame,
-    second: pl.DataFrame,
-    n_layers: tuple[int, int],
-    settings: Any,
-    paired: bool,
-    ratio: bool = False,
-    n_bootstrap: int = 1000,
-    seed: int = 0,
-    other_rule: Rule | None = None,
-) -> dict:
-    """``interval`` of ``difference_draws``: the point, its 95 % bootstrap interval, the share defined."""
-    return interval(
-        *difference_draws(rule, first, second, n_layers, settings, paired, ratio, n_bootstrap, seed, other_rule)
-    )
+def ed_difference(*args, **kwargs) -> dict:
+    """``interval`` of ``difference_draws`` (same arguments): the point, its 95 % bootstrap interval,
+    the share of draws defined."""
+    return interval(*difference_draws(*args, **kwargs))
 
 
 def spearman_test(x: Sequence[float], y: Sequence[float], n_permutations: int = 20000, seed: int = 0) -> dict:

@@ -114,7 +114,6 @@ def _work(shape: Shape, settings, lengths) -> float:
 
 SPEC = ProbeSpec(
     name="early_exit",
-    work=_work,
     title="early exit",
     compute=_compute,
     options=(LENS, LENS_STEPS, LENS_TOKENS),
@@ -125,4 +124,5 @@ SPEC = ProbeSpec(
     identity=_identity,
     check=lambda settings, facts: check_lens_cache(settings) if settings.lens in ("tuned", "both") else None,
     description="decode every layer as if the model stopped there: agreement, answer NLL and accuracy (§7b)",
+    work=_work,  # its operations, for the grid's cost model
 )

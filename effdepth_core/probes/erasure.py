@@ -226,7 +226,6 @@ def _work(shape: Shape, settings, lengths) -> float:
 
 SPEC = ProbeSpec(
     name="erasure",
-    work=_work,
     title="residual erasure",
     compute=_compute,
     cell=_cell,
@@ -234,4 +233,5 @@ SPEC = ProbeSpec(
     unit="intervention",
     needs_answers=True,
     description="the (L+1)×T map of how erasing one residual (the data set's mean) changes the answer (§4)",
+    work=_work,  # its operations, for the grid's cost model
 )

@@ -482,7 +482,6 @@ def _work(shape: Shape, settings, lengths) -> float:
 
 SPEC = ProbeSpec(
     name="igrad",
-    work=_work,
     title="integrated gradients",
     compute=_compute,
     options=(IGRAD_STEPS, IGRAD_QUADRATURE, IGRAD_BASELINE, IGRAD_TOL, IGRAD_MAX_STEPS),
@@ -495,4 +494,5 @@ SPEC = ProbeSpec(
     revision=2,
     outdated=_outdated,
     description="per-layer integrated gradients towards the answer tokens, to a completeness tolerance (§5)",
+    work=_work,  # its operations, for the grid's cost model
 )

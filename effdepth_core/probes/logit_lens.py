@@ -255,7 +255,6 @@ def _work(shape: Shape, settings, lengths) -> float:
 
 SPEC = ProbeSpec(
     name="logit_lens",
-    work=_work,
     title="logit lens",
     compute=_compute,
     options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION),  # --lens belongs to early exit (and expand)
@@ -266,4 +265,5 @@ SPEC = ProbeSpec(
     check=check_top_k,
     expand=_expand,
     description="each layer's residual decoded by the final norm and head: KL to the output, top-k overlap (§2)",
+    work=_work,  # its operations, for the grid's cost model
 )

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from ..models import LoadedModel
 from ..trace import LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
 from .reduce import per_example_frame, token_weighted_mean
-from .spec import Chart, Context, Option, ProbeSpec, Rule
+from .spec import Chart, Option, ProbeSpec, Rule, on_prompts
 
 
 def residual_norm(
@@ -67,15 +67,10 @@ def _rule(curves: Mapping[str, np.ndarray], settings) -> int | None:
     return ed_norm(curves["norm"], settings.norm_fraction)
 
 
-def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
-    prompts = [getattr(e, "prompt", e) for e in examples]
-    return residual_norm(loaded, prompts, batch_size=context.settings.batch_size, progress=context.progress)
-
-
 SPEC = ProbeSpec(
     name="norm",
     title="residual norm",
-    compute=_compute,
+    compute=on_prompts(residual_norm),
     options=(NORM_FRACTION,),
     aggregate=token_weighted_mean,
     rules=(

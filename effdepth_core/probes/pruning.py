@@ -271,7 +271,6 @@ def _work(shape: Shape, settings, lengths) -> float:
 
 SPEC = ProbeSpec(
     name="prune",
-    work=_work,
     title="layer pruning",
     compute=_compute,
     options=(PRUNE_SIZES,),
@@ -282,4 +281,5 @@ SPEC = ProbeSpec(
     check=_check,
     description="remove blocks of layers (every start; ShortGPT's least influential): the answer's NLL and "
     "accuracy (§7b)",
+    work=_work,  # its operations, for the grid's cost model
 )

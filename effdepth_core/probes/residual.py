@@ -12,7 +12,7 @@ from tqdm import tqdm
 from ..models import LoadedModel
 from ..trace import Batch, LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
 from .reduce import per_example_frame, token_weighted_mean
-from .spec import Chart, Context, ProbeSpec, Rule
+from .spec import Chart, ProbeSpec, Rule, on_prompts
 
 RESIDUAL_METRICS = ("cos_attn", "cos_mlp", "cos_layer", "rel_attn", "rel_mlp", "rel_layer")
 COSINE_PARTS = ("cos_attn", "cos_mlp", "cos_layer")  # the cosine rule averages these three
@@ -89,15 +89,10 @@ def _cosine_holds(curves: Mapping[str, np.ndarray], settings) -> np.ndarray:
     return np.mean([curves[name] for name in COSINE_PARTS], axis=0) >= 0
 
 
-def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
-    prompts = [getattr(e, "prompt", e) for e in examples]
-    return residual_cosine(loaded, prompts, batch_size=context.settings.batch_size, progress=context.progress)
-
-
 SPEC = ProbeSpec(
     name="cosine",
     title="residual cosine",
-    compute=_compute,
+    compute=on_prompts(residual_cosine),
     aggregate=token_weighted_mean,
     rules=(
         Rule(

@@ -496,7 +496,6 @@ def _work(shape: Shape, settings, lengths) -> float:
 
 SPEC = ProbeSpec(
     name="skip",
-    work=_work,
     title="layer skipping",
     compute=_compute,
     options=(SKIP_POSITIONS, SKIP_PARTS_OPTION, SKIP_VARIANTS),
@@ -513,4 +512,5 @@ SPEC = ProbeSpec(
     reusable=True,
     description="the effect of skipping a layer, its attention or MLP on later layers and the output (§3) and "
     "the depth score (§6)",
+    work=_work,  # its operations, for the grid's cost model
 )

@@ -178,6 +178,17 @@ def forward_work(shape: Shape, settings: Any, lengths: Sequence[int]) -> float:
     return shape.forward * sum(lengths)
 
 
+def on_prompts(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A spec's ``compute`` for a probe of the prompts' text alone: ``function(loaded, prompts,
+    batch_size=…, progress=…)`` on each example's prompt (examples or plain prompts)."""
+
+    def compute(loaded: Any, examples: Sequence[Any], context: Context) -> Any:
+        prompts = [getattr(e, "prompt", e) for e in examples]
+        return function(loaded, prompts, batch_size=context.settings.batch_size, progress=context.progress)
+
+    return compute
+
+
 @dataclass(frozen=True)
 class ProbeSpec:
     """A probe, declared next to its function (docs/probes.md has a worked example).

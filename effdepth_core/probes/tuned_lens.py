@@ -442,7 +442,6 @@ def _check(settings, facts: Mapping) -> None:
 
 SPEC = ProbeSpec(
     name="tuned_lens",
-    work=_work,
     title="tuned lens",
     compute=_compute,
     options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, LENS_STEPS, LENS_TOKENS),
@@ -453,4 +452,5 @@ SPEC = ProbeSpec(
     check=_check,
     identity=lens_identity,
     description="the lens probe through trained per-layer translators (§7a); its held-out fit in tuned_lens_fit",
+    work=_work,  # its operations, for the grid's cost model
 )
