@@ -359,7 +359,7 @@ BEYOND_PARTS = {
     "lens-corpus texts the translators never saw: the tuned lens can be trusted where its curve lies below the "
     "logit lens's.",
     "sensitivity": "## How much an ED depends on its threshold\n\nED of each lens rule as its threshold varies "
-    "(the KL fraction from 0.3 to 0.7, the overlap threshold from 0.1 to 0.5), for both lenses: a flat curve "
+    "(the KL fraction from 0.3 to 0.7, the overlap threshold from 0.2 to 0.5), for both lenses: a flat curve "
     "means the threshold does not decide the finding.",
     "pruning": "## Pruning: what removing layers costs\n\nThe increase of the answer tokens' mean negative "
     "log-likelihood when a block of k consecutive layers is removed, by its first layer (symmetric log scale: "

@@ -1,0 +1,123 @@
+"""The scale study on a GPU: qwen2.5-coder-1.5b in bfloat16 and float32, each probe's time, the
+causal probes against the published loops, and the bfloat16 EDs beside the committed float32 ones.
+
+    python benchmarks/gpu_scale.py [--model qwen2.5-coder-1.5b] [--device cuda] [--n N]
+
+Without a CUDA GPU it says so and measures nothing (CI has none; `--device cpu --n 1` exercises the
+script on a CPU). Per dtype it runs, into a temporary directory, the model's scale-section runs at
+the n its committed runs settled on (``book/results``; ``--n`` overrides): cosine and logit lens on
+HellaSwag, GSM8K and AIME24, and prints each probe's seconds and peak GPU memory. Then, for skip,
+erasure and integrated gradients on one 6-digit addition, the published loop (effdepth's
+``method="slow"``: what the published scripts do, see ``intervention_cost.py``) ÷ the fast path.
+Last, each ED of the bfloat16 runs beside the committed float32 one (CPU, same prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from effdepth_core.models import load_model
+from effdepth_core.probes import erasure_map, integrated_gradients, skip_effects
+from effdepth_core.results import RunSettings, run
+from effdepth_core.settings import slug
+from effdepth_core.tasks import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ("hellaswag", "gsm8k", "aime24")
+RULES = ("cosine", "logit_lens_kl", "logit_lens_overlap")
+
+
+def committed(model: str, task: str) -> dict | None:
+    """The committed float32 summary of the model's final scale run on ``task`` (largest n)."""
+    runs = sorted(
+        (ROOT / "book" / "results" / slug(model)).glob(f"{task}-n*-seed0/effective_depth.json"),
+        key=lambda p: int(p.parent.name.split("-n")[1].split("-")[0]),
+    )
+    return json.loads(runs[-1].read_text()) if runs else None
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(device: str, fn) -> float:
+    synchronize(device)
+    started = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def causal_ratios(loaded, args: argparse.Namespace, dtype: str) -> None:
+    """Skip, erasure and integrated gradients: the published loop ÷ the fast path, same inputs."""
+    (addition,) = load_task("addition", n=1, seed=0, digits=6)
+    gsm8k = [e.prompt for e in load_task("gsm8k", n=1, seed=0)]
+    causal = {
+        "skip": lambda method: skip_effects(loaded, gsm8k, parts=("layer",), variants=("future",), method=method),
+        "erasure": lambda method: erasure_map(loaded, [addition], method=method),
+        "igrad": lambda method: integrated_gradients(
+            loaded,
+            [addition],
+            16 if args.smoke else 256,
+            "riemann",
+            baseline="hidden-mean",
+            method=method,
+            slow_block=16,
+            layers=[0, 1] if args.smoke else None,
+        ),
+    }
+    for name, fn in causal.items():
+        fn("fast")  # warm-up (kernels, caches)
+        slow, fast = timed(args.device, lambda fn=fn: fn("slow")), timed(args.device, lambda fn=fn: fn("fast"))
+        print(f"{dtype:8s} {name:8s} published loop {slow:.2f} s, fast {fast:.2f} s: {slow / fast:.2f}×", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--n", type=int, default=None, help="prompts per task (default: the committed runs' n)")
+    parser.add_argument("--smoke", action="store_true", help="igrad on two layers, 16 steps: exercise the script")
+    args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA GPU on this machine: nothing measured (run this where `torch.cuda.is_available()`)")
+        return
+    print(f"{args.model} on {torch.cuda.get_device_name() if args.device.startswith('cuda') else args.device}")
+    eds: dict[str, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="effdepth-gpu-") as scratch:
+        for dtype in ("bfloat16", "float32"):
+            for task in TASKS:
+                reference = committed(args.model, task)
+                n = args.n or (reference["n_examples"] if reference else 20)
+                settings = RunSettings(args.model, task, n=n, device=args.device, dtype=dtype, progress=False)
+                if args.device.startswith("cuda"):
+                    torch.cuda.reset_peak_memory_stats()
+                result = run(settings, ["cosine", "logit_lens"], Path(scratch) / dtype / task)
+                seconds = {p: r["seconds"] for p, r in result.metadata["probes"].items()}
+                peak = torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda") else float("nan")
+                print(f"{dtype:8s} {task:9s} n={n:3d}  " + "  ".join(f"{p} {s:.1f} s" for p, s in seconds.items())
+                      + f"  peak GPU memory {peak:.0f} MB")  # fmt: skip
+                eds.setdefault(dtype, {})[task] = result.summary
+            causal_ratios(load_model(args.model, device=args.device, dtype=dtype, progress=False), args, dtype)
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    print("ED (ratio) per rule: bfloat16 on this device | committed float32 (CPU), same prompts")
+    for task in TASKS:
+        reference = committed(args.model, task) or {}
+        for rule in RULES:
+            mine, theirs = eds["bfloat16"][task].get(rule) or {}, reference.get(rule) or {}
+            same = "same" if mine.get("ed") == theirs.get("ed") else "DIFFERS"
+            print(f"  {task:9s} {rule:19s} {mine.get('ed')} | {theirs.get('ed')}  {same}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
