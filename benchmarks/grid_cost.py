@@ -74,6 +74,9 @@ def main() -> None:
         rows = []
         print(f"{'cell':<92s} {'estimated':>10s} {'probes':>8s} {'wall':>8s} {'est÷probes':>10s}")
         for unit in plan:
+            for cell in unit:
+                if hasattr(cell, "record"):
+                    cell.record.settings.progress = False
             estimates = {id(c): c.estimate(calibration).cpu_seconds for c in unit}
             started = [time.perf_counter()]
 
