@@ -109,13 +109,18 @@ def main() -> None:
             causal_ratios(load_model(args.model, device=args.device, dtype=dtype, progress=False), args, dtype)
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
-    print("ED (ratio) per rule: bfloat16 on this device | committed float32 (CPU), same prompts")
+    print("ED [95% interval] per rule: bfloat16 here | float32 here | committed float32 (CPU), same prompts")
+
+    def cell(entry: dict) -> str:
+        return f"{entry.get('ed')} [{entry.get('ci_low')}–{entry.get('ci_high')}]"
+
     for task in TASKS:
         reference = committed(args.model, task) or {}
         for rule in RULES:
-            mine, theirs = eds["bfloat16"][task].get(rule) or {}, reference.get(rule) or {}
-            same = "same" if mine.get("ed") == theirs.get("ed") else "DIFFERS"
-            print(f"  {task:9s} {rule:19s} {mine.get('ed')} | {theirs.get('ed')}  {same}")
+            bf16, f32 = eds["bfloat16"][task].get(rule) or {}, eds["float32"][task].get(rule) or {}
+            theirs = reference.get(rule) or {}
+            verdict = "same ED" if bf16.get("ed") == theirs.get("ed") else "ED differs"
+            print(f"  {task:9s} {rule:19s} {cell(bf16)} | {cell(f32)} | {cell(theirs)}  {verdict}")
     sys.stdout.flush()
 
 

@@ -33,7 +33,7 @@ from .errors import EffdepthError
 
 LOCK_NAME = ".effdepth.lock"
 LOCK_MARK = "effdepth lock"  # the first words of every lock file effdepth writes
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.effdepth-tmp-(?P<pid>\d+)$")
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.effdepth-tmp-(?:(?P<host>[A-Za-z0-9_-]*)-)?(?P<pid>\d+)$")
 
 
 class CacheWriteError(EffdepthError):
@@ -51,9 +51,12 @@ class LockHeldError(CacheLockError):
 # --- atomic writes ---------------------------------------------------------------------------
 
 
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
+
+
 def temporary_path(path: Path) -> Path:
     """The temporary name an atomic write of ``path`` uses (same folder, so the rename is atomic)."""
-    return path.with_name(f".{path.name}.effdepth-tmp-{os.getpid()}")
+    return path.with_name(f".{path.name}.effdepth-tmp-{_HOST}-{os.getpid()}")  # hosts share pids on shared disks
 
 
 def temporary_of(name: str) -> str | None:
@@ -249,6 +252,11 @@ class DirectoryLock:
             except OSError as exc:
                 text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
                 os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                    raise CacheLockError(
+                        f"cannot lock {self.folder}: its filesystem refuses file locks ({exc.strerror or exc}); "
+                        "effdepth writes only where it can lock (local disks, NFSv4, CephFS, GPFS, Lustre -o flock)"
+                    ) from exc
                 raise LockHeldError(
                     f"{self.folder} is being written by another effdepth process ({_holder(text)}); "
                     "wait for it to finish or choose another folder"

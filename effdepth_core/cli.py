@@ -6,6 +6,7 @@ come from its spec (``probes/registry.py``) and load only for the command that n
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -144,7 +145,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     book.add_argument("--params", type=Path, help="a section's parameter file (default params/<section>.yml)")
     book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")
     book.add_argument("--only", help="only the parameter set with this name")
-    book.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout (default: .)")
+    book.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout")
     book.add_argument("--toc-only", action="store_true", help="only regenerate _toc.yml from params/")
     book.add_argument(
         "--print-params", metavar="SECTION/NAME", help="print a page's resolved parameters as YAML (for papermill -f)"
@@ -201,7 +202,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     grid.add_argument(
         "--section", action="append", choices=["scale", "difficulty", "long_cot", "beyond"], help="only these sections"
     )
-    grid.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout (default: .)")
+    grid.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout")
     grid.add_argument("--dry-run", action="store_true", help="print the plan with its estimated cost; compute nothing")
     grid.add_argument(
         "--executor",
@@ -210,7 +211,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="local: one cell after another here; ray: a cluster",
     )
     grid.add_argument("--address", help="the Ray cluster (auto, ray://host:10001; default: start a local one)")
-    grid.add_argument("--cpus-per-cell", type=_positive, default=1, help="CPUs (and torch threads) of each Ray task")
+    grid.add_argument(
+        "--cpus-per-cell", type=_positive, default=None, help="CPUs (and torch threads) of each Ray task (default 1)"
+    )
+    grid.add_argument(
+        "--memory-per-cell",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="memory of each Ray task (default: from the model)",
+    )
     grid.add_argument(
         "--shard", metavar="I/N", help="compute only slice I of N (one job of a Slurm or Kubernetes array)"
     )
@@ -504,8 +514,13 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     root = args.root.resolve()
     if not (root / "params").is_dir():
         raise EffdepthError(f"--root {args.root} has no params/ folder; run in the effdepth checkout or give --root")
-    if args.address and args.executor != "ray":
-        raise EffdepthError("--address names a Ray cluster; add --executor ray")
+    for flag, value in (("--address", args.address), ("--cpus-per-cell", args.cpus_per_cell),
+                        ("--memory-per-cell", args.memory_per_cell)):  # fmt: skip
+        if value is not None and args.executor != "ray":
+            raise EffdepthError(f"{flag} sizes the tasks of a Ray cluster; add --executor ray")
+    if args.memory_per_cell is not None and not (args.memory_per_cell > 0 and math.isfinite(args.memory_per_cell)):
+        raise EffdepthError(f"--memory-per-cell must be a positive number of GB, got {args.memory_per_cell}")
+    args.cpus_per_cell = args.cpus_per_cell or 1
     slice_ = parse_shard(args.shard) if args.shard else None
     cwd = os.getcwd()
     os.chdir(root)  # params/ name results folders relative to the checkout
@@ -586,15 +601,18 @@ def _compute_grid(args, root: Path, todo, estimates, calibration):
     left = sum(estimates[id(c)].cpu_seconds or 0.0 for u in todo for c in u)
     bar = tqdm(total=total, unit="cell", disable=args.no_progress, dynamic_ncols=True)
     state = {"estimated": 0.0, "measured": 0.0, "left": left}
+    # units computed side by side: on Ray as many as the tasks in flight (at most the units), here one
+    parallel = len(todo) if args.executor == "ray" else 1
 
     def progress(outcome) -> None:
-        estimated = estimates[id(outcome.cell)].cpu_seconds or 0.0
-        state["left"] -= estimated
-        if outcome.status == "done":
+        estimated = estimates[id(outcome.cell)].cpu_seconds
+        state["left"] -= estimated or 0.0
+        if outcome.status == "done" and estimated:  # cells of unknown cost do not skew the correction
             state["estimated"] += estimated
             state["measured"] += outcome.seconds
         scale = state["measured"] / state["estimated"] if state["estimated"] else 1.0
-        bar.set_postfix_str(f"ETA {_hours(max(state['left'], 0.0) * scale)} (cost model)")
+        eta = max(state["left"], 0.0) * scale / max(1, min(parallel, total - bar.n))
+        bar.set_postfix_str(f"ETA {_hours(eta)} (cost model)")
         bar.update(1)
 
     def log(text: str) -> None:
@@ -607,7 +625,7 @@ def _compute_grid(args, root: Path, todo, estimates, calibration):
                 log(f"{outcome.cell.name}\n{outcome.line()}")
                 progress(outcome)
 
-            return run_ray(todo, root, args.address, args.cpus_per_cell, calibration, report)
+            return run_ray(todo, root, args.address, args.cpus_per_cell, calibration, report, args.memory_per_cell)
         for unit in todo:
             for cell in unit:
                 if hasattr(cell, "record"):

@@ -109,6 +109,8 @@ class Calibration:
                 lengths = token_lengths(example_texts(folder / EXAMPLES))
             except (OSError, ValueError):
                 continue
+            if not str(metadata.get("device", "cpu")).startswith("cpu"):
+                continue  # CPU hours from CPU runs only (no GPU rate is measured yet)
             for probe, record in metadata.get("probes", {}).items():
                 seconds = record.get("seconds")
                 if probe not in registry.names() or not isinstance(seconds, int | float) or seconds <= 0:

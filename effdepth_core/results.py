@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import resource
+import socket
 import sys
 import time
 import warnings
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import polars as pl
+import torch
 
 from . import __version__, registry
 from .depth import effective_depths
@@ -369,6 +371,9 @@ def run(
                 record, frames = {}, {}
                 if name is not None:
                     spec = registry.get(name)
+                    cuda = loaded.input_device.type == "cuda"
+                    if cuda:
+                        torch.cuda.reset_peak_memory_stats(loaded.input_device)
                     started = time.perf_counter()
                     context = Context(settings)
                     identity = spec.identity(loaded, context) if spec.identity else {}
@@ -377,7 +382,14 @@ def run(
                     frames = _compute(spec, loaded, examples, settings, donor)
                     record = {
                         "seconds": round(time.perf_counter() - started, 4),
-                        "peak_rss_mb": _peak_rss_mb(),
+                        "peak_rss_mb": _peak_rss_mb(),  # the process's peak so far (it only grows)
+                        **(
+                            {"peak_gpu_mb": round(torch.cuda.max_memory_allocated(loaded.input_device) / 2**20, 1)}
+                            if cuda
+                            else {}
+                        ),
+                        "host": socket.gethostname(),  # where the time was measured (the cost model's rates)
+                        "threads": torch.get_num_threads(),
                         "key": key,
                         "revision": spec.revision,
                         **({"answer_format": ANSWER_FORMAT} if spec.needs_answers else {}),

@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import sha256_file
+from .cache import sha256_file, temporary_path
 from .errors import EffdepthError
 
 CACHE_ENV = "EFFDEPTH_CACHE"
@@ -194,7 +194,7 @@ def _record_fingerprint(alias: str, digest: str, corrupted: bool = False) -> Non
     just means the next load hashes again)."""
     record = {"sha256": digest, "corrupted": corrupted, **_fingerprint(model_path(alias))}
     target = _fingerprint_path(alias)
-    tmp = target.with_name(f".{target.name}.effdepth-tmp-{os.getpid()}")
+    tmp = temporary_path(target)
     try:
         tmp.write_text(json.dumps(record) + "\n")
         os.replace(tmp, target)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import save_tiny_dir
+from conftest import make_tiny, save_tiny_dir
 
 from effdepth_core import cache
 from effdepth_core.book import grid
@@ -247,3 +247,47 @@ def test_the_cost_model_is_calibrated_by_the_cache(tmp_path, models, monkeypatch
     assert got == pytest.approx(expected, rel=1e-9)  # the same arithmetic in another order: rounding only
     double = estimate(cell.settings, ["cosine"], lengths * 2, calibration).cpu_seconds
     assert double == pytest.approx(2 * got, rel=1e-9)  # linear in tokens
+
+
+def test_a_failing_cell_is_reported_and_the_others_computed(tmp_path, models, monkeypatch, capsys):
+    from effdepth_core.errors import EffdepthError
+
+    root = _root(tmp_path, models)
+    real = grid.Cell.compute
+
+    def fail_on_the_file_task(self, loader):
+        if "prompts.jsonl" in self.name and "llama" in self.model:
+            raise EffdepthError("this cell cannot be computed")
+        return real(self, loader)
+
+    monkeypatch.setattr(grid.Cell, "compute", fail_on_the_file_task)
+    assert _grid(root) == 1
+    out = capsys.readouterr().out
+    assert "failed: this cell cannot be computed" in out and "3 done" in out and "1 failed" in out
+
+
+def test_ray_requests_are_sized_and_checked(models):
+    from effdepth_core.book.executors import _check_schedulable, resources
+    from effdepth_core.errors import EffdepthError
+
+    cell = grid.Cell("scale", "both", "tasks", _record(models[0], "cpu"), Path("res"))
+    request = resources([cell], 2, Calibration())
+    n_params = sum(p.numel() for p in make_tiny("llama").model.parameters())
+    assert request["num_cpus"] == 2 and request["num_gpus"] == 0
+    # three float32 copies of the weights (from the folder's config.json) plus 1 GiB
+    assert abs(request["memory"] - (12 * n_params + (1 << 30))) < 0.02 * 12 * n_params + 1
+    auto = grid.Cell("scale", "both", "tasks", _record(models[0], "auto"), Path("res"))
+    assert resources([auto], 1, Calibration(), gpus_in_cluster=4)["num_gpus"] == 1  # auto takes the GPU there
+    assert resources([auto], 1, Calibration(), gpus_in_cluster=0)["num_gpus"] == 0
+    unknown = grid.Cell("scale", "both", "tasks", _record("someone/not-cached-here", "cpu"), Path("res"))
+    with pytest.raises(EffdepthError, match="--memory-per-cell"):
+        resources([unknown], 1, Calibration())
+    assert resources([unknown], 1, Calibration(), memory_gb=2)["memory"] == 2 << 30
+    with pytest.raises(EffdepthError, match="asks for 4 CPU but the Ray cluster has 2"):
+        _check_schedulable([{"num_cpus": 4, "num_gpus": 0, "memory": 1}], {"CPU": 2, "memory": 10})
+
+
+def _record(model, device):
+    from effdepth_core.book.study import record_of
+
+    return record_of(str(model), {"task": "addition", "digits": 3, "n": 1}, {"device": device})

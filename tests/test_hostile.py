@@ -95,6 +95,10 @@ CASES = [
         False,
     ),
     ("grid root without params", ["grid", "quick", "--dry-run", "--root", "{tmp}/empty"], "no params/ folder", False),
+    ("shard of zero", ["grid", "quick", "--dry-run", "--shard", "1/0"], "N must be at least 1", False),
+    ("shard out of range", ["grid", "quick", "--dry-run", "--shard", "2/2"], "i must be 0..N-1", False),
+    ("ray sizes without ray", ["grid", "quick", "--dry-run", "--cpus-per-cell", "2"], "add --executor ray", False),
+    ("memory not a size", ["grid", "quick", "--executor", "ray", "--memory-per-cell", "nan"], "positive number", False),
 ]
 
 

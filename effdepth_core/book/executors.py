@@ -27,16 +27,45 @@ def _require_ray():
     return ray
 
 
-def resources(unit: Sequence[AnyCell], cpus: int, calibration) -> dict:
-    """Ray resources of one unit: ``cpus`` CPUs, a GPU when its runs use cuda, and memory for the
-    largest model's weights in float32 three times over plus 1 GiB (activations, the tokenizer)."""
+def _device(cell: AnyCell) -> str:
+    return str(cell.settings.device if isinstance(cell, Cell) else cell.shared.get("device", "auto"))
+
+
+def resources(unit: Sequence[AnyCell], cpus: int, calibration, gpus_in_cluster: float = 0, memory_gb=None) -> dict:
+    """Ray resources of one unit: ``cpus`` CPUs; a GPU when its runs use cuda (``auto`` included,
+    when the cluster has GPUs); memory for the largest model's weights in float32 three times over
+    plus 1 GiB (activations, the tokenizer), or ``memory_gb`` (required when a model's shape is
+    unknown: a hub model whose config is not cached here)."""
     from ..cost import shape_of
 
-    cuda = any(isinstance(c, Cell) and str(c.settings.device).startswith("cuda") for c in unit)
-    models = [m for c in unit for m in (c.model.split(" → ") if not isinstance(c, Cell) else [c.model])]
-    params = max((s.n_params for m in models if (s := shape_of(m, calibration)) is not None), default=0)
-    memory = int(params * 4 * 3 + (1 << 30))
+    devices = {_device(c) for c in unit}
+    cuda = any(d.startswith("cuda") for d in devices) or ("auto" in devices and gpus_in_cluster > 0)
+    if memory_gb is not None:
+        memory = int(memory_gb * (1 << 30))
+    else:
+        models = [m for c in unit for m in (c.model.split(" → ") if not isinstance(c, Cell) else [c.model])]
+        shapes = {m: shape_of(m, calibration) for m in models}
+        unknown = sorted(m for m, shape in shapes.items() if shape is None)
+        if unknown:
+            raise EffdepthError(
+                f"the memory {', '.join(unknown)} needs is unknown here (no cached run or config): give "
+                "--memory-per-cell GB"
+            )
+        memory = int(max(shape.n_params for shape in shapes.values()) * 4 * 3 + (1 << 30))
     return {"num_cpus": cpus, "num_gpus": 1 if cuda else 0, "memory": memory}
+
+
+def _check_schedulable(requests: list[dict], cluster: dict) -> None:
+    """A task no node can hold would wait forever: refuse it before submitting anything."""
+    for request in requests:
+        for name, key in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
+            if request[name] > cluster.get(key, 0):
+                have = cluster.get(key, 0)
+                what = f"{request[name] / (1 << 30):.1f} GiB" if key == "memory" else str(request[name])
+                raise EffdepthError(
+                    f"a grid task asks for {what} {key} but the Ray cluster has {have:g} in all: lower "
+                    "--cpus-per-cell or --memory-per-cell, or add nodes"
+                )
 
 
 def _remote_unit(root: str, unit: list, threads: int) -> list[tuple[int, str, str, float, float]]:
@@ -62,20 +91,24 @@ def run_ray(
     cpus: int,
     calibration,
     report: Callable[[Outcome], None],
+    memory_gb: float | None = None,
 ) -> list[Outcome]:
     """Every unit a Ray task on the cluster at ``address`` (None: a local one); ``report`` hears each
-    cell's outcome as its unit finishes."""
+    cell's outcome as its unit finishes. effdepth must be installed on every node, and the checkout
+    be at ``root`` there."""
     ray = _require_ray()
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    remote = ray.remote(max_retries=MAX_RETRIES)(_remote_unit)
-    pending = {}
-    for unit in groups:
-        ref = remote.options(**resources(unit, cpus, calibration)).remote(str(root), list(unit), cpus)
-        pending[ref] = unit
+    pending: dict = {}
     outcomes: list[Outcome] = []
     try:
+        cluster = ray.cluster_resources()
+        requests = [resources(u, cpus, calibration, cluster.get("GPU", 0), memory_gb) for u in groups]
+        _check_schedulable(requests, cluster)
+        remote = ray.remote(max_retries=MAX_RETRIES)(_remote_unit)
+        for unit, request in zip(groups, requests, strict=True):
+            pending[remote.options(**request).remote(str(root), list(unit), cpus)] = unit
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             unit = pending.pop(ready[0])
@@ -84,7 +117,8 @@ def run_ray(
             except ray.exceptions.RayError as exc:  # retries exhausted, or the unit raised
                 cause = getattr(exc, "cause", None) or exc
                 message = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-                results = [(i, "failed", message, 0.0, 0.0) for i in range(len(unit))]
+                failed = f"its Ray task failed ({message}); what it finished is cached: rerun for the rest"
+                results = [(i, "failed", failed, 0.0, 0.0) for i in range(len(unit))]
             for index, status, detail, seconds, peak in results:
                 outcome = Outcome(unit[index], status, detail, seconds, peak)
                 outcomes.append(outcome)

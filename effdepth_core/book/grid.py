@@ -87,12 +87,17 @@ class Cell:
         if rule is not None:
             plan = walk_plan(self.settings, self.record.probes, rule, self.results_dir)
             done = max(plan.steps, default=0)
+            if plan.next_n is None and plan.steps:  # finished: a probe a revision behind renews the walk
+                last = default_out_dir(self.settings.replace(n=done), self.results_dir, hashed=False)
+                stale = outdated_probes(last, self.record)
+                return ("stale" if stale else "cached"), stale, 0
             return plan.state, (list(self.record.probes) if plan.next_n else []), done
         out = default_out_dir(self.settings, self.results_dir, hashed=False)
         if is_complete(out, self.settings.key(), self.record.probes):
             stale = outdated_probes(out, self.record)
             return ("stale" if stale else "cached"), stale, 0
-        recorded = (read_metadata(out) or {}).get("probes", {}) if out.is_dir() else {}
+        metadata = (read_metadata(out) or {}) if out.is_dir() else {}
+        recorded = metadata.get("probes", {}) if metadata.get("key") == self.settings.key() else {}
         return "missing", [p for p in self.record.probes if p not in recorded], 0
 
     def state(self) -> str:
@@ -236,6 +241,8 @@ def parse_shard(text: str) -> tuple[int, int]:
         i, n = int(index), int(count)
     except ValueError:
         raise EffdepthError(f"--shard must be i/N (e.g. 0/4), got {text!r}") from None
+    if n < 1:
+        raise EffdepthError(f"--shard {text}: N must be at least 1")
     if not 0 <= i < n:
         raise EffdepthError(f"--shard {text}: i must be 0..N-1")
     return i, n
@@ -258,7 +265,7 @@ class Outcome:
     peak_rss_mb: float = 0.0
 
     def line(self) -> str:
-        cost = f" ({self.seconds:.0f} s, peak {self.peak_rss_mb:.0f} MB)" if self.status == "done" else ""
+        cost = f" ({self.seconds:.0f} s, peak resident {self.peak_rss_mb:.0f} MB)" if self.status == "done" else ""
         return f"  {self.status}{': ' + self.detail if self.detail else ''}{cost}"
 
 
@@ -276,6 +283,9 @@ def run_unit(unit: Sequence[AnyCell], log: Callable[[Outcome], None] = lambda ou
             outcome = Outcome(cell, "unavailable", str(exc))
         except DirectoryBusyError:
             outcome = Outcome(cell, "busy", "another effdepth process is computing it; rerun to pick it up")
+        except EffdepthError as exc:  # this cell cannot be computed: say why, go on with the others
+            outcome = Outcome(cell, "failed", " ".join(str(exc).split()))
+            loader = None
         outcomes.append(outcome)
         log(outcome)
     return outcomes

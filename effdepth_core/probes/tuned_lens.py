@@ -18,7 +18,8 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -360,16 +361,47 @@ def cached_tuned_lens(
     if path.is_symlink() or (path.exists() and not path.is_file()):  # found before hours of training, not after
         raise EffdepthError(f"the tuned-lens cache path {path} is not a file; move it away or set EFFDEPTH_CACHE")
     if path.is_file():
-        lens = TunedLens.load(path)
-        if lens.weight.shape != (loaded.n_layers, loaded.d_model, loaded.d_model):
-            raise EffdepthError(f"the cached tuned lens {path} does not fit {loaded.name}; delete it to train again")
-        return lens
-    lens, _ = train_tuned_lens(loaded, texts, training, progress)
+        return _load_fitting(path, loaded)
+    with _training_lock(path):  # two processes (grid workers) never train the same lens at once
+        if path.is_file():  # the other one finished it while we waited
+            return _load_fitting(path, loaded)
+        lens, _ = train_tuned_lens(loaded, texts, training, progress)
+        try:
+            lens.save(path)
+        except OSError as exc:
+            raise EffdepthError(f"cannot write the tuned lens to {path} ({exc.strerror}); set EFFDEPTH_CACHE") from exc
+    return lens
+
+
+def _load_fitting(path: Path, loaded: LoadedModel) -> TunedLens:
+    lens = TunedLens.load(path)
+    if lens.weight.shape != (loaded.n_layers, loaded.d_model, loaded.d_model):
+        raise EffdepthError(f"the cached tuned lens {path} does not fit {loaded.name}; delete it to train again")
+    return lens
+
+
+@contextmanager
+def _training_lock(path: Path, poll_seconds: float = 2.0) -> Iterator[None]:
+    """Hold the lock of the lens's own lock folder (``.<file>.lock.d``), waiting while another
+    effdepth process holds it."""
+    from ..cache import DirectoryLock, LockHeldError
+
+    folder = path.with_name(f".{path.name}.lock.d")
     try:
-        lens.save(path)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise EffdepthError(f"cannot write the tuned lens to {path} ({exc.strerror}); set EFFDEPTH_CACHE") from exc
-    return lens
+    lock = DirectoryLock(folder)
+    while True:
+        try:
+            lock.acquire()
+            break
+        except LockHeldError:
+            time.sleep(poll_seconds)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 # --- the probe -----------------------------------------------------------------------------------
