@@ -20,7 +20,6 @@ import inspect
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from .models import LoadedModel, execution_device
 from .trace import Hook, first_tensor, intervene, require_finite
@@ -115,6 +114,8 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     """Run ``ids`` ``[token]`` once and record what every decoder layer received and returned."""
     hidden: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
     kwargs: list[dict] = [{} for _ in range(loaded.n_layers)]
+    from transformers import DynamicCache  # imported here: `effdepth grid --dry-run` needs no transformers
+
     cache = DynamicCache()  # no config: full layers keep every position, sliding ones included
     cache_arg: list[str] = []
 
@@ -165,7 +166,7 @@ def _suffix_mask(mask: torch.Tensor | None, cut: int, stop: int, device: torch.d
     return (torch.arange(stop, device=device).view(1, -1) <= query).view(1, 1, stop - cut, stop)
 
 
-def suffix_kwargs(run: CleanRun, layer: int, cut: int, stop: int, cache: DynamicCache | None) -> dict:
+def suffix_kwargs(run: CleanRun, layer: int, cut: int, stop: int, cache=None) -> dict:
     """Layer ``layer``'s recorded keyword arguments for positions cut..stop-1, with ``cache``."""
     out = {}
     for name, value in run.layer_kwargs[layer].items():
@@ -196,6 +197,8 @@ def run_suffix_layer(
     if not run.reuses_prefixes:
         raise ValueError("this run recorded no keys/values to reuse (see CleanRun.reuses_prefixes)")
     rows, stop = hidden.shape[0], cut + hidden.shape[1]
+    from transformers import DynamicCache
+
     cache = DynamicCache()
     if cut:
         keys, values = prefix if prefix is not None else (kv[:, :, :cut] for kv in run.keys_values[layer])

@@ -251,6 +251,17 @@ def task_pool(
     check_task(name)
     if name not in TASKS:
         return _jsonl(Path(name).expanduser())
+    if source == "local":  # the vendored files never change: built once per process (frozen examples)
+        return list(_vendored_pool(name, level, aime_solution))
+    return _data_set(name, source, level, aime_solution)
+
+
+@functools.cache
+def _vendored_pool(name: str, level: int | None, aime_solution: str) -> tuple[Example, ...]:
+    return tuple(_data_set(name, "local", level, aime_solution))
+
+
+def _data_set(name: str, source: str, level: int | None, aime_solution: str) -> list[Example]:
     if name in ARITHMETIC:
         raise TaskError(f"{name} is generated: it has no fixed pool of examples")
     if name == "gsm8k":
