@@ -252,8 +252,8 @@ def between_lenses(study: Study, n_bootstrap: int = 1000) -> pl.DataFrame:
     summary = study.summary()
     rows = []
     for r in study.finished:
-        if "tuned_lens" not in r.result.per_example or "logit_lens" not in r.result.per_example:
-            continue
+        if not {"tuned_lens", "logit_lens"} <= set(r.probes):  # the runs that compare the lenses (not
+            continue  # another run of the page whose directory also holds both, from earlier parameters)
         n_layers = int(r.result.summary["n_layers"])
         for name, (logit_label, tuned_label) in LENS_PAIRS.items():
             _, logit_rule = _rule(logit_label)

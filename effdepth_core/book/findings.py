@@ -241,7 +241,8 @@ def difficulty_finding(
         if trends is not None and trends.height:
             for group, frame in trends.filter(model=model).group_by("group", maintain_order=True):
                 words = [_test_words(r, r["rule"]) for r in frame.iter_rows(named=True)]
-                text.append(f"By {group[0]}, rank correlation of level and ED: {'; '.join(words)}.")
+                what = "operand length" if "operand" in group[0] else "level"
+                text.append(f"By {group[0]}, rank correlation of {what} and ED: {'; '.join(words)}.")
     qualification = degenerate_sentence(summary)
     if qualification:
         text.append(qualification)
@@ -334,7 +335,8 @@ def long_cot_finding(
 def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses: pl.DataFrame | None = None) -> str:
     """Is ED an artefact of the logit lens? The paired difference ED(tuned) − ED(logit) per model,
     task and lens rule (``lenses``: ``evidence.between_lenses``): no when every usable difference
-    lies within ±1 layer, yes when every one lies beyond it, else cannot tell; degenerate EDs and
+    lies within ±1 layer, yes when every one lies beyond it, in part when some provably move and some
+    provably stay, else cannot tell; degenerate EDs and
     intervals from fewer than 20 prompts never count. And how well the translators fit."""
     question = "**Is ED an artefact of the logit lens?**"
     if lenses is None or not lenses.height:
@@ -349,7 +351,11 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
         answer = "**yes**: every usable tuned-lens ED moves by more than a layer"
     else:
         moved = sum(v == "disagree" for v in verdicts)
-        answer = f"**we cannot tell**: {moved} of {len(verdicts)} usable EDs move by more than a layer"
+        unclear = sum(v not in ("agree", "disagree") for v in verdicts)
+        if moved and moved + unclear < len(verdicts):  # some EDs move, some provably stay: a mixed answer
+            answer = f"**in part**: {moved} of {len(verdicts)} usable EDs move by more than a layer, the others stay"
+        else:
+            answer = f"**we cannot tell**: {moved} of {len(verdicts)} usable EDs move by more than a layer"
     text = [f"{question} {answer}."]
     for model, frame in usable.group_by("model", maintain_order=True):
         cells = [f"{_name(r['task'])} {r['lens_rule']} {_interval(r, 1)}" for r in frame.iter_rows(named=True)]
