@@ -280,9 +280,14 @@ def test_lens_finding_verdict_follows_the_intervals():
     assert "**yes**" in findings.lens_finding(summary, None, _lenses([(-8, -9, -7), (6, 5, 7)]))
     said = findings.lens_finding(summary, None, _lenses([(0, -1, 1), (-8, -9, -7)]))
     assert "**in part**: 1 of 2 usable EDs move" in said
-    # an interval that straddles the ±1 band decides nothing: then no mixed answer either
+    # an interval that straddles the ±1 band decides nothing: the answer is qualified, never mixed
     said = findings.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (-8, -9, -7)]))
-    assert "**we cannot tell**: 1 of 2 usable EDs move" in said
+    assert "**yes, where the intervals can tell**: 1 of 2 usable EDs move" in said
+    assert "1 interval(s) reach across ±1 layer" in said
+    said = findings.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (0, -1, 1)]))
+    assert "**no, where the intervals can tell**: 1 of 2 usable EDs stay" in said
+    said = findings.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (1, 0.5, 3)]))
+    assert "**we cannot tell**: all 2 intervals reach across ±1 layer" in said
     # a degenerate or small cell never counts, and is named
     kept = findings.lens_finding(summary, None, _lenses([(0, -1, 1), (-8, -9, -7)], [None, "m gsm8k: degenerate"]))
     assert "**no**" in kept and "Not counted" in kept

@@ -336,7 +336,8 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
     """Is ED an artefact of the logit lens? The paired difference ED(tuned) − ED(logit) per model,
     task and lens rule (``lenses``: ``evidence.between_lenses``): no when every usable difference
     lies within ±1 layer, yes when every one lies beyond it, in part when some provably move and some
-    provably stay, else cannot tell; degenerate EDs and
+    provably stay, a qualified yes or no when the others' intervals reach across ±1, else cannot tell;
+    degenerate EDs and
     intervals from fewer than 20 prompts never count. And how well the translators fit."""
     question = "**Is ED an artefact of the logit lens?**"
     if lenses is None or not lenses.height:
@@ -351,11 +352,17 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
         answer = "**yes**: every usable tuned-lens ED moves by more than a layer"
     else:
         moved = sum(v == "disagree" for v in verdicts)
-        unclear = sum(v not in ("agree", "disagree") for v in verdicts)
-        if moved and moved + unclear < len(verdicts):  # some EDs move, some provably stay: a mixed answer
-            answer = f"**in part**: {moved} of {len(verdicts)} usable EDs move by more than a layer, the others stay"
+        stayed = sum(v == "agree" for v in verdicts)
+        unclear = len(verdicts) - moved - stayed  # intervals that reach across ±1 layer
+        tail = f"; {unclear} interval(s) reach across ±1 layer" if unclear else ""
+        if moved and stayed:  # some EDs provably move, some provably stay: a mixed answer
+            answer = f"**in part**: {moved} of {len(verdicts)} usable EDs move by more than a layer, {stayed} stay{tail}"
+        elif moved:  # the rest cannot be told apart from ±1: a yes as far as the intervals can tell
+            answer = f"**yes, where the intervals can tell**: {moved} of {len(verdicts)} usable EDs move by more than a layer{tail}"
+        elif stayed:
+            answer = f"**no, where the intervals can tell**: {stayed} of {len(verdicts)} usable EDs stay within a layer{tail}"
         else:
-            answer = f"**we cannot tell**: {moved} of {len(verdicts)} usable EDs move by more than a layer"
+            answer = f"**we cannot tell**: all {len(verdicts)} intervals reach across ±1 layer"
     text = [f"{question} {answer}."]
     for model, frame in usable.group_by("model", maintain_order=True):
         cells = [f"{_name(r['task'])} {r['lens_rule']} {_interval(r, 1)}" for r in frame.iter_rows(named=True)]

@@ -258,10 +258,15 @@ def findings_markdown(root: Path, profile: str = "full") -> str:
     scale_sets = parameter_sets(root, "scale", profile)
     widest = max(scale_sets, key=lambda s: len(s.parameters.get("models") or []))
     paragraphs = [page(widest).findings()]
-    paragraphs += [page(item).findings() for item in parameter_sets(root, "long_cot", profile)]
+    for item in parameter_sets(root, "long_cot", profile):  # one page per model family: name it
+        paragraphs.append(page(item).findings().replace("**Long-CoT training.**", f"**{item.title}.**", 1))
     paragraphs += [page(item).findings() for item in parameter_sets(root, "difficulty", profile)]
-    beyond = [page(item).findings() for item in parameter_sets(root, "beyond", profile)]
-    paragraphs += ["**Beyond the paper.** " + text for text in beyond if text and "Nothing was measured" not in text]
+    for item in parameter_sets(root, "beyond", profile):
+        text = page(item).findings()
+        if text and "Nothing was measured" not in text:
+            models = item.parameters.get("models") or []
+            lead = f"**{item.title}.**" if len(models) == 1 else "**Beyond the paper.**"  # the map names its pair
+            paragraphs.append(f"{lead} {text}")
     return FINDINGS_HEADER + "\n\n".join(paragraphs) + "\n"
 
 
