@@ -354,13 +354,14 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
         moved = sum(v == "disagree" for v in verdicts)
         stayed = sum(v == "agree" for v in verdicts)
         unclear = len(verdicts) - moved - stayed  # intervals that reach across ±1 layer
+        of = f"of {len(verdicts)} usable EDs"
         tail = f"; {unclear} interval(s) reach across ±1 layer" if unclear else ""
         if moved and stayed:  # some EDs provably move, some provably stay: a mixed answer
-            answer = f"**in part**: {moved} of {len(verdicts)} usable EDs move by more than a layer, {stayed} stay{tail}"
+            answer = f"**in part**: {moved} {of} move by more than a layer, {stayed} stay{tail}"
         elif moved:  # the rest cannot be told apart from ±1: a yes as far as the intervals can tell
-            answer = f"**yes, where the intervals can tell**: {moved} of {len(verdicts)} usable EDs move by more than a layer{tail}"
+            answer = f"**yes, where the intervals can tell**: {moved} {of} move by more than a layer{tail}"
         elif stayed:
-            answer = f"**no, where the intervals can tell**: {stayed} of {len(verdicts)} usable EDs stay within a layer{tail}"
+            answer = f"**no, where the intervals can tell**: {stayed} {of} stay within a layer{tail}"
         else:
             answer = f"**we cannot tell**: all {len(verdicts)} intervals reach across ±1 layer"
     text = [f"{question} {answer}."]
