@@ -189,8 +189,15 @@ def test_table1_groups_columns_and_rows_and_marks_the_comparable_pair():
     html = tables.table1(ours, reference.paper_table1()).as_raw_html()
     for group in ("cosine", "lens KL", "lens overlap", reference.OURS, reference.PAPER):
         assert group in html
-    assert "16 (0.61)" in html and "1 (0.07)" in html and "0.7)" not in html  # two decimals throughout
+    assert "16 (.61)" in html and "1 (.07)" in html and ".7)" not in html  # two decimals throughout
     assert tables.HIGHLIGHT in html and "like-for-like pair" in html and "artefact of the rule" in html
+    assert ">10/10/10<" in html  # n per data set, in the columns' order, in one column
+    assert "†" not in html.split("<tfoot")[0]  # no degenerate cell of ours: no dagger in the body
+    marked = ours.with_columns(
+        pl.when((pl.col("task") == "gsm8k") & (pl.col("rule") == "cosine")).then(pl.lit("x")).alias("degenerate")
+    )
+    body = tables.table1(marked, reference.paper_table1()).as_raw_html().split("<tfoot")[0]
+    assert body.count("†") == 1 and "16 (.61) †" in body  # the one degenerate ED of ours, and only it
     without = tables.table1(ours.filter(model="nobody"), reference.paper_table1()).as_raw_html()
     assert tables.HIGHLIGHT not in without and "like-for-like" not in without  # the pair is not complete
 

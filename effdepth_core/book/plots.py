@@ -610,12 +610,12 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
     pick = alt.selection_point(fields=["rule"], bind="legend")
     base = alt.Chart(frame).encode(
         x=x_field,
-        color=alt.Color("rule:N", scale=RULE_SCALE, title="ED rule"),
+        color=alt.Color("rule:N", scale=RULE_SCALE, title="ED rule", legend=alt.Legend(columns=1)),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     points = base.mark_point(filled=True, size=70).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        shape=alt.Shape("model:N", title="model"),
+        shape=alt.Shape("model:N", title="model", legend=alt.Legend(columns=2)),  # two legends side by side fit
         **_hollow_when_degenerate(),
         tooltip=[
             "model:N",

@@ -64,32 +64,43 @@ def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str
     """Table 1 beside ours: rows grouped by source (ours, the paper), a column group per ED rule
     with one column per data set, each cell "ED (ratio)"; the like-for-like pair highlighted."""
     keep = ["model", "n_layers", "task", "rule", "ed", "ratio"]
+    marked = ours.select(*keep, pl.col("degenerate") if "degenerate" in ours.columns else pl.lit(None, pl.String))
     long = pl.concat(
         [
-            ours.select(keep).with_columns(pl.lit(OURS).alias("source")),
-            paper.select(keep).with_columns(pl.lit(PAPER).alias("source")),
+            marked.rename({"literal": "degenerate"}, strict=False).with_columns(pl.lit(OURS).alias("source")),
+            paper.select(keep).with_columns(pl.lit(None, pl.String).alias("degenerate"), pl.lit(PAPER).alias("source")),
         ]
     ).filter(pl.col("task").is_in(TASK_ORDER))
-    cell = pl.struct("ed", "ratio").map_elements(lambda c: format_ed(c["ed"], c["ratio"]), return_dtype=pl.String)
-    long = long.with_columns(cell.alias("cell"), pl.concat_str("rule", pl.lit("|"), "task").alias("column"))
+    # "16 (.61)": the ratio without its leading zero, so that 12 rule × data-set columns fit the column
+    cell = pl.struct("ed", "ratio").map_elements(
+        lambda c: format_ed(c["ed"], c["ratio"]).replace("(0.", "(.").replace("(1.00)", "(1.0)"),
+        return_dtype=pl.String,
+    )
+    dagger = pl.when(pl.col("degenerate").is_not_null()).then(pl.lit(" †")).otherwise(pl.lit(""))
+    long = long.with_columns(
+        pl.concat_str(cell, dagger).alias("cell"), pl.concat_str("rule", pl.lit("|"), "task").alias("column")
+    )
     columns = [_cell_column(r, t) for r in RULE_LABELS.values() for t in TASK_ORDER]
     wide = long.pivot(on="column", index=["source", "model", "n_layers"], values="cell", aggregate_function="first")
     present = [c for c in columns if c in wide.columns]
-    if "n_examples" in ours.columns:  # how many prompts each of our cells rests on
+    n_column = []
+    tasks = [t for t in TASK_ORDER if t in set(ours["task"].to_list())]
+    if "n_examples" in ours.columns and tasks:  # how many prompts each of our cells rests on, one column: "20/20/4"
         counts = (
-            ours.filter(pl.col("task").is_in(TASK_ORDER))
+            ours.filter(pl.col("task").is_in(tasks))
             .group_by("model", "task")
             .agg(pl.col("n_examples").first())
-            .with_columns(pl.format("n|{}", "task").alias("column"))
-            .pivot(on="column", index="model", values="n_examples")
+            .pivot(on="task", index="model", values="n_examples")
         )
+        parts = [pl.col(t).cast(pl.String).fill_null("—") if t in counts.columns else pl.lit("—") for t in tasks]
+        counts = counts.select("model", pl.concat_str(parts, separator="/").alias("n"))
         wide = wide.join(counts, on="model", how="left")
-    n_columns = [f"n|{t}" for t in TASK_ORDER if f"n|{t}" in wide.columns]
-    wide = wide.select("source", "model", pl.col("n_layers").alias("L"), *present, *n_columns)
-    labels = {c: TASK_NAMES[c.split("|")[1]] for c in [*present, *n_columns]}
+        n_column = ["n"]
+    wide = wide.select("source", "model", pl.col("n_layers").alias("L"), *present, *n_column)
+    labels = {c: TASK_NAMES[c.split("|")[1]] for c in present}
+    if n_column:
+        labels["n"] = "n"
     gt = GT(wide, rowname_col="model", groupname_col="source").cols_label(**labels, L="L").sub_missing(missing_text="—")
-    if n_columns:
-        gt = gt.tab_spanner(label="n (prompts)", columns=n_columns)
     for rule in RULE_LABELS.values():
         group = [c for c in present if c.startswith(f"{rule}|")]
         if group:
@@ -106,17 +117,23 @@ def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str
             locations=loc.stub(rows=pair_rows[:1]),
             placement="right",
         )
-    for column in present:  # lens-KL EDs of the first layers: the rule's artefact, ours and the paper's
-        low = rows.filter(pl.col(column).str.contains(r"^[0-2] \(") & pl.lit(column.startswith("lens KL|")))
+    paper_rows = rows.filter(pl.col("source") == PAPER)["index"].to_list()
+    for column in [c for c in present if c.startswith("lens KL|")]:  # the paper's first-layer lens-KL EDs
+        low = rows.filter(pl.col("index").is_in(paper_rows), pl.col(column).str.contains(r"^[0-2] \("))
         if low.height:
             gt = gt.tab_footnote(
-                "Lens-KL ED ≤ 2: the half-maximum rule fires at the first layers; read it as an artefact of the "
-                "rule, not as a shallow model (the findings leave such cells out).",
+                "The paper's lens-KL ED ≤ 2: the half-maximum rule fires at the first layers; read it as an artefact "
+                "of the rule, not as a shallow model (the findings leave such cells out).",
                 locations=loc.body(columns=column, rows=low["index"].to_list()),
                 placement="right",
             )
     gt = gt.tab_style(style=style.css("white-space: nowrap"), locations=loc.body())
-    note = "Each cell: ED (ratio (ED + 1) / L); n: prompts per data set, for our rows (the paper used 10, AIME24 5)."
+    note = (
+        "Each cell: ED (ratio (ED + 1) / L, its leading zero dropped); † a degenerate ED of ours "
+        "(method.md §10), left out of every verdict. "
+        "n: our prompts per data set, in the order of the columns (the paper used 10, AIME24 5); intervals and "
+        "their widths are in the ED table below."
+    )
     return Table(_compact(gt.tab_source_note(note)), wide)
 
 
