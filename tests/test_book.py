@@ -280,3 +280,16 @@ def test_run_study_reads_the_cache_and_reports_unloadable_models(tiny_dir, tmp_p
     missing = run_study(["some-org/not-a-model"], [spec], defaults=defaults, results_dir=tmp_path)
     assert "some-org/not-a-model" in missing.unavailable() and missing.summary().height == 0
     assert not (tmp_path / "some-org_not-a-model").exists()  # a run that cannot load leaves nothing
+
+
+def test_a_cached_only_study_says_why_a_hub_model_is_missing(tmp_path, monkeypatch):
+    """The intro's findings read the cache only: a hub model that is not downloaded is named as such,
+    with a precision rule or without one, and a missing run of an offline model as not computed."""
+    from effdepth_core.book import study
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    specs = [{"task": "gsm8k", "precision": {"n_min": 20, "n_max": 40}}, {"task": "hellaswag", "n": 2}]
+    hub = study.run_study(["example-org/not-downloaded-model"], specs, results_dir=tmp_path, cached_only=True)
+    assert [r.error for r in hub.records] == ["a hub model that is not downloaded here (needs internet)"] * 2
+    local = study.run_study(["smollm2-135m"], specs, results_dir=tmp_path, cached_only=True)
+    assert all(r.error.startswith("not computed yet") for r in local.records)

@@ -385,7 +385,8 @@ def compute_record(
             n_bootstrap=n_bootstrap,
             renew_outdated=renew_outdated,
         )
-        if walk.result is None:
+        if walk.result is None:  # only when cached_only: the loader says why (a hub model, or not computed)
+            load()
             raise Unavailable("not computed yet (run `effdepth book` or `effdepth grid` for its page)")
         record.result, record.walk = walk.result, walk
         return
