@@ -64,10 +64,11 @@ def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str
     """Table 1 beside ours: rows grouped by source (ours, the paper), a column group per ED rule
     with one column per data set, each cell "ED (ratio)"; the like-for-like pair highlighted."""
     keep = ["model", "n_layers", "task", "rule", "ed", "ratio"]
-    marked = ours.select(*keep, pl.col("degenerate") if "degenerate" in ours.columns else pl.lit(None, pl.String))
+    degenerate = pl.col("degenerate") if "degenerate" in ours.columns else pl.lit(None, pl.String)
+    marked = ours.select(*keep, degenerate.alias("degenerate"))
     long = pl.concat(
         [
-            marked.rename({"literal": "degenerate"}, strict=False).with_columns(pl.lit(OURS).alias("source")),
+            marked.with_columns(pl.lit(OURS).alias("source")),
             paper.select(keep).with_columns(pl.lit(None, pl.String).alias("degenerate"), pl.lit(PAPER).alias("source")),
         ]
     ).filter(pl.col("task").is_in(TASK_ORDER))
