@@ -628,8 +628,7 @@ def _compute_grid(args, root: Path, todo, estimates, calibration):
             return run_ray(todo, root, args.address, args.cpus_per_cell, calibration, report, args.memory_per_cell)
         for unit in todo:
             for cell in unit:
-                if hasattr(cell, "record"):
-                    cell.record.settings.progress = False
+                cell.quiet()
         return run_local(todo, log=log, progress=progress)
     finally:
         bar.close()

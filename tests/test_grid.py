@@ -291,3 +291,15 @@ def _record(model, device):
     from effdepth_core.book.study import record_of
 
     return record_of(str(model), {"task": "addition", "digits": 3, "n": 1}, {"device": device})
+
+
+def test_quiet_cells_draw_no_bars_of_their_own(models, tmp_path):
+    """`grid --no-progress` (and every Ray worker) quiets each cell: a run's bars and the map's."""
+    from effdepth_core.book.study import map_settings
+
+    plan = grid.cells(_root(tmp_path, models), "quick", ["scale"])
+    mapped = grid.MapCell("beyond", "map", {"small": str(models[0]), "big": str(models[1])}, {}, tmp_path)
+    for cell in [*plan, mapped]:
+        cell.quiet()
+    assert all(cell.record.settings.progress is False for cell in plan)
+    assert map_settings(mapped.pair, mapped.shared, mapped.results_dir)[0].progress is False

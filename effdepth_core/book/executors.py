@@ -79,8 +79,7 @@ def _remote_unit(root: str, unit: list, threads: int) -> list[tuple[int, str, st
     torch.set_num_threads(threads)
     quiet_libraries(progress=False)
     for cell in unit:
-        if isinstance(cell, Cell):
-            cell.record.settings.progress = False
+        cell.quiet()
     return [(i, o.status, o.detail, o.seconds, o.peak_rss_mb) for i, o in enumerate(run_unit(unit))]
 
 

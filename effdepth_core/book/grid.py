@@ -100,6 +100,10 @@ class Cell:
         recorded = metadata.get("probes", {}) if metadata.get("key") == self.settings.key() else {}
         return "missing", [p for p in self.record.probes if p not in recorded], 0
 
+    def quiet(self) -> None:
+        """No progress bars of its own (the grid draws one)."""
+        self.record.settings.progress = False
+
     def state(self) -> str:
         """``cached`` (every run it needs is finished), ``partial`` (a precision walk under way),
         ``stale`` (cached, but from an earlier revision of a probe) or ``missing``."""
@@ -172,6 +176,10 @@ class MapCell:
         from ..cost import GPU_OPS_PER_SECOND
 
         return Estimate(None if rate is None else work * rate, work / GPU_OPS_PER_SECOND, f"map {source}")
+
+    def quiet(self) -> None:
+        """No progress bars of its own (the grid draws one)."""
+        self.shared = {**self.shared, "progress": False}
 
     def compute(self, loader: ModelLoader | None) -> tuple[str, None]:
         from .study import map_study
