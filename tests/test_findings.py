@@ -98,7 +98,27 @@ def test_difficulty_finding_follows_the_intervals():
         pl.when(pl.col("task") == "aime24").then(pl.lit("it fires at layer 0")).otherwise(None).alias("degenerate")
     )
     text = findings.difficulty_finding(degenerate, paper=paper, between=_between([]))
-    assert "Degenerate and left out of the verdicts" in text and "m AIME24 cosine ED 21" in text
+    assert "Degenerate (see the methods page) and left out of the verdicts" in text and "m AIME24 cosine ED 21" in text
+    # a change whose gap vanishes at another threshold of the range is the threshold's: not counted
+    thresholds = [0.3, 0.5, 0.7]
+    sensitivity = pl.DataFrame(
+        {
+            "model": ["m"] * 6,
+            "task": ["hellaswag"] * 3 + ["gsm8k"] * 3,
+            "rule": ["cosine"] * 6,  # any rule with a threshold; the finding reads the rows given
+            "setting": ["kl_fraction"] * 6,
+            "threshold": thresholds * 2,
+            "ratio": [0.80, 0.40, 0.80, 0.82, 0.70, 0.90],  # gaps +0.02, +0.30, +0.10
+        }
+    )
+    between = _between([("hellaswag", "gsm8k", 0.3, 0.25, 0.35), ("gsm8k", "aime24", 0.0, -0.1, 0.1)])
+    shaky = findings.difficulty_finding(summary, paper=paper, between=between, sensitivity=sensitivity)
+    assert "m: **we agree**." in shaky  # only the GSM8K→AIME24 step is left to decide
+    assert "the gap depends on the threshold (kl fraction: +0.02 at 0.30" in shaky
+    assert "0.50" not in shaky.split("depends on the threshold")[1].split(")")[0]  # the paper's own gap is large
+    steady = sensitivity.with_columns(pl.col("ratio") + pl.when(pl.col("task") == "gsm8k").then(0.3).otherwise(0.0))
+    kept = findings.difficulty_finding(summary, paper=paper, between=between, sensitivity=steady)
+    assert "m: **we disagree**." in kept and "depends on the threshold" not in kept
 
 
 def _within(ed: tuple[float, float, float], ratio: tuple[float, float, float]) -> pl.DataFrame:
@@ -152,8 +172,9 @@ def test_scale_finding_separates_within_and_across_families():
         }
     )
     text = findings.scale_finding(summary, paper, None, across)
-    assert "Across families (4 models of different families): **we cannot tell**." in text
-    assert "too few to test (4 points: the smallest permutation p is 0.08)" in text
+    assert "Across all 4 models: **we cannot tell**." in text
+    said = "4 models allow no rank test at 5 % (the smallest possible p is 0.08)"
+    assert f"{said}; Spearman ρ of size and mean ED: cosine +0.80." in text
     single = findings.scale_finding(summary.filter(model="q-0.5b"), paper)
     assert "**we cannot tell** from q-0.5b alone" in single and "the paper's" in single
 

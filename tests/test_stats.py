@@ -72,6 +72,10 @@ def test_spearman_permutation_p_values_by_hand():
     # rho = 1 - 6·Σd²/(n(n²-1)) with d = (-2, 1, 1, -2, 0, 2): Σd² = 14 → 1 - 84/210 = 0.6
     assert six["rho"] == pytest.approx(0.6) and 0 < six["p"] < 1 and six["min_p"] == pytest.approx(2 / 720)
     assert stats.spearman_test([1, 2], [1, 2])["rho"] is None  # too few to rank
+    # ties: levels 0..4 against EDs (3, 3, 5, 5, 5); the most extreme orderings put the two 3s at
+    # either end's two positions: 2·2!·3! of 5! = 24/120 orderings reach |rho| max
+    tied = stats.spearman_test([0, 1, 2, 3, 4], [3, 3, 5, 5, 5])
+    assert tied["min_p"] == pytest.approx(24 / 120) and tied["p"] == pytest.approx(24 / 120)
 
 
 def test_a_verdict_turns_into_cannot_tell_when_intervals_widen():

@@ -141,11 +141,14 @@ def within_family(
 
 def across_models(summary: pl.DataFrame, rules: Sequence[str] = tuple(RULE_LABELS.values())) -> pl.DataFrame:
     """Per rule, over the models: the Spearman correlation of size (parameters) with the mean ED over
-    the tasks (degenerate cells left out), its permutation p-value and the smallest p the number of
-    models allows, and the spread of the mean ratios."""
+    the tasks (degenerate cells and cells whose interval does not count left out), its permutation
+    p-value and the smallest p the number of models allows, and the spread of the mean ratios."""
     rows = []
+    counts = pl.col("interval_counts") if "interval_counts" in summary.columns else pl.lit(True)
     for label in rules:
-        cells = summary.filter(pl.col("rule") == label, pl.col("ed").is_not_null(), pl.col("degenerate").is_null())
+        cells = summary.filter(
+            pl.col("rule") == label, pl.col("ed").is_not_null(), pl.col("degenerate").is_null(), counts
+        )
         means = (
             cells.group_by("model", "n_params")
             .agg(pl.col("ed").mean(), pl.col("ratio").mean())
@@ -230,6 +233,8 @@ def level_trend(summary: pl.DataFrame, model: str, order: Sequence[str], rules: 
                 "p": test["p"],
                 "min_p": test["min_p"],
                 "left_out": ", ".join(left_out) or None,
+                # the same ED at every level (at least 3): nothing to rank, and the plainest "no trend"
+                "same_ed": ranked[0]["ed"] if len(ranked) >= 3 and len({r["ed"] for r in ranked}) == 1 else None,
             }
         )
     schema = {
@@ -239,6 +244,7 @@ def level_trend(summary: pl.DataFrame, model: str, order: Sequence[str], rules: 
         "p": pl.Float64,
         "min_p": pl.Float64,
         "left_out": pl.String,
+        "same_ed": pl.Int64,
     }
     return pl.DataFrame(rows, schema=schema).with_columns(pl.lit(model).alias("model"))
 

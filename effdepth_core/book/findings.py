@@ -46,6 +46,17 @@ def _signed(value: float, digits: int = 0) -> str:
     return f"+{text}" if value > 0 else f"{MINUS}{text}" if value < 0 else f"±{text}"
 
 
+def _rho(value: float) -> str:
+    """A correlation with its sign (the typographic minus), 0 unsigned."""
+    return _signed(value, 2).replace("±", "")
+
+
+def _range(low: float, high: float, digits: int = 2) -> str:
+    """``0.37–0.61``, or one value when both ends are equal at that precision."""
+    a, b = f"{low:.{digits}f}", f"{high:.{digits}f}"
+    return a if a == b else f"{a}–{b}"
+
+
 def _interval(row: Mapping, digits: int = 2) -> str:
     """``+0.03 [−0.02, +0.08]``."""
     if row.get("point") is None:
@@ -98,19 +109,19 @@ def degenerate_sentence(summary: pl.DataFrame) -> str | None:
     if not rows.height:
         return None
     cells = "; ".join(f"{r['model']} {_name(r['task'])} {r['rule']} ED {r['ed']}" for r in rows.iter_rows(named=True))
-    return f"Degenerate and left out of the verdicts (method.md §10): {cells}."
+    return f"Degenerate (see the methods page) and left out of the verdicts: {cells}."
 
 
-def _test_words(row: Mapping, what: str) -> str:
+def _test_words(row: Mapping, what: str, unit: str = "level") -> str:
     """A rank correlation with its test, or why it cannot be tested."""
+    if row.get("same_ed") is not None:
+        return f"{what}: the same ED ({row['same_ed']}) at all {row['levels']} {unit}s, no trend"
     if row.get("rho") is None:
         return f"{what}: too few points to rank"
+    rho = _rho(row["rho"])
     if row.get("min_p") is not None and row["min_p"] > ALPHA:
-        return (
-            f"{what} ρ = {row['rho']:.2f}, too few to test ({row.get('n_models') or row.get('levels')} points: the "
-            f"smallest permutation p is {row['min_p']:.2f})"
-        )
-    return f"{what} ρ = {row['rho']:.2f} (permutation p = {row['p']:.3f})"
+        return f"{what} ρ = {rho}, untestable (smallest possible p {row['min_p']:.2f})"
+    return f"{what} ρ = {rho} (permutation p = {row['p']:.2f})"
 
 
 def scale_finding(
@@ -163,15 +174,25 @@ def scale_finding(
             if not testable
             else ("agree" if all(r["p"] <= ALPHA and r["rho"] > 0 for r in testable) else "cannot tell")
         )
-        text.append(f"Across families ({n_models} models of different families): **{WORDS[verdict]}**.")
-        text.append("Spearman over the models: " + "; ".join(tests) + ".")
+        text.append(f"Across all {n_models} models: **{WORDS[verdict]}**.")
+        untestable = [r["min_p"] for r in across.iter_rows(named=True) if r["min_p"] is not None and r["min_p"] > ALPHA]
+        if untestable and len(untestable) == across.height and across["rho"].is_not_null().all():
+            rhos = ", ".join(
+                f"{r['rule']} {_signed(r['rho'], 2).replace('±', '')}" for r in across.iter_rows(named=True)
+            )
+            text.append(
+                f"{n_models} models allow no rank test at 5 % (the smallest possible p is {max(untestable):.2f}); "
+                f"Spearman ρ of size and mean ED: {rhos}."
+            )
+        else:
+            text.append("Spearman of size and mean ED: " + "; ".join(tests) + ".")
         spreads = [
-            f"{r['rule']} {r['ratio_min']:.2f}–{r['ratio_max']:.2f}"
+            f"{r['rule']} {_range(r['ratio_min'], r['ratio_max'])}"
             for r in across.iter_rows(named=True)
             if r["ratio_min"] is not None
         ]
         if spreads:
-            text.append(f"Mean ratios across them: {'; '.join(spreads)}.")
+            text.append(f"Their mean ratios span {'; '.join(spreads)} (cells of at least 20 prompts).")
     elif models.height == 1 and clean_paper is not None:
         model = models["model"][0]
         parts = []
@@ -187,7 +208,7 @@ def scale_finding(
                 if p_low - 1e-9 <= low and high <= p_high + 1e-9
                 else ("outside" if high < p_low or low > p_high else "partly inside")
             )
-            parts.append(f"{rule} {low:.2f}–{high:.2f}, {where} the paper's {p_low:.2f}–{p_high:.2f}")
+            parts.append(f"{rule} {_range(low, high)}, {where} the paper's {_range(p_low, p_high)}")
         text.append(f"One model cannot show a trend: **we cannot tell** from {model} alone.")
         text.append(f"Its ratios: {'; '.join(parts)}.")
     n = summary["n_examples"] if "n_examples" in summary.columns else None
@@ -206,11 +227,14 @@ def difficulty_finding(
     groups: Mapping[str, Sequence[str]] | None = None,
     between: pl.DataFrame | None = None,
     trends: pl.DataFrame | None = None,
+    sensitivity: pl.DataFrame | None = None,
 ) -> str:
     """Does ED stay consistent across the data sets in ``order``? Per model: the ratio differences
     between successive data sets (``between``: ``evidence.between_tasks``) against the paper's own
     spread, and the rank correlation over each ordered group of levels (``trends``:
-    ``evidence.level_trend`` rows with a ``group`` column)."""
+    ``evidence.level_trend`` rows with a ``group`` column). A change found by a thresholded rule
+    counts only when it holds over the threshold range (``sensitivity``: ``Study.sensitivity``):
+    where it falls within the spread at another threshold, the gap is the threshold's, not the task's."""
     text = [f"**Task difficulty.** The paper finds that {CLAIMS['difficulty']}."]
     rows = _usable(summary)
     if rows.filter(pl.col("task").is_in(list(order))).is_empty():
@@ -229,6 +253,10 @@ def difficulty_finding(
                     excluded.append(f"{rule} {pair} ({r['excluded'].split(': ', 1)[-1]})")
                     continue
                 verdict = interval_verdict(r["low"], r["high"], tolerance)
+                shaky = _threshold_dependent(sensitivity, model, rule, r["first"], r["second"], tolerance)
+                if verdict == "disagree" and shaky:
+                    excluded.append(f"{rule} {pair} {_interval(r)}: the gap depends on the threshold ({shaky})")
+                    continue
                 verdicts.append(verdict)
                 steps.append(f"{pair} {_interval(r)}")
             if steps:
@@ -240,13 +268,35 @@ def difficulty_finding(
             text.append(f"Not counted: {'; '.join(excluded)}.")
         if trends is not None and trends.height:
             for group, frame in trends.filter(model=model).group_by("group", maintain_order=True):
-                words = [_test_words(r, r["rule"]) for r in frame.iter_rows(named=True)]
                 what = "operand length" if "operand" in group[0] else "level"
+                words = [_test_words(r, r["rule"], what) for r in frame.iter_rows(named=True)]
                 text.append(f"By {group[0]}, rank correlation of {what} and ED: {'; '.join(words)}.")
     qualification = degenerate_sentence(summary)
     if qualification:
         text.append(qualification)
     return " ".join(text)
+
+
+def _threshold_dependent(
+    sensitivity: pl.DataFrame | None, model: str, rule: str, first: str, second: str, tolerance: float
+) -> str | None:
+    """Where a rule's ratio gap between two data sets falls within ±``tolerance`` (or changes sign)
+    at some threshold of its range: those thresholds and gaps, else None."""
+    if sensitivity is None or not sensitivity.height:
+        return None
+    mine = sensitivity.filter(pl.col("model") == model, pl.col("rule") == rule)
+    a = mine.filter(pl.col("task") == first).select("setting", "threshold", pl.col("ratio").alias("a"))
+    b = mine.filter(pl.col("task") == second).select("threshold", pl.col("ratio").alias("b"))
+    gaps = a.join(b, on="threshold").drop_nulls().with_columns((pl.col("b") - pl.col("a")).alias("gap"))
+    if gaps.height < 2:
+        return None
+    sign = 1.0 if gaps["gap"].sum() >= 0 else -1.0
+    small = gaps.filter(pl.col("gap") * sign <= tolerance).sort("threshold")
+    if not small.height:
+        return None
+    setting = str(small["setting"][0]).replace("_", " ")
+    shown = ", ".join(f"{_signed(g, 2)} at {t:.2f}" for t, g in zip(small["threshold"], small["gap"], strict=True))
+    return f"{setting}: {shown}"
 
 
 def _reason(text: str) -> str:

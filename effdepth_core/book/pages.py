@@ -202,7 +202,13 @@ class DifficultyPage(Page):
         between = [evidence.between_tasks(self.by_task, m, self.task_order) for m in self.p.get("models") or []]
         between = pl.concat(between) if between else None
         return findings.difficulty_finding(
-            self.summary, self.task_order, self.paper, self.groups, between=between, trends=self.trends()
+            self.summary,
+            self.task_order,
+            self.paper,
+            self.groups,
+            between=between,
+            trends=self.trends(),
+            sensitivity=self.by_task.sensitivity(),
         )
 
     def chart(self, name: str):

@@ -39,10 +39,9 @@ RULE_ORDER = list(RULE_LABELS.values())
 # ED rules have colours of their own (Dark2), never used for models or tasks (the theme's PALETTE):
 # one colour means one thing across the charts of an output cell
 RULE_COLOURS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#a6761d"]
-RULE_SCALE = alt.Scale(
-    domain=[*RULE_ORDER, "tuned KL", "tuned overlap", "norm"], range=RULE_COLOURS[: len(RULE_ORDER) + 3]
-)
-DEGENERATE_NOTE = "hollow: a degenerate ED (method.md §10), left out of every verdict"
+RULE_DOMAIN = [*RULE_ORDER, "tuned KL", "tuned overlap", "norm"]
+DEGENERATE_NOTE = "hollow: a degenerate ED (see the methods page), left out of every verdict"
+NOTE_TITLE = {"fontSize": 11, "fontWeight": "normal", "anchor": "start", "color": "#555555"}  # a chart's key line
 ANSWER_OUTLINE = "#111111"  # the answer tokens' outline on erasure maps (no other mark uses it)
 CONTENT_WIDTH = 600  # px of plot area that fits the book's content column at 1400 px (legends below)
 SOURCE_COLOURS = {OURS: PALETTE[0], PAPER: "#8c8c8c"}  # the same on every page
@@ -244,12 +243,24 @@ def _marked(summary: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _hollow_when_degenerate() -> dict:
-    """Encodings that draw a degenerate ED's point hollow (filled otherwise)."""
+def _hollow_when_degenerate(field: str, scale: alt.Scale) -> dict:
+    """Encodings that draw a degenerate ED's point as a ring in its colour (``field`` on ``scale``,
+    the colour channel's), filled otherwise."""
     return {
         "fillOpacity": alt.condition(alt.datum.status == "degenerate", alt.value(0.0), alt.value(1.0)),
+        "stroke": alt.Stroke(field, scale=scale, legend=None),
+        "strokeWidth": alt.value(1.5),
         "description": alt.Description("description:N"),
     }
+
+
+def _rule_scale(frame: pl.DataFrame) -> alt.Scale:
+    """The rules' colours, fixed per rule, over the rules ``frame`` holds (no legend entry without marks)."""
+    present = set(frame["rule"].to_list())
+    domain = [r for r in RULE_DOMAIN if r in present] + sorted(present - set(RULE_DOMAIN))
+    colours = dict(zip(RULE_DOMAIN, RULE_COLOURS, strict=False))
+    spare = iter(RULE_COLOURS[len(RULE_DOMAIN) :])
+    return alt.Scale(domain=domain, range=[colours.get(r) or next(spare, "#888888") for r in domain])
 
 
 def _pickers(chart: alt.Chart, frame: pl.DataFrame, fields: Sequence[str] = ("model", "task")) -> alt.Chart:
@@ -456,7 +467,7 @@ def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
             y=alt.Y("skipped_layer:O", title="layer skipped"),
             color=alt.Color(
                 "value:Q",
-                title=f"relative change (≥ {cap:.2f} darkest)",
+                title=f"relative change (clipped at {cap:.2f}: brightest)",
                 scale=alt.Scale(scheme="viridis", domain=[0, cap], clamp=True),
                 legend=alt.Legend(titleLimit=0, gradientLength=240),
             ),
@@ -610,13 +621,13 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
     pick = alt.selection_point(fields=["rule"], bind="legend")
     base = alt.Chart(frame).encode(
         x=x_field,
-        color=alt.Color("rule:N", scale=RULE_SCALE, title="ED rule", legend=alt.Legend(columns=1)),
+        color=alt.Color("rule:N", scale=_rule_scale(frame), title="ED rule", legend=alt.Legend(columns=1)),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     points = base.mark_point(filled=True, size=70).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
         shape=alt.Shape("model:N", title="model", legend=alt.Legend(columns=2)),  # two legends side by side fit
-        **_hollow_when_degenerate(),
+        **_hollow_when_degenerate("rule:N", _rule_scale(frame)),
         tooltip=[
             "model:N",
             "task:N",
@@ -635,7 +646,7 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
         .properties(width=140, height=200)
         .facet(column=alt.Column("task:N", title=None, sort=frame["task"].unique(maintain_order=True).to_list()))
         .add_params(pick)
-        .properties(title=alt.Title("", subtitle=DEGENERATE_NOTE))
+        .properties(title=alt.Title(DEGENERATE_NOTE, **NOTE_TITLE))
     )
 
 
@@ -722,12 +733,12 @@ def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt
     base = alt.Chart(frame).encode(
         x=alt.X("task:N", sort=sort, title=None, axis=alt.Axis(labelAngle=-30)),
         xOffset=alt.XOffset("rule:N", sort=RULE_ORDER),
-        color=alt.Color("rule:N", scale=RULE_SCALE, title="ED rule"),
+        color=alt.Color("rule:N", scale=_rule_scale(frame), title="ED rule"),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     points = base.mark_point(filled=True, size=60).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        **_hollow_when_degenerate(),
+        **_hollow_when_degenerate("rule:N", _rule_scale(frame)),
         tooltip=[
             "status:N",
             "model:N",
@@ -742,7 +753,7 @@ def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt
     )
     bars = base.mark_rule().encode(y="ratio_low:Q", y2="ratio_high:Q")
     chart = alt.layer(bars, points).add_params(pick)
-    return chart.properties(width=520, height=240, title=alt.Title("", subtitle=DEGENERATE_NOTE))
+    return chart.properties(width=520, height=240, title=alt.Title(DEGENERATE_NOTE, **NOTE_TITLE))
 
 
 @_needs_data
@@ -836,7 +847,7 @@ def lens_ed_comparison(summary: pl.DataFrame) -> alt.Chart:
     )
     points = base.mark_point(filled=True, size=70).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        **_hollow_when_degenerate(),
+        **_hollow_when_degenerate("lens:N", LENS_SCALE),
         tooltip=[
             "model:N",
             "task:N",
@@ -851,7 +862,7 @@ def lens_ed_comparison(summary: pl.DataFrame) -> alt.Chart:
     bars = base.mark_rule(strokeWidth=2).encode(y="ratio_low:Q", y2="ratio_high:Q")
     chart = alt.layer(bars, points, data=frame).properties(width=270, height=200)
     faceted = chart.facet(column=alt.Column("panel:N", title=None)).properties(
-        title=alt.Title("", subtitle=DEGENERATE_NOTE)
+        title=alt.Title(DEGENERATE_NOTE, **NOTE_TITLE)
     )
     return _pickers(faceted, frame, ("model",))
 

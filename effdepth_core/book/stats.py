@@ -142,8 +142,9 @@ def spearman_test(x: Sequence[float], y: Sequence[float], n_permutations: int = 
         rng = np.random.default_rng(seed)
         values = np.array([_pearson(rx, ry[rng.permutation(n)]) for _ in range(n_permutations)])
     p = float(np.mean(np.abs(values) >= abs(rho) - 1e-12))
-    ties = len(set(x.tolist())) < n or len(set(y.tolist())) < n
-    min_p = 2 / math.factorial(n) if n <= 8 and not ties else (1 / n_permutations if n > 8 else None)
+    # the smallest p these values allow: the share of orderings as extreme as the most extreme one
+    # (exact up to 8 points, ties included; 2/n! without ties), else the permutation test's resolution
+    min_p = float(np.mean(np.abs(values) >= np.abs(values).max() - 1e-12)) if n <= 8 else 1 / n_permutations
     return {"rho": float(rho), "p": p, "min_p": min_p, "n": n}
 
 

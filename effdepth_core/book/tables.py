@@ -131,7 +131,7 @@ def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str
     gt = gt.tab_style(style=style.css("white-space: nowrap"), locations=loc.body())
     note = (
         "Each cell: ED (ratio (ED + 1) / L, its leading zero dropped); † a degenerate ED of ours "
-        "(method.md §10), left out of every verdict. "
+        "(see the methods page), left out of every verdict. "
         "n: our prompts per data set, in the order of the columns (the paper used 10, AIME24 5); intervals and "
         "their widths are in the ED table below."
     )
@@ -175,15 +175,18 @@ def ed_summary(summary: pl.DataFrame) -> Table:
     ]
     columns = [c for c in order if c in frame.columns]  # each tuned-lens rule beside its logit-lens rule
     frame = frame.select("model", "task", "L", "n", "n set by", *columns, "note")
-    gt = GT(frame, rowname_col="task", groupname_col="model").sub_missing(missing_text="—")
+    # word joiners keep "[12–17]" whole: a cell may wrap at its spaces, never inside its interval
+    shown = frame.with_columns(pl.col("task").replace(TASK_NAMES), pl.col(columns).str.replace("–", "\u2060–\u2060"))
+    gt = GT(shown, rowname_col="task", groupname_col="model").sub_missing(missing_text="—")
     gt = gt.tab_spanner(label="effective depth", columns=columns).cols_label(n="prompts")
-    if not frame["note"].str.len_chars().sum():
-        gt = gt.cols_hide("note")
+    gt = gt.cols_hide("note")  # a wide, mostly empty column: its rows become notes under the table
     notes = [CELL_LEGEND + "; ± half the interval's width"]
+    for r in shown.filter(pl.col("note").str.len_chars() > 0).iter_rows(named=True):
+        notes.append(f"{r['model']}, {r['task']}: {r['note']}")
     if flags["*"]:
         notes.append("* fewer than 20 prompts: the interval does not count (a bootstrap over so few looks precise)")
     if flags["†"]:
-        notes.append("† degenerate (method.md §10): left out of every verdict")
+        notes.append("† degenerate (see the methods page): left out of every verdict")
     notes.append("n set by: met (every interval within ±1 layer), cap (the cap reached), data (the data set ran out)")
     for text in notes:
         gt = gt.tab_source_note(text)
