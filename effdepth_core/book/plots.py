@@ -243,12 +243,12 @@ def _marked(summary: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _hollow_when_degenerate(field: str, scale: alt.Scale) -> dict:
-    """Encodings that draw a degenerate ED's point as a ring in its colour (``field`` on ``scale``,
-    the colour channel's), filled otherwise."""
+def _hollow_when_degenerate(field: str, scale: alt.Scale, title: str) -> dict:
+    """Encodings that draw a degenerate ED's point as a ring in its colour (``field`` on ``scale``
+    with ``title``, as the colour channel has them: the two legends merge into one), filled otherwise."""
     return {
         "fillOpacity": alt.condition(alt.datum.status == "degenerate", alt.value(0.0), alt.value(1.0)),
-        "stroke": alt.Stroke(field, scale=scale, legend=None),
+        "stroke": alt.Stroke(field, scale=scale, title=title),
         "strokeWidth": alt.value(1.5),
         "description": alt.Description("description:N"),
     }
@@ -627,7 +627,7 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
     points = base.mark_point(filled=True, size=70).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
         shape=alt.Shape("model:N", title="model", legend=alt.Legend(columns=2)),  # two legends side by side fit
-        **_hollow_when_degenerate("rule:N", _rule_scale(frame)),
+        **_hollow_when_degenerate("rule:N", _rule_scale(frame), "ED rule"),
         tooltip=[
             "model:N",
             "task:N",
@@ -738,7 +738,7 @@ def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt
     )
     points = base.mark_point(filled=True, size=60).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        **_hollow_when_degenerate("rule:N", _rule_scale(frame)),
+        **_hollow_when_degenerate("rule:N", _rule_scale(frame), "ED rule"),
         tooltip=[
             "status:N",
             "model:N",
@@ -847,7 +847,7 @@ def lens_ed_comparison(summary: pl.DataFrame) -> alt.Chart:
     )
     points = base.mark_point(filled=True, size=70).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        **_hollow_when_degenerate("lens:N", LENS_SCALE),
+        **_hollow_when_degenerate("lens:N", LENS_SCALE, "lens"),
         tooltip=[
             "model:N",
             "task:N",
