@@ -177,6 +177,12 @@ def test_scale_finding_separates_within_and_across_families():
     assert f"{said}; Spearman ρ of size and mean ED: cosine +0.80." in text
     single = findings.scale_finding(summary.filter(model="q-0.5b"), paper)
     assert "**we cannot tell** from q-0.5b alone" in single and "the paper's" in single
+    assert "Beside the paper's" not in single  # no model of the paper shares its architecture
+    # the like-for-like pair: the paper's Qwen2.5-1.5B-Instruct has cosine EDs 16/20/19 (Table 1)
+    twin = _summary([("qwen2.5-coder-1.5b", 28, t, "cosine", 16, 15, 17) for t in ("hellaswag", "gsm8k", "aime24")])
+    said = findings.scale_finding(twin, paper)
+    assert "Beside the paper's Qwen2.5-1.5B-Instruct (same architecture and depth)" in said
+    assert "differ by at most 4 layers: cosine 16/16/16 against 16/20/19." in said
 
 
 def test_long_cot_finding_uses_ours_when_measured_and_says_so_when_not():

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
-from .reference import RULE_LABELS
+from .reference import COMPARABLE, RULE_LABELS
 from .stats import ALPHA, interval_verdict
 
 TASK_ORDER = ("hellaswag", "gsm8k", "aime24")  # the paper's difficulty order
@@ -211,6 +211,9 @@ def scale_finding(
             parts.append(f"{rule} {_range(low, high)}, {where} the paper's {_range(p_low, p_high)}")
         text.append(f"One model cannot show a trend: **we cannot tell** from {model} alone.")
         text.append(f"Its ratios: {'; '.join(parts)}.")
+        twin = COMPARABLE.get(model)
+        if twin is not None and paper is not None and paper.filter(pl.col("model") == twin).height:
+            text.append(_like_for_like(rows, paper, model, twin))
     n = summary["n_examples"] if "n_examples" in summary.columns else None
     if n is not None and n.len():
         text.append(f"Prompts per cell: {int(n.min())}–{int(n.max())}; intervals count from 20 prompts.")
@@ -297,6 +300,29 @@ def _threshold_dependent(
     setting = str(small["setting"][0]).replace("_", " ")
     shown = ", ".join(f"{_signed(g, 2)} at {t:.2f}" for t, g in zip(small["threshold"], small["gap"], strict=True))
     return f"{setting}: {shown}"
+
+
+def _like_for_like(ours: pl.DataFrame, paper: pl.DataFrame, model: str, twin: str) -> str:
+    """Our EDs beside the paper's model of the same architecture and depth, per rule and data set."""
+    parts, gaps = [], []
+    for rule in RULE_LABELS.values():
+        mine, theirs = [], []
+        for task in TASK_ORDER:
+            a = ours.filter(pl.col("model") == model, pl.col("rule") == rule, pl.col("task") == task)
+            b = paper.filter(pl.col("model") == twin, pl.col("rule") == rule, pl.col("task") == task)
+            if a.height and b.height and a["ed"][0] is not None and b["ed"][0] is not None:
+                mine.append(str(a["ed"][0]))
+                theirs.append(str(b["ed"][0]))
+                gaps.append(abs(int(a["ed"][0]) - int(b["ed"][0])))
+        if mine:
+            parts.append(f"{rule} {'/'.join(mine)} against {'/'.join(theirs)}")
+    if not parts:
+        return ""
+    order = "/".join(_name(t) for t in TASK_ORDER)
+    return (
+        f"Beside the paper's {twin} (same architecture and depth), our EDs ({order}) differ by at most "
+        f"{max(gaps)} layers: {'; '.join(parts)}."
+    )
 
 
 def _reason(text: str) -> str:

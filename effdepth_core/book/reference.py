@@ -27,6 +27,8 @@ TUNED_RULE_LABELS = _labels(TUNED_RULES)
 
 PAPER = "paper (bf16 hub weights)"
 OURS = "ours (quantized GGUF, fp32)"
+# our model → the paper's model of the same architecture (both Qwen2.5, 28 layers, 12/2 heads)
+COMPARABLE = {"qwen2.5-coder-1.5b": "Qwen2.5-1.5B-Instruct"}
 TASKS = ("hellaswag", "gsm8k", "aime24")
 RULES = tuple(RULE_LABELS.values())
 # model (L) | cos H G A | KL H G A | overlap H G A — ED only; the ratio is (ED + 1) / L

@@ -12,7 +12,7 @@ from great_tables import GT, loc, style
 
 from ..labels import CELL_LEGEND, format_ed
 from .findings import TASK_NAMES, TASK_ORDER
-from .reference import OURS, PAPER, RULE_LABELS, TUNED_RULE_LABELS
+from .reference import COMPARABLE, OURS, PAPER, RULE_LABELS, TUNED_RULE_LABELS
 
 HIGHLIGHT = "#fff3cd"
 
@@ -37,10 +37,6 @@ class Table:
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         return {"text/html": self.as_raw_html(), "text/plain": self.text()}
-
-
-# our model → the paper's model of the same architecture (both Qwen2.5, 28 layers, 12/2 heads)
-COMPARABLE = {"qwen2.5-coder-1.5b": "Qwen2.5-1.5B-Instruct"}
 
 
 def _compact(gt: GT) -> GT:
