@@ -191,7 +191,7 @@ def test_long_cot_finding_uses_ours_when_measured_and_says_so_when_not():
     empty = pl.DataFrame(schema=_difficulty_summary().schema)
     error = "cannot load model 'x': the Hugging Face hub cannot be reached from this machine. Offline aliases: a, b"
     offline = findings.long_cot_finding(empty, pairs, {"Qwen/Qwen2.5-Math-1.5B": error}, paper)
-    assert "we cannot tell" in offline and "the Hugging Face hub cannot be reached from this machine)" in offline
+    assert "we cannot tell" in offline and "the Hugging Face hub cannot be reached from this machine." in offline
     assert "Offline aliases" not in offline  # the gist of the error, once
     assert "lens KL ±0/−21*/+1" in offline and "artefact" in offline and "at most 1 layer" in offline
     ours = _summary(
@@ -317,7 +317,7 @@ def test_lens_finding_verdict_follows_the_intervals():
     # an interval that straddles the ±1 band decides nothing: the answer is qualified, never mixed
     said = findings.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (-8, -9, -7)]))
     assert "**yes, where the intervals can tell**: 1 of 2 usable EDs move" in said
-    assert "1 interval(s) reach across ±1 layer" in said
+    assert "1 interval reaches across ±1 layer" in said
     said = findings.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (0, -1, 1)]))
     assert "**no, where the intervals can tell**: 1 of 2 usable EDs stay" in said
     said = findings.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (1, 0.5, 3)]))
@@ -375,8 +375,8 @@ def test_early_exit_finding_reads_the_layer_after_ed():
         }
     )
     said = findings.early_exit_finding(exits, summary)
-    assert "Across 1 runs, exiting right after ED saves 50%–50% of the layers; 75%–75% of tokens keep" in said
-    assert "rises by +2.00 to +2.00 nats" in said  # exit after layer 1 (layer 2 decoded): 3.00 against 1.00
+    assert "1 run: exiting right after ED saves 50% of the layers; 75% of tokens keep" in said
+    assert "rises by +2.00 nats" in said  # exit after layer 1 (layer 2 decoded): 3.00 against 1.00
 
 
 def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 1.0) -> pl.DataFrame:

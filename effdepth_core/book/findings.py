@@ -46,6 +46,11 @@ def _signed(value: float, digits: int = 0) -> str:
     return f"+{text}" if value > 0 else f"{MINUS}{text}" if value < 0 else f"±{text}"
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 model``, ``3 models``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _rho(value: float) -> str:
     """A correlation with its sign (the typographic minus), 0 unsigned."""
     return _signed(value, 2).replace("±", "")
@@ -365,7 +370,7 @@ def long_cot_finding(
                 parts.append(f"{rule} {'/'.join(deltas)}")
         text.append(f"Ours, {long_cot} − {base} ({order}): " + "; ".join(parts) + ".")
     for reason, models in not_measured.items():
-        text.append(f"Not measured here ({len(models)} model(s): {reason}).")
+        text.append(f"Not measured here: {_count(len(models), 'model')}, {reason}.")
     largest = None
     if paper is not None and pairs:
         from .reference import pair_deltas
@@ -399,7 +404,7 @@ def long_cot_finding(
             )
             text.append(f"The paper's deltas ({order}): " + " | ".join(by_pair) + star + ".")
     if not measured_any:
-        tail = "" if largest is None else f"; apart from artefacts its changes are at most {largest} layer(s)"
+        tail = "" if largest is None else f"; apart from artefacts its changes are at most {_count(largest, 'layer')}"
         text.append(f"With no pair measured here, **we cannot tell**: the verdict rests on the paper alone{tail}.")
     return " ".join(text)
 
@@ -431,7 +436,11 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
         stayed = sum(v == "agree" for v in verdicts)
         unclear = len(verdicts) - moved - stayed  # intervals that reach across ±1 layer
         of = f"of {len(verdicts)} usable EDs"
-        tail = f"; {unclear} interval(s) reach across ±1 layer" if unclear else ""
+        tail = (
+            f"; {_count(unclear, 'interval')} {'reaches' if unclear == 1 else 'reach'} across ±1 layer"
+            if unclear
+            else ""
+        )
         if moved and stayed:  # some EDs provably move, some provably stay: a mixed answer
             answer = f"**in part**: {moved} {of} move by more than a layer, {stayed} stay{tail}"
         elif moved:  # the rest cannot be told apart from ±1: a yes as far as the intervals can tell
@@ -536,11 +545,18 @@ def early_exit_finding(exits: pl.DataFrame, summary: pl.DataFrame, rule: str = "
     kept = [c[4] for c in cells]
     cost = [c[5] for c in cells]
     worst = max(cells, key=lambda c: c[5])
+
+    def share(values: list[float]) -> str:
+        low, high = f"{min(values):.0%}", f"{max(values):.0%}"
+        return low if low == high else f"{low}–{high}"
+
+    rises = (
+        f"{min(cost):+.2f}" if f"{min(cost):+.2f}" == f"{max(cost):+.2f}" else f"{min(cost):+.2f} to {max(cost):+.2f}"
+    )
+    where = f", most for {worst[0]} on {_name(worst[1])} ({worst[2]} lens)" if len(cells) > 1 else ""
     return (
-        f"{question} Across {len(cells)} runs, exiting right after ED saves {min(saved):.0%}–{max(saved):.0%} of the "
-        f"layers; {min(kept):.0%}–{max(kept):.0%} of tokens keep their final top-1. "
-        f"The answer NLL rises by {min(cost):+.2f} to {max(cost):+.2f} nats, most for {worst[0]} on "
-        f"{_name(worst[1])} ({worst[2]} lens)."
+        f"{question} {_count(len(cells), 'run').capitalize()}: exiting right after ED saves {share(saved)} of the "
+        f"layers; {share(kept)} of tokens keep their final top-1. The answer NLL rises by {rises} nats{where}."
     )
 
 
