@@ -227,7 +227,9 @@ class DifficultyPage(Page):
         return tables.table1(self.by_task.summary(), self.paper)
 
     def trend_table(self):
-        return tables.frame_table(self.trends().select("model", "group", "rule", "levels", "rho", "p", "min_p"))
+        columns = {"model": "model", "group": "ordered by", "rule": "rule", "levels": "levels", "rho": "Spearman ρ",
+                   "p": "permutation p", "min_p": "smallest possible p"}  # fmt: skip
+        return tables.frame_table(self.trends().select(list(columns)).rename(columns))
 
     def ed_table(self):
         return tables.ed_summary(self.summary)
