@@ -345,7 +345,12 @@ def contribution_bars(cosine: pl.DataFrame, width: int = CONTENT_WIDTH) -> alt.C
     )
     cos = base.transform_filter(alt.datum.kind == "cos").encode(y=alt.Y("value:Q", title="cosine with residual"))
     rel = base.transform_filter(alt.datum.kind == "rel").encode(  # log: layer 0 writes ~10× more than the rest
-        y=alt.Y("value:Q", title="‖write‖ / ‖residual‖ (log)", scale=alt.Scale(type="symlog", constant=0.1))
+        y=alt.Y(
+            "value:Q",
+            title="‖write‖ / ‖residual‖ (log)",
+            scale=alt.Scale(type="symlog", constant=0.1),
+            axis=alt.Axis(values=[0, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50], format="~g"),  # symlog ticks land at 0, 5, 10
+        )
     )
     return _pickers(alt.vconcat(cos.add_params(pick), rel, data=frame), frame)
 
