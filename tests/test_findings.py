@@ -173,7 +173,7 @@ def test_scale_finding_separates_within_and_across_families():
     )
     text = findings.scale_finding(summary, paper, None, across)
     assert "Across all 4 models: **we cannot tell**." in text
-    said = "4 models allow no rank test at 5 % (the smallest possible p is 0.08)"
+    said = "4 models allow no rank test at 5 % (no p below 0.08 is possible)"
     assert f"{said}; Spearman ρ of size and mean ED: cosine +0.80." in text
     single = findings.scale_finding(summary.filter(model="q-0.5b"), paper)
     assert "**we cannot tell** from q-0.5b alone" in single and "the paper's" in single

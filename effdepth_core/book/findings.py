@@ -46,6 +46,11 @@ def _signed(value: float, digits: int = 0) -> str:
     return f"+{text}" if value > 0 else f"{MINUS}{text}" if value < 0 else f"±{text}"
 
 
+def _spread(tolerance: float) -> str:
+    """The yardstick of a ratio difference, said where it is used."""
+    return f"(no change within the paper's own spread, ±{tolerance:.2f})"
+
+
 def _count(n: int, noun: str) -> str:
     """``1 model``, ``3 models``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
@@ -160,12 +165,16 @@ def scale_finding(
             )
             stable = interval_verdict(ratio["low"], ratio["high"], tolerance)
             verdicts.append(_combine([grows, stable]))
-            evidence.append(
-                f"{rule}: ED {_interval(ed, 1)} layers, ratio {_interval(ratio)} (no change within ±{tolerance:.2f})"
-            )
+            evidence.append(f"{rule}: ED {_interval(ed, 1)} layers, ratio {_interval(ratio)} {_spread(tolerance)}")
         verdict = _combine(verdicts)
+        per_task = within.filter(pl.col("task") != "all", pl.col("measure") == "ed")
+        pooled = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t, pl.col("excluded").is_null()).height]
+        left = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t).height and t not in pooled]
+        over = f", pooled over {' and '.join(_name(t) for t in pooled)}" if pooled else ""
+        if left:
+            over += f" ({', '.join(_name(t) for t in left)} not counted: too few prompts or degenerate)"
         text.append(
-            f"Within one family, {small} → {big} on the same prompts: **{WORDS[verdict]}**."
+            f"Within one family, {small} → {big} on the same prompts{over}: **{WORDS[verdict]}**."
             if evidence
             else f"Within one family, {small} → {big}: no usable pair of EDs, **we cannot tell**."
         )
@@ -186,7 +195,7 @@ def scale_finding(
                 f"{r['rule']} {_signed(r['rho'], 2).replace('±', '')}" for r in across.iter_rows(named=True)
             )
             text.append(
-                f"{n_models} models allow no rank test at 5 % (the smallest possible p is {max(untestable):.2f}); "
+                f"{n_models} models allow no rank test at 5 % (no p below {min(untestable):.2f} is possible); "
                 f"Spearman ρ of size and mean ED: {rhos}."
             )
         else:
@@ -268,7 +277,7 @@ def difficulty_finding(
                 verdicts.append(verdict)
                 steps.append(f"{pair} {_interval(r)}")
             if steps:
-                evidence.append(f"{rule} ratio {'; '.join(steps)} (no change within ±{tolerance:.2f})")
+                evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(tolerance)}")
         verdict = _combine(verdicts)
         text.append(f"{model}: **{WORDS[verdict]}**.")
         text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
