@@ -352,9 +352,9 @@ def _comparison(after: float, angular: float, influence: float) -> pl.DataFrame:
 
 
 def test_pruning_finding_verdict_follows_the_numbers():
-    assert "block influence: **yes**" in findings.pruning_finding(_comparison(0.1, 0.5, 0.9))
+    assert "choose?** **yes**: the cheapest in the one budget." in findings.pruning_finding(_comparison(0.1, 0.5, 0.9))
     said = findings.pruning_finding(_comparison(0.9, 0.5, 0.1))
-    assert "block influence: **no**" in said and "block influence +0.10" in said
+    assert "choose?** **no**: never the cheapest (1 budget)." in said and "block influence +0.10" in said
     tie = _comparison(0.5, 0.5, 0.9).with_columns(pl.Series("removed", ["3,4", "3,4", "9"]))
     assert "**a tie**" in findings.pruning_finding(tie)
     assert "cannot tell" in findings.pruning_finding(pl.DataFrame())

@@ -451,7 +451,8 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
             else ""
         )
         if moved and stayed:  # some EDs provably move, some provably stay: a mixed answer
-            answer = f"**in part**: {moved} {of} move by more than a layer, {stayed} stay{tail}"
+            stay = "stays" if stayed == 1 else "stay"
+            answer = f"**in part**: {moved} {of} move by more than a layer, {stayed} {stay}{tail}"
         elif moved:  # the rest cannot be told apart from ±1: a yes as far as the intervals can tell
             answer = f"**yes, where the intervals can tell**: {moved} {of} move by more than a layer{tail}"
         elif stayed:
@@ -514,18 +515,18 @@ def pruning_finding(comparison: pl.DataFrame, ed_rule: str = "lens overlap") -> 
         listing = ", ".join(f"{r['choice']} {r['delta_nll']:+.2f}" for r in largest.iter_rows(named=True))
         cells.append(f"{model} {_name(task)}, {largest['k'][0]} layers: {listing}")
     decided = total - ties
+    tied = f", {_count(ties, 'tie')}" if ties else ""
     if decided == 0:
         verdict = "**a tie**: every rule picks the same layers"
     elif wins == decided:
-        verdict = "**yes**" + (f" ({ties} ties)" if ties else "")
+        verdict = f"**yes**: the cheapest in {'the one budget' if total == 1 else f'all {total} budgets'}{tied}"
     elif wins == 0:
-        verdict = "**no**" + (f" ({ties} ties)" if ties else "")
+        verdict = f"**no**: never the cheapest ({_count(total, 'budget')}{tied})"
     else:
-        verdict = f"**sometimes** (cheapest in {wins} of {total} budgets, {ties} ties)"
+        verdict = f"**sometimes**: the cheapest in {wins} of {total} budgets{tied}"
     return (
-        f"**Is the block right after ED ({ed_rule}) the cheapest to cut?** Δ answer NLL in nats when the largest "
-        f"budget of layers is removed: {' | '.join(cells)}. After ED beats angular distance and block influence: "
-        f"{verdict}."
+        f"**Is the block right after ED ({ed_rule}) cheaper to cut than the layers angular distance or block "
+        f"influence choose?** {verdict}. Δ answer NLL in nats at the largest budget: {'; '.join(cells)}."
     )
 
 
