@@ -157,16 +157,17 @@ def well_formed(metadata: dict) -> bool:
     return True
 
 
-def is_complete(out: Path, key: str, probes) -> bool:
-    """Whether ``out`` holds a finished run of ``key`` with every probe in ``probes`` and its
-    summary (a run killed between its last probe and the summary is not finished)."""
+def is_complete(out: Path, key: str, probes, summary: bool = True) -> bool:
+    """Whether ``out`` holds a finished run of ``key`` with every probe in ``probes`` and, with
+    ``summary``, its ED summary (a run killed between its last probe and the summary is not
+    finished; the cross-model map has no EDs, hence no summary)."""
     metadata = read_metadata(out)
     return (
         metadata is not None
         and metadata["key"] == key
         and not metadata.get("pending")
         and (out / EXAMPLES).is_file()
-        and (out / SUMMARY).is_file()
+        and (not summary or (out / SUMMARY).is_file())
         and all(p in metadata.get("probes", {}) and (out / f"{p}_by_example.parquet").is_file() for p in probes)
     )
 

@@ -129,3 +129,14 @@ def test_the_map_run_directory_is_read_back_without_models(tiny_dir, tmp_path, m
     monkeypatch.setattr(results, "load_model", lambda *a, **k: pytest.fail("the map was computed again"))
     again = results.run_map(settings, out)
     assert again.sort(again.columns, nulls_last=True).equals(first.sort(first.columns, nulls_last=True))
+    # the book's cached-only reading and the grid's plan see it as finished too (a map has no ED summary)
+    from effdepth_core.book import grid, study
+
+    pair = {"small": str(tiny_dir), "big": str(tiny_dir), "task": "addition", "digits": 3, "n": 3, "n_validation": 2}
+    settings_again, where = study.map_settings(pair, {"progress": False}, tmp_path / "book")
+    assert settings_again.key() == settings.key()
+    where.parent.mkdir(parents=True)
+    out.rename(where)  # the same run directory, where the book's results folder names it
+    read = study.map_study(pair, {"progress": False}, tmp_path / "book", cached_only=True)
+    assert read.height == first.height
+    assert grid.MapCell("beyond", "map", pair, {"progress": False}, tmp_path / "book").state() == "cached"

@@ -159,7 +159,7 @@ class MapCell:
 
     def state(self) -> str:
         settings, out = map_settings(self.pair, self.shared, self.results_dir)
-        return "cached" if is_complete(out, settings.key(), ["map"]) else "missing"
+        return "cached" if is_complete(out, settings.key(), ["map"], summary=False) else "missing"
 
     def estimate(self, calibration: Calibration) -> Estimate:
         """Both models' forward passes over the map's prompts, and a least-squares fit per layer pair."""

@@ -449,7 +449,7 @@ def map_study(pair: Mapping, defaults: Mapping | None, results_dir: str | Path, 
     run directory under ``<results_dir>/map``; with ``cached_only`` an empty frame when it is not
     computed yet."""
     settings, out = map_settings(pair, defaults, results_dir)
-    if cached_only and not is_complete(out, settings.key(), ["map"]):
+    if cached_only and not is_complete(out, settings.key(), ["map"], summary=False):
         return pl.DataFrame()
     return run_map(settings, out)
 
