@@ -115,6 +115,8 @@ class Cell:
         if not probes:
             return NOTHING
         rule = self.record.precision
+        if shape_of(self.settings.model, calibration) is None:  # unknown whatever the prompts: do not read them
+            return estimate(self.settings, probes, [], calibration)
         if rule is None:
             return estimate(self.settings, probes, task_lengths(self.settings), calibration)
         lengths = task_lengths(self.settings, rule.n_max)[done:]  # the walk reuses what it measured
