@@ -297,6 +297,10 @@ def default_out_dir(settings: RunSettings, root: Path | str = "results", hashed:
     return Path(root) / slug(settings.model) / (f"{name}-{settings.key()[:8]}" if hashed else name)
 
 
+# bump when the same map settings give other numbers (2: the self-map check fits without a ridge)
+MAP_REVISION = 2
+
+
 @dataclass
 class MapSettings:
     """A cross-model linear map (method.md §7): two models sharing a tokenizer and one task's prompts,
@@ -384,4 +388,5 @@ class MapSettings:
                 fields[f"{name}_files"] = model_files_digest(path)
         fields["version"] = __version__
         fields["answer_format"] = ANSWER_FORMAT
+        fields["map_revision"] = MAP_REVISION
         return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -418,6 +418,15 @@ def test_map_finding_verdict_follows_the_numbers():
         blind, "small", "big", map_statistic(blind)
     )
     assert "cannot tell" in findings.map_finding(pl.DataFrame({"metric": []}, schema={"metric": pl.String}), "a", "b")
+    shrunk = stretched.with_columns(  # a self-map off the identity (a ridge, a broken solver): the fit is in doubt
+        pl.when((pl.col("metric") == "self_error") & (pl.col("small_layer") == pl.col("big_layer")))
+        .then(0.1)
+        .otherwise(pl.col("value"))
+        .alias("value")
+    )
+    said = findings.map_finding(shrunk, "small", "big", map_statistic(shrunk))
+    assert "**we cannot tell**: mapped onto itself the small model does not give the identity" in said
+    assert "at most 1.0e-01 on the diagonal: not the identity" in said
 
 
 def test_beyond_charts_build_from_probe_frames():

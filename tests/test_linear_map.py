@@ -140,3 +140,23 @@ def test_the_map_run_directory_is_read_back_without_models(tiny_dir, tmp_path, m
     read = study.map_study(pair, {"progress": False}, tmp_path / "book", cached_only=True)
     assert read.height == first.height
     assert grid.MapCell("beyond", "map", pair, {"progress": False}, tmp_path / "book").state() == "cached"
+
+
+def test_the_self_map_is_fitted_without_a_ridge(monkeypatch):
+    """The ridge is chosen per small layer over all target layers; on a real model that choice is
+    > 0 (off-diagonal targets gain) and shrinks the diagonal away from the identity (0.04–0.12 on
+    qwen2.5-coder-0.5b): the self-map check must fit without one."""
+    from effdepth_core.probes import linear_map
+
+    calls = []
+    real = linear_map.fit_map
+
+    def spy(*args, **kwargs):
+        calls.append(args[4] if len(args) > 4 else kwargs.get("ridges", linear_map.RIDGES))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(linear_map, "fit_map", spy)
+    loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
+    prompts = random_prompts([40] * 12, seed=3)
+    linear_map.map_measurement(loaded, loaded, prompts[:6], prompts[6:8], prompts[8:])
+    assert [tuple(c) for c in calls] == [tuple(linear_map.RIDGES), (0.0,)]

@@ -579,7 +579,10 @@ def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping |
     if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns) or statistic is None:
         return f"{question} The map was not computed: **we cannot tell**."
     share, low, high = statistic["share"], statistic["low"], statistic["high"]
-    if statistic["beats_baseline"] < 0.5:
+    exact = statistic["self_max"] < 1e-3  # float64 normal equations: the identity to many digits
+    if not exact:
+        verdict = "**we cannot tell**: mapped onto itself the small model does not give the identity"
+    elif statistic["beats_baseline"] < 0.5:
         verdict = "**we cannot tell**: the maps are no better than maps fitted on shuffled token pairs"
     elif low >= 2 / 3:
         verdict = "**yes**: the best layers follow equal relative depth"
@@ -597,8 +600,8 @@ def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping |
         f"{statistic['baseline_low']:.2f}–{statistic['baseline_high']:.2f} there."
     )
     text.append(
-        f"Mapped onto itself, {small} gives at most {statistic['self_max']:.1e} on the diagonal (the identity, "
-        "as it must)."
+        f"Mapped onto itself without a ridge, {small} gives at most {statistic['self_max']:.1e} on the diagonal"
+        + (" (the identity, as it must)." if exact else ": not the identity, so the fit itself is in doubt.")
     )
     ratio = statistic["train_tokens"] / statistic["width"]
     text.append(
