@@ -686,7 +686,7 @@ def threshold_sensitivity(table: pl.DataFrame) -> alt.Chart:
         if index == 0 and pickers:
             line = line.add_params(*(param for _, param in pickers))
         panels.append(alt.layer(line, mark).properties(width=(CONTENT_WIDTH - 40) // 2, height=200))
-    return alt.hconcat(*panels)
+    return alt.concat(*panels, columns=2)  # two panels a row: the tuned-lens rules go below the logit lens's
 
 
 @_needs_data
