@@ -40,7 +40,7 @@ RULE_ORDER = list(RULE_LABELS.values())
 # one colour means one thing across the charts of an output cell
 RULE_COLOURS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#a6761d"]
 RULE_DOMAIN = [*RULE_ORDER, "tuned KL", "tuned overlap", "norm"]
-DEGENERATE_NOTE = "hollow: a degenerate ED (see the methods page), left out of every verdict"
+DEGENERATE_NOTE = "hollow: a degenerate ED (see the methods page); pale: under 20 prompts; neither counts in a verdict"
 NOTE_TITLE = {"fontSize": 11, "fontWeight": "normal", "anchor": "start", "color": "#555555"}  # a chart's key line
 ANSWER_OUTLINE = "#111111"  # the answer tokens' outline on erasure maps (no other mark uses it)
 CONTENT_WIDTH = 600  # px of plot area that fits the book's content column at 1400 px (legends below)
@@ -230,8 +230,15 @@ def _marked(summary: pl.DataFrame) -> pl.DataFrame:
     """ED rows with ``status`` (``degenerate`` or ``usable``) and a ``description`` every mark carries
     (a screen reader's label, and how a test finds the degenerate points)."""
     degenerate = pl.col("degenerate") if "degenerate" in summary.columns else pl.lit(None, dtype=pl.String)
+    counts = pl.col("interval_counts").fill_null(True) if "interval_counts" in summary.columns else pl.lit(True)
     return summary.with_columns(
-        pl.when(degenerate.is_not_null()).then(pl.lit("degenerate")).otherwise(pl.lit("usable")).alias("status"),
+        pl.when(degenerate.is_not_null())
+        .then(pl.lit("degenerate"))
+        .when(~counts)
+        .then(pl.lit("few prompts"))
+        .otherwise(pl.lit("usable"))
+        .alias("status"),
+        pl.when(degenerate.is_not_null()).then(0.0).when(~counts).then(0.35).otherwise(1.0).alias("fill"),
         pl.format(
             "{} {} {}: ED {}{}",
             "model",
@@ -247,7 +254,7 @@ def _hollow_when_degenerate(field: str, scale: alt.Scale, title: str) -> dict:
     """Encodings that draw a degenerate ED's point as a ring in its colour (``field`` on ``scale``
     with ``title``, as the colour channel has them: the two legends merge into one), filled otherwise."""
     return {
-        "fillOpacity": alt.condition(alt.datum.status == "degenerate", alt.value(0.0), alt.value(1.0)),
+        "fillOpacity": alt.FillOpacity("fill:Q", scale=None, legend=None),  # _marked: by the point's status
         "stroke": alt.Stroke(field, scale=scale, title=title),
         "strokeWidth": alt.value(1.5),
         "description": alt.Description("description:N"),
