@@ -410,7 +410,7 @@ def test_map_finding_verdict_follows_the_numbers():
     stretched = _map([0, 2, 4, 6, 8])
     said = findings.map_finding(stretched, "small", "big", map_statistic(stretched))
     assert "**yes**" in said and "For 100% [100%, 100%] of the 3 inner layers" in said
-    assert "shuffled pairs give 1.00–1.00" in said and "at most 0.0e+00 on the diagonal" in said
+    assert "shuffled pairs give 1.00–1.00" in said and "at most 0.0e+00 on the diagonal beyond layer 0" in said
     squashed = _map([0, 8, 8, 8, 8])
     assert "**no**" in findings.map_finding(squashed, "small", "big", map_statistic(squashed))
     blind = _map([0, 2, 4, 6, 8], baseline=0.1)  # the shuffled maps are as good: nothing is measured
@@ -419,14 +419,26 @@ def test_map_finding_verdict_follows_the_numbers():
     )
     assert "cannot tell" in findings.map_finding(pl.DataFrame({"metric": []}, schema={"metric": pl.String}), "a", "b")
     shrunk = stretched.with_columns(  # a self-map off the identity (a ridge, a broken solver): the fit is in doubt
-        pl.when((pl.col("metric") == "self_error") & (pl.col("small_layer") == pl.col("big_layer")))
+        pl.when(
+            (pl.col("metric") == "self_error")
+            & (pl.col("small_layer") == pl.col("big_layer"))
+            & (pl.col("small_layer") > 0)
+        )
         .then(0.1)
         .otherwise(pl.col("value"))
         .alias("value")
     )
     said = findings.map_finding(shrunk, "small", "big", map_statistic(shrunk))
     assert "**we cannot tell**: mapped onto itself the small model does not give the identity" in said
-    assert "at most 1.0e-01 on the diagonal: not the identity" in said
+    assert "at most 1.0e-01 on the diagonal beyond layer 0: not the identity" in said
+    embeddings = stretched.with_columns(  # layer 0 alone off the identity: unseen tokens' embeddings, said as such
+        pl.when((pl.col("metric") == "self_error") & (pl.col("small_layer") == 0) & (pl.col("big_layer") == 0))
+        .then(0.04)
+        .otherwise(pl.col("value"))
+        .alias("value")
+    )
+    said = findings.map_finding(embeddings, "small", "big", map_statistic(embeddings))
+    assert "**yes**" in said and "at layer 0, the token embeddings, 0.04" in said
 
 
 def test_beyond_charts_build_from_probe_frames():

@@ -599,9 +599,16 @@ def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping |
         f"Best-layer errors are {statistic['best_low']:.2f}–{statistic['best_high']:.2f}; shuffled pairs give "
         f"{statistic['baseline_low']:.2f}–{statistic['baseline_high']:.2f} there."
     )
+    layer0 = statistic.get("self_layer0")
+    embeddings = (
+        f"; at layer 0, the token embeddings, {layer0:.2f}: test tokens the training prompts never held"
+        if layer0 is not None and layer0 >= 1e-3
+        else ""
+    )
     text.append(
-        f"Mapped onto itself without a ridge, {small} gives at most {statistic['self_max']:.1e} on the diagonal"
-        + (" (the identity, as it must)." if exact else ": not the identity, so the fit itself is in doubt.")
+        f"Mapped onto itself without a ridge, {small} gives at most {statistic['self_max']:.1e} on the diagonal "
+        "beyond layer 0"
+        + (f" (the identity, as it must{embeddings})." if exact else ": not the identity, so the fit is in doubt.")
     )
     ratio = statistic["train_tokens"] / statistic["width"]
     text.append(
