@@ -89,10 +89,14 @@ class PreciseRun:
         if self.stopped == "met":
             return f"every interval within ±{rule.halfwidth:g} at n = {self.n}"
         if self.stopped == "cap":
-            return f"the cap of {rule.n_max} prompts reached; widest interval {widest} layers"
+            return f"the cap of {rule.n_max} prompts reached; widest interval {widest} {_layers(widest)}"
         if self.stopped == "data":
-            return f"the data set has only {self.n} prompts here; widest interval {widest} layers"
+            return f"the data set has only {self.n} prompts here; widest interval {widest} {_layers(widest)}"
         return "not computed yet"
+
+
+def _layers(count: int) -> str:
+    return "layer" if count == 1 else "layers"
 
 
 def precise_run(
