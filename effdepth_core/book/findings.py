@@ -191,9 +191,7 @@ def scale_finding(
         text.append(f"Across all {n_models} models: **{WORDS[verdict]}**.")
         untestable = [r["min_p"] for r in across.iter_rows(named=True) if r["min_p"] is not None and r["min_p"] > ALPHA]
         if untestable and len(untestable) == across.height and across["rho"].is_not_null().all():
-            rhos = ", ".join(
-                f"{r['rule']} {_signed(r['rho'], 2).replace('±', '')}" for r in across.iter_rows(named=True)
-            )
+            rhos = ", ".join(f"{r['rule']} {_rho(r['rho'])}" for r in across.iter_rows(named=True))
             text.append(
                 f"{n_models} models allow no rank test at 5 % (no p below {min(untestable):.2f} is possible); "
                 f"Spearman ρ of size and mean ED: {rhos}."
@@ -335,7 +333,7 @@ def _like_for_like(ours: pl.DataFrame, paper: pl.DataFrame, model: str, twin: st
     order = "/".join(_name(t) for t in TASK_ORDER)
     return (
         f"Beside the paper's {twin} (same architecture and depth), our EDs ({order}) differ by at most "
-        f"{max(gaps)} layers: {'; '.join(parts)}."
+        f"{_count(max(gaps), 'layer')}: {'; '.join(parts)}."
     )
 
 

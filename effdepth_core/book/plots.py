@@ -631,15 +631,16 @@ def ed_against_scale(summary: pl.DataFrame, x: str = "n_layers") -> alt.Chart:
         ),
     }[x]
     pick = alt.selection_point(fields=["rule"], bind="legend")
+    rules = _rule_scale(frame)  # the colour and the ring of a degenerate point share it
     base = alt.Chart(frame).encode(
         x=x_field,
-        color=alt.Color("rule:N", scale=_rule_scale(frame), title="ED rule", legend=alt.Legend(columns=1)),
+        color=alt.Color("rule:N", scale=rules, title="ED rule", legend=alt.Legend(columns=1)),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     points = base.mark_point(filled=True, size=70).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
         shape=alt.Shape("model:N", title="model", legend=alt.Legend(columns=2)),  # two legends side by side fit
-        **_hollow_when_degenerate("rule:N", _rule_scale(frame), "ED rule"),
+        **_hollow_when_degenerate("rule:N", rules, "ED rule"),
         tooltip=[
             "model:N",
             "task:N",
@@ -742,15 +743,16 @@ def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt
     frame = _marked(summary.filter(pl.col("ratio").is_not_null()))
     sort = list(order) if order else None
     pick = alt.selection_point(fields=["rule"], bind="legend")
+    rules = _rule_scale(frame)  # the colour and the ring of a degenerate point share it
     base = alt.Chart(frame).encode(
         x=alt.X("task:N", sort=sort, title=None, axis=alt.Axis(labelAngle=-30)),
         xOffset=alt.XOffset("rule:N", sort=RULE_ORDER),
-        color=alt.Color("rule:N", scale=_rule_scale(frame), title="ED rule"),
+        color=alt.Color("rule:N", scale=rules, title="ED rule"),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
     points = base.mark_point(filled=True, size=60).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        **_hollow_when_degenerate("rule:N", _rule_scale(frame), "ED rule"),
+        **_hollow_when_degenerate("rule:N", rules, "ED rule"),
         tooltip=[
             "status:N",
             "model:N",

@@ -70,7 +70,7 @@ def table1(ours: pl.DataFrame, paper: pl.DataFrame, comparable: Mapping[str, str
     ).filter(pl.col("task").is_in(TASK_ORDER))
     # "16 (.61)": the ratio without its leading zero, so that 12 rule × data-set columns fit the column
     cell = pl.struct("ed", "ratio").map_elements(
-        lambda c: format_ed(c["ed"], c["ratio"]).replace("(0.", "(.").replace("(1.00)", "(1.0)"),
+        lambda c: format_ed(c["ed"], c["ratio"]).replace("(0.", "(."),
         return_dtype=pl.String,
     )
     dagger = pl.when(pl.col("degenerate").is_not_null()).then(pl.lit(" †")).otherwise(pl.lit(""))
