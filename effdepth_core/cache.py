@@ -1,10 +1,15 @@
 """The one cache layer under every cache effdepth keeps (run directories, the cross-model map, tuned
 lenses, model files and dequantized weights): atomic writes, verified files, and a directory lock.
 
-- **Atomic writes.** A file is written under ``.<name>.effdepth-tmp-<pid>`` in its own folder and
-  renamed into place, so a reader never sees half a file. A failed write (a full disk, say) removes
-  its temporary and raises ``CacheWriteError``, one line naming the path; nothing already cached is
-  touched. A folder is built the same way and renamed whole.
+- **Atomic writes.** A file is written under an unpredictable temporary name in its own folder
+  (``.<name>.effdepth-tmp-<host>-<pid>-<random>``), created exclusively and never through a link
+  (``O_EXCL | O_NOFOLLOW``), then renamed into place, so a reader never sees half a file and nothing
+  planted at a guessable name is followed. A failed write (a full disk, say) removes its temporary
+  and raises ``CacheWriteError``, one line naming the path; nothing already cached is touched. A
+  folder is built the same way and renamed whole.
+- **Checked reads.** Whatever effdepth reads back is first checked to be a regular file of bounded
+  size (``read_regular``): a FIFO, a device or a huge file planted where a record belongs is refused
+  in one line rather than blocking or exhausting memory.
 - **Verified files.** ``file_record`` is what effdepth writes down when it writes a file: its sha256
   and a *fingerprint* (size, inode, mtime, ctime). ``check_file`` compares the fingerprint first: if
   it is unchanged the file is the one that was hashed (ctime cannot be set back from user space, so
@@ -24,8 +29,10 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,11 +40,18 @@ from .errors import EffdepthError
 
 LOCK_NAME = ".effdepth.lock"
 LOCK_MARK = "effdepth lock"  # the first words of every lock file effdepth writes
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.effdepth-tmp-(?:(?P<host>[A-Za-z0-9_-]*)-)?(?P<pid>\d+)$")
+_TEMPORARY = re.compile(
+    r"^\.(?P<name>.+)\.effdepth-tmp-(?:(?P<host>[A-Za-z0-9_-]*)-)?(?P<pid>\d+)(?:-(?P<token>[0-9a-f]{16}))?$"
+)
+RECORD_LIMIT = 64 << 20  # the largest record (JSON, YAML, a lock) effdepth reads back: 64 MiB
 
 
 class CacheWriteError(EffdepthError):
     """A cache file could not be written (a full disk, no permission); nothing cached was lost."""
+
+
+class NotARegularFile(EffdepthError):
+    """A path effdepth reads is a FIFO, device, directory or link, or larger than it can be."""
 
 
 class CacheLockError(EffdepthError):
@@ -55,8 +69,9 @@ _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
 
 
 def temporary_path(path: Path) -> Path:
-    """The temporary name an atomic write of ``path`` uses (same folder, so the rename is atomic)."""
-    return path.with_name(f".{path.name}.effdepth-tmp-{_HOST}-{os.getpid()}")  # hosts share pids on shared disks
+    """A fresh, unpredictable temporary name for an atomic write of ``path`` (same folder, so the
+    rename is atomic; host and pid say whose it is on a shared disk)."""
+    return path.with_name(f".{path.name}.effdepth-tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(8)}")
 
 
 def temporary_of(name: str) -> str | None:
@@ -65,30 +80,57 @@ def temporary_of(name: str) -> str | None:
     return match["name"] if match else None
 
 
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def create_exclusive(path: Path, mode: int = 0o644):
+    """A new file at ``path`` opened for binary writing; fails if anything (a link included) is there."""
+    return os.fdopen(os.open(path, _CREATE, mode), "wb")
+
+
+def is_disk_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind a failed write, also when a library wrapped it (polars reports
+    ``os error 28``, safetensors its own error): None when it was not the disk or the file system."""
+    if isinstance(exc, OSError):
+        return exc
+    text = str(exc)
+    match = re.search(r"os error (\d+)|\[Errno (\d+)\]", text)
+    if match:
+        number = int(match[1] or match[2])
+        return OSError(number, os.strerror(number))
+    if "No space left on device" in text:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return None
+
+
 def _write_failed(path: Path, exc: OSError, kept: str) -> CacheWriteError:
-    why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+    why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
     return CacheWriteError(f"cannot write {path} ({why}); nothing was lost: {kept}")
 
 
-def atomic_write(path: Path, write: Callable[[Path], None], kept: str = "files written before are intact") -> None:
-    """``write(temporary)`` then rename onto ``path``; on failure the temporary is removed and a
-    one-line ``CacheWriteError`` says what happened (``kept``: what the user still has)."""
+def atomic_write(path: Path, write: Callable, kept: str = "files written before are intact") -> None:
+    """``write(handle)`` into a new, exclusively created temporary file (an open binary handle), then
+    rename it onto ``path`` (a link there is replaced, never followed); on failure the temporary is
+    removed and a one-line ``CacheWriteError`` says what happened (``kept``: what the user still has)."""
     tmp = temporary_path(path)
+    created = False
     try:
-        write(tmp)
+        with create_exclusive(tmp) as handle:
+            created = True
+            write(handle)
         os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise _write_failed(path, exc, kept) from exc
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        if created:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        disk = is_disk_error(exc) if isinstance(exc, Exception) else None
+        if disk is not None:
+            raise _write_failed(path, disk, kept) from exc
         raise
 
 
 def atomic_write_bytes(path: Path, data: bytes, kept: str = "files written before are intact") -> None:
-    atomic_write(path, lambda tmp: tmp.write_bytes(data), kept)
+    atomic_write(path, lambda handle: handle.write(data), kept)
 
 
 def atomic_write_json(path: Path, payload: dict, kept: str = "files written before are intact") -> None:
@@ -96,24 +138,91 @@ def atomic_write_json(path: Path, payload: dict, kept: str = "files written befo
 
 
 def atomic_write_parquet(path: Path, frame, kept: str = "files written before are intact") -> None:
-    atomic_write(path, lambda tmp: frame.write_parquet(tmp), kept)
+    """The frame is serialized in memory first, so a full disk is the plain ``OSError`` of our write."""
+    import io
+
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    atomic_write_bytes(path, buffer.getvalue(), kept)
 
 
 def atomic_folder(folder: Path, build: Callable[[Path], None], kept: str = "nothing was cached there yet") -> None:
     """``build(temporary folder)`` then rename it to ``folder`` (which must not exist); the
-    temporary folder, effdepth's own, is removed on any failure."""
+    temporary folder, effdepth's own (created by this call under an unpredictable name), is removed
+    on any failure."""
     tmp = temporary_path(folder)
+    made = False
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
+        tmp.mkdir(mode=0o755)
+        made = True
         build(tmp)
         os.rename(tmp, folder)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_failed(folder, exc, kept) from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        if made:
+            shutil.rmtree(tmp, ignore_errors=True)
+        disk = is_disk_error(exc) if isinstance(exc, Exception) else None
+        if disk is not None:
+            raise _write_failed(folder, disk, kept) from exc
         raise
+
+
+def remove_recorded_folder(folder: Path, names) -> bool:
+    """Remove the files ``names`` (effdepth's record of what it wrote there) from ``folder``, then the
+    folder if nothing else is left; True if the folder is gone. Nothing unrecorded is deleted."""
+    for name in names:
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            continue
+        with contextlib.suppress(OSError):
+            entry = folder / name
+            if entry.is_symlink() or entry.is_file():
+                entry.unlink()
+    try:
+        folder.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+# --- checked reads ---------------------------------------------------------------------------
+
+
+def read_regular(path: Path, limit: int = RECORD_LIMIT, what: str = "file") -> bytes:
+    """The bytes of ``path``, which must be a regular file (no link, FIFO or device) of at most
+    ``limit`` bytes. Opened non-blocking and checked on the open descriptor, so nothing swapped in
+    between the check and the read can block. ``FileNotFoundError`` when nothing is there."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotARegularFile(f"{path} is a symbolic link, not a {what} effdepth wrote; move it away") from exc
+        if exc.errno in (errno.EISDIR, errno.ENXIO):
+            raise NotARegularFile(f"{path} is not a regular file; move it away") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(f"{path} is not a regular file (a FIFO, device or folder); move it away")
+        if st.st_size > limit:
+            raise NotARegularFile(
+                f"{path} is {st.st_size} bytes, more than a {what} can be ({limit} bytes); move it away"
+            )
+        chunks, total = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+            if total > limit:
+                raise NotARegularFile(f"{path} grew beyond {limit} bytes while read; move it away")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path, limit: int = RECORD_LIMIT, what: str = "record") -> object:
+    """A JSON record read through ``read_regular``: ``OSError``/``NotARegularFile`` if unreadable,
+    ``ValueError`` if not JSON."""
+    return json.loads(read_regular(path, limit, what).decode("utf-8"))
 
 
 def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> None:
@@ -131,8 +240,13 @@ def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> None:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """The sha256 of a regular file (a FIFO or device there is refused, never read)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFile(f"{path} is not a regular file (a FIFO, device or folder); move it away")
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
@@ -200,19 +314,25 @@ class DirectoryLock:
     def _create(self) -> bool:
         """Create the lock file whole (content first, then a hard link to its final name)."""
         tmp = temporary_path(self.path)
+        made = False
         try:
-            tmp.write_text(_lock_text())
+            with create_exclusive(tmp) as handle:
+                made = True
+                handle.write(_lock_text().encode())
             os.link(tmp, self.path)
             return True
         except FileExistsError:
             return False
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise _write_failed(self.path, exc, "nothing was written") from exc
             raise CacheLockError(
                 f"cannot write in {self.folder} ({exc.strerror or exc}); choose another folder"
             ) from exc
         finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+            if made:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
 
     def _open_existing(self) -> int | None:
         try:
@@ -226,8 +346,6 @@ class DirectoryLock:
                 raise self._foreign("a directory") from exc
             raise CacheLockError(f"cannot open {self.path} ({exc.strerror or exc})") from exc
         st = os.fstat(fd)
-        import stat
-
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             os.close(fd)
             raise self._foreign("a special file" if not stat.S_ISREG(st.st_mode) else "a file with other names")

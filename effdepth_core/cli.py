@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import EffdepthError
+from .terminal import EscapingStream
 
 TABLE_FORMATS = ("text", "csv", "markdown", "json")
 _HEAVY_COMMANDS = ("run", "plot", "grid")  # commands whose options come from the probe specs
@@ -478,6 +479,8 @@ def _cmd_book(args: argparse.Namespace) -> int:
 
     root = args.root.resolve()
     if args.print_params is not None:
+        if args.params is not None:
+            raise EffdepthError("--print-params reads params/<section>.yml; drop --params (or use --section with it)")
         print(parameters_yaml(find_set(root, args.print_params, args.profile)), end="")
         return 0
     if args.params and not args.section:
@@ -521,7 +524,7 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     if args.memory_per_cell is not None and not (args.memory_per_cell > 0 and math.isfinite(args.memory_per_cell)):
         raise EffdepthError(f"--memory-per-cell must be a positive number of GB, got {args.memory_per_cell}")
     args.cpus_per_cell = args.cpus_per_cell or 1
-    slice_ = parse_shard(args.shard) if args.shard else None
+    slice_ = parse_shard(args.shard) if args.shard is not None else None
     cwd = os.getcwd()
     os.chdir(root)  # params/ name results folders relative to the checkout
     try:
@@ -565,7 +568,9 @@ def _grid_in_checkout(args: argparse.Namespace, root: Path, slice_) -> int:
     print("effdepth grid: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == "done"))
     if counts["busy"]:
         print("effdepth grid: busy cells are being computed by another effdepth process; rerun to pick them up")
-    return 1 if counts["failed"] else 0
+    if counts["unavailable"]:
+        print("effdepth grid: unavailable cells could not start here (a model or data set that cannot be loaded)")
+    return 1 if counts["failed"] or counts["unavailable"] else 0
 
 
 def _hours(seconds: float | None) -> str:
@@ -666,17 +671,31 @@ def _one_line_warnings(message, category, filename, lineno, file=None, line=None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import warnings
 
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(argv)
     if "--no-progress" in argv:  # before tqdm is imported: it reads TQDM_DISABLE once (the GGUF loader's bars)
         os.environ["TQDM_DISABLE"] = "1"
+    stdout, stderr = sys.stdout, sys.stderr
+    if not isinstance(stdout, EscapingStream):  # nothing printed can carry a terminal escape from a file
+        sys.stdout, sys.stderr = EscapingStream(stdout, "\n\t"), EscapingStream(stderr, "\n\t\r")
     try:
-        parser = build_parser(command if command in _HEAVY_COMMANDS else None)
-    except EffdepthError as exc:
-        print(f"effdepth: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        return _main(argv, command)
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _main(argv: list[str], command: str | None) -> int:
+    import warnings
+
+    with warnings.catch_warnings():  # a plugin left out while the parser is built: one line, too
+        if "--debug" not in argv:
+            warnings.showwarning = _one_line_warnings
+        try:
+            parser = build_parser(command if command in _HEAVY_COMMANDS else None)
+        except EffdepthError as exc:
+            print(f"effdepth: error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     handlers = {
         "run": _cmd_run,

@@ -35,7 +35,9 @@ def token_lengths(texts: Iterable[str]) -> list[int]:
 
 def example_texts(path: Path) -> list[str]:
     """Each cached example's probed text (prompt, and its answer where split)."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    from .cache import read_regular
+
+    lines = read_regular(path, 1 << 30, "examples file").decode("utf-8").splitlines()
     return [str(json.loads(line).get("prompt") or "") for line in lines if line.strip()]
 
 
@@ -163,7 +165,9 @@ def _config_shape(model: str) -> Shape | None:
         except Exception:  # no hub library or an odd id: unknown
             path = None
     try:
-        config = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
+        from .cache import read_json
+
+        config = read_json(path) if path is not None else None
         config = config.get("text_config", config) if config else None
         layers, width, vocab = config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
         heads = config["num_attention_heads"]

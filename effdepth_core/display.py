@@ -16,8 +16,10 @@ import polars as pl
 
 from . import registry
 from .depth import DepthResult
+from .errors import EffdepthError
 from .labels import CELL_LEGEND, format_rule
 from .tasks import ARITHMETIC
+from .terminal import printable
 
 
 def _rule_columns(summaries: Sequence[dict]) -> dict[str, str]:
@@ -62,7 +64,7 @@ def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
         ]
         for s in summaries
     ]
-    return header, rows
+    return header, [[printable(cell) for cell in row] for row in rows]
 
 
 def format_table(summaries: Sequence[dict], style: str = "text") -> str:
@@ -186,14 +188,18 @@ def summary_problem(summary) -> str | None:
 def read_summary(path: Path, warn) -> dict | None:
     """An ``effective_depth.json`` that effdepth wrote (completed from its ``metadata.json`` where an
     older version left out level, digits or n asked), or None after ``warn(message)``."""
+    from .cache import read_regular
+    from .rundir import SUMMARY, read_metadata, verified_files
+
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
+        summary = json.loads(read_regular(path, what="summary").decode("utf-8"))
         why = summary_problem(summary)
+        metadata = read_metadata(path.parent) or {}
+        recorded = (metadata.get("files") or {}).get(SUMMARY) if path.name == SUMMARY else None
+        if why is None and recorded is not None and verified_files(path.parent, {SUMMARY: recorded}) is not None:
+            why = "it differs from the sha256 its run recorded: edited since effdepth wrote it; rerun to restore it"
         if why is None:
-            try:
-                settings = json.loads((path.parent / "metadata.json").read_text(encoding="utf-8"))["settings"]
-            except (OSError, ValueError, KeyError, TypeError):
-                settings = {}
+            settings = metadata.get("settings")
             settings = settings if isinstance(settings, dict) else {}
             summary.setdefault("n_asked", settings.get("n", summary["n_examples"]))
             if settings.get("level") is not None:
@@ -201,7 +207,7 @@ def read_summary(path: Path, warn) -> dict | None:
             if summary["task"] in ARITHMETIC and settings.get("digits"):
                 summary.setdefault("digits", settings["digits"])
             return summary
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EffdepthError, RecursionError) as exc:
         why = f"unreadable: {type(exc).__name__}"
     warn(f"skipping {path} ({why})")
     return None

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .cache import read_json
 from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError
 from .zoo import (
     DEQUANTIZED_FORMAT,
@@ -364,8 +365,8 @@ def preflight_model(spec: str) -> dict:
         if not config_path.is_file():
             raise ModelNotFoundError(f"directory {spec!r} has no config.json; is it a Hugging Face model folder?")
         try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            config = read_json(config_path, what="model config")
+        except (OSError, ValueError, EffdepthError) as exc:
             raise ModelNotFoundError(f"{config_path} is not a readable JSON model config ({exc})") from exc
         if not isinstance(config, dict):
             raise ModelNotFoundError(f"{config_path} is not a JSON object; is {spec!r} a Hugging Face model folder?")
@@ -405,9 +406,9 @@ def file_hashes(path: Path) -> dict[str, str]:
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     store = cache_dir() / "fingerprints" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:32]}.json"
     try:
-        records = json.loads(store.read_text())
+        records = read_json(store)
         records = records if isinstance(records, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, EffdepthError):
         records = {}
     fresh = {}
     for file in files:
@@ -454,8 +455,8 @@ def _save_dequantized(model: nn.Module, tokenizer, folder: Path, dtype: torch.dt
     import shutil
     import warnings
 
-    from .cache import CacheLockError, atomic_folder, file_record, locked
-    from .zoo import dequantized_state
+    from .cache import CacheLockError, atomic_folder, file_record, locked, remove_recorded_folder, temporary_path
+    from .zoo import dequantized_marker, dequantized_state
 
     def build(tmp: Path) -> None:
         import copy
@@ -480,18 +481,22 @@ def _save_dequantized(model: nn.Module, tokenizer, folder: Path, dtype: torch.dt
             state = dequantized_state(folder, str(dtype), sha256)
             if state in ("ready", "foreign"):
                 return
-            for leftover in folder.parent.glob(f".{folder.name}.effdepth-*"):  # of killed builds (we hold the lock)
+            for leftover in folder.parent.glob(
+                f".{folder.name}*.effdepth-tmp-*"
+            ):  # of killed builds (we hold the lock)
                 if leftover.is_dir() and not leftover.is_symlink():
                     shutil.rmtree(leftover, ignore_errors=True)
             if state == "missing":
                 atomic_folder(folder, build)
                 return
-            fresh = folder.with_name(f".{folder.name}.effdepth-new-{os.getpid()}")
+            fresh = temporary_path(folder.with_name(f"{folder.name}.new"))
             atomic_folder(fresh, build)
-            old = folder.with_name(f".{folder.name}.effdepth-old-{os.getpid()}")
+            recorded = [*((dequantized_marker(folder) or {}).get("files") or {}), DEQUANTIZED_MARKER]
+            old = temporary_path(folder.with_name(f"{folder.name}.old"))
             os.rename(folder, old)  # effdepth's own (its marker says so), stale or damaged
             os.rename(fresh, folder)
-            shutil.rmtree(old, ignore_errors=True)
+            if not remove_recorded_folder(old, recorded):  # what it did not write stays, beside
+                warnings.warn(f"{old} holds files effdepth did not write; they were kept there", stacklevel=3)
     except (OSError, EffdepthError, CacheLockError) as exc:
         warnings.warn(
             f"could not cache the dequantized weights in {folder} ({exc}); loads parse the GGUF again", stacklevel=3
@@ -532,7 +537,7 @@ def load_model(
         source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
         if cached_weights and device_map is None:
             cache, sha256 = dequantized_dir(spec, gguf, torch_dtype)
-            state = dequantized_state(cache, str(torch_dtype), sha256)
+            state = dequantized_state(cache, str(torch_dtype), sha256, gguf=gguf)
             if state == "ready":  # parsed and dequantized once, every file verified: read in seconds
                 source, kwargs, cache = str(cache), {}, None
             elif state == "foreign":
@@ -548,7 +553,8 @@ def load_model(
 
                 warnings.warn(
                     f"the cached dequantized weights in {cache} changed since effdepth wrote them (a file's sha256 "
-                    "differs or a file is missing); rebuilding them from the verified GGUF",
+                    "differs, a file is missing, or its config or vocabulary disagree with the GGUF); rebuilding them "
+                    "from the verified GGUF",
                     EffdepthWarning,
                     stacklevel=2,
                 )

@@ -10,7 +10,6 @@ the book and the grid find the same final ``n`` without any model work.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -157,7 +156,14 @@ def _cached_widths(out: Path, key: str, probes: Sequence[str]) -> tuple[int, dic
     recorded = (metadata or {}).get("files", {}).get(SUMMARY)
     if recorded is None or verified_files(out, {SUMMARY: recorded}) is not None:
         return None
-    summary = json.loads((out / SUMMARY).read_text(encoding="utf-8"))
+    from .cache import read_json
+
+    try:
+        summary = read_json(out / SUMMARY)
+    except (OSError, ValueError, EffdepthError):
+        return None
+    if not isinstance(summary, dict):
+        return None
     widths = {}
     for rule in registry.rules():
         entry = summary.get(rule)

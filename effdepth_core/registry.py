@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -39,6 +40,23 @@ BUILTIN: dict[str, str] = {
 DEFAULT = ("cosine", "logit_lens")  # what `effdepth run` measures unless told otherwise
 
 _EXTRA: dict[str, ProbeSpec] = {}  # registered in process (tests, notebooks): ``register``
+_LEFT_OUT: dict[str, str] = {}  # plugin name → why it was left out (``get`` says so)
+# a probe's or frame's name becomes a file name, a flag and a JSON key: a plain identifier
+PLAIN_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# flags and settings of the commands a plugin's options join (run, plot, grid): never a plugin's
+CORE_FLAGS = frozenset(
+    {"--out", "--overwrite", "--help", "--debug", "--version", "--probes", "--reuse-from", "--slow", "--no-progress",
+     "--chart", "--root", "--dry-run", "--executor", "--address", "--cpus-per-cell", "--memory-per-cell",
+     "--shard", "--section", "--model", "--task", "--n", "--seed", "--source", "--level", "--digits",
+     "--max-tokens", "--device", "--device-map", "--dtype", "--batch-size", "--format"}
+)  # fmt: skip
+
+
+def _left_out(name: str, why: str) -> None:
+    """A plugin that cannot join: one line naming it and why (once per process)."""
+    if name not in _LEFT_OUT:
+        _LEFT_OUT[name] = why
+        warnings.warn(f"the probe plugin {name!r} was left out: {why}", EffdepthWarning, stacklevel=3)
 
 
 @functools.cache
@@ -47,13 +65,18 @@ def _entry_points() -> dict[str, object]:
 
     found = {}
     for point in entry_points(group=ENTRY_POINT_GROUP):
-        if point.name not in BUILTIN:
+        if point.name in BUILTIN:
+            _left_out(point.name, f"its name is a built-in probe's ({point.value})")
+        elif not PLAIN_NAME.match(point.name):
+            _left_out(point.name, "a probe name must be a plain lower-case identifier (letters, digits, _)")
+        else:
             found.setdefault(point.name, point)
     return found
 
 
 def names() -> tuple[str, ...]:
-    """Every probe's name (built-in first), without importing any probe."""
+    """Every probe's name (built-in first): plugins whose names are valid, without importing any
+    probe (``get`` says why one that then fails to load is missing)."""
     return (*BUILTIN, *(n for n in _entry_points() if n not in BUILTIN), *(n for n in _EXTRA if n not in BUILTIN))
 
 
@@ -69,12 +92,9 @@ def _all() -> dict[str, ProbeSpec]:
         try:
             spec = point.load()
             _check_plugin(name, spec, specs)
-        except Exception as exc:  # a broken plugin must not break effdepth: it is left out, loudly
-            warnings.warn(
-                f"the probe plugin {name!r} ({point.value}) was not loaded: {type(exc).__name__}: {exc}",
-                EffdepthWarning,
-                stacklevel=2,
-            )
+        except (Exception, SystemExit) as exc:  # a broken plugin must not break effdepth: left out, loudly
+            message = " ".join(str(exc).split())[:300]
+            _left_out(name, f"{point.value} raised {type(exc).__name__}" + (f": {message}" if message else ""))
             continue
         specs[name] = spec
     for name, spec in _EXTRA.items():
@@ -90,12 +110,32 @@ def _check_plugin(name: str, spec: object, known: Mapping[str, ProbeSpec]) -> No
         raise EffdepthError(f"{name}: the entry point must name a ProbeSpec, found {type(spec).__name__}")
     if spec.name != name:
         raise EffdepthError(f"the entry point {name!r} names a probe called {spec.name!r}")
+    if not PLAIN_NAME.match(name):
+        raise EffdepthError(f"a probe name must be a plain lower-case identifier (letters, digits, _), got {name!r}")
     if name in known:
         raise EffdepthError(f"a probe called {name!r} exists already")
+    bad_frames = [f for f in (*spec.extra_frames, *spec.derived) if not isinstance(f, str) or not PLAIN_NAME.match(f)]
+    if bad_frames:
+        raise EffdepthError(f"frame names must be plain lower-case identifiers, got {bad_frames!r}")
+    taken_frames = {f for s in known.values() for f in s.frames} & set(spec.frames)
+    if taken_frames:
+        raise EffdepthError(f"frame name(s) {', '.join(sorted(taken_frames))} are another probe's")
     theirs = {o.name: o for s in known.values() for o in s.options}
+    flags = {o.cli_flag: o for s in known.values() for o in s.options}
     for option in spec.options:
+        if not isinstance(option.name, str) or not re.match(r"^[a-z][a-z0-9_]{0,63}$", option.name):
+            raise EffdepthError(f"option name {option.name!r} is not a plain lower-case identifier")
         if option.name in CORE_SETTINGS or (option.name in theirs and theirs[option.name] != option):
-            raise EffdepthError(f"{name}: option {option.name!r} is taken by effdepth or another probe")
+            raise EffdepthError(f"option {option.name!r} is taken by effdepth or another probe")
+        flag = option.cli_flag
+        if (
+            not re.match(r"^--[a-z][a-z0-9-]{0,63}$", flag)
+            or flag in CORE_FLAGS
+            or option.name in {f.removeprefix("--").replace("-", "_") for f in CORE_FLAGS}
+        ):
+            raise EffdepthError(f"option {option.name!r} (flag {flag}) clashes with one of effdepth's flags")
+        if flag in flags and flags[flag] != option:
+            raise EffdepthError(f"option {option.name!r} (flag {flag}) is another probe's flag")
         if option.key == KEY_ALWAYS and option.name not in theirs:
             raise EffdepthError(f"{name}: option {option.name!r} must not enter every cache key (use KEY_WHEN_SET)")
     rules = {r.key for s in known.values() for r in s.rules}
@@ -107,20 +147,17 @@ def _check_plugin(name: str, spec: object, known: Mapping[str, ProbeSpec]) -> No
 def register(spec: ProbeSpec) -> None:
     """Add a probe for this process (tests, a notebook): as if a plugin had declared it."""
     _EXTRA[spec.name] = spec
-    _entry_points.cache_clear()
-    _all.cache_clear()
-    options.cache_clear()
+    reload()
 
 
 def unregister(name: str) -> None:
     _EXTRA.pop(name, None)
-    _entry_points.cache_clear()
-    _all.cache_clear()
-    options.cache_clear()
+    reload()
 
 
 def reload() -> None:
     """Forget what was loaded (after installing a plugin in this process)."""
+    _LEFT_OUT.clear()
     _entry_points.cache_clear()
     _all.cache_clear()
     options.cache_clear()
@@ -134,8 +171,15 @@ def specs() -> dict[str, ProbeSpec]:
 def get(name: str) -> ProbeSpec:
     found = _all().get(name)
     if found is None:
+        if name in _LEFT_OUT:
+            raise EffdepthError(f"the probe plugin {name!r} was left out ({_LEFT_OUT[name]}); fix or uninstall it")
         raise EffdepthError(f"unknown probe {name!r}; available: {', '.join(_all())}")
     return found
+
+
+def loaded_names() -> tuple[str, ...]:
+    """The probes that loaded (``names`` less the plugins left out)."""
+    return tuple(_all())
 
 
 @functools.cache

@@ -24,6 +24,7 @@ import polars as pl
 import torch
 
 from . import __version__, registry
+from .cache import read_regular
 from .depth import effective_depths
 from .display import RunResult
 from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError
@@ -227,8 +228,9 @@ def _find_donor(
         if verified_files(folder, files) is not None:
             continue  # damaged: not a donor
         try:
-            theirs = [json.loads(line) for line in (folder / EXAMPLES).read_text().splitlines() if line.strip()]
-        except (OSError, ValueError):
+            text = read_regular(folder / EXAMPLES, 1 << 30, "examples file").decode("utf-8")
+            theirs = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except (OSError, ValueError, EffdepthError):
             continue
         count = 0
         for mine, other in zip(ours, theirs, strict=False):
@@ -260,7 +262,7 @@ def _compute(
     first = donor.count if donor is not None else 0
     if first < len(examples):
         computed = spec.compute(loaded, examples[first:], Context(settings, first_example=first))
-        per_example, extra = computed if isinstance(computed, tuple) else (computed, {})
+        per_example, extra = _checked_output(spec, computed)
         if first:
             per_example = per_example.with_columns(pl.col("example") + first)
     else:
@@ -277,6 +279,24 @@ def _compute(
     for label, frame in [(spec.name, per_example), *frames.items()]:
         require_finite_frame(frame, label.replace("_", " "))
     return {f"{spec.name}_by_example": per_example, **frames}
+
+
+def _checked_output(spec: ProbeSpec, computed: object) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
+    """A probe's ``compute`` result, held to its spec (a plugin's like a built-in's): a frame with an
+    integer ``example`` column, or that and a dict of exactly its declared extra frames."""
+    per_example, extra = computed if isinstance(computed, tuple) and len(computed) == 2 else (computed, {})
+    where = f"the {spec.name} probe's compute"
+    if not isinstance(per_example, pl.DataFrame):
+        raise EffdepthError(f"{where} returned {type(per_example).__name__}, not a polars DataFrame")
+    if "example" not in per_example.columns or not per_example.schema["example"].is_integer():
+        raise EffdepthError(f"{where} returned a frame without an integer 'example' column ({per_example.columns})")
+    if not isinstance(extra, dict) or set(extra) != set(spec.extra_frames):
+        names = sorted(extra) if isinstance(extra, dict) else type(extra).__name__
+        raise EffdepthError(f"{where} returned extra frames {names}; its spec declares {sorted(spec.extra_frames)}")
+    for name, frame in extra.items():
+        if not isinstance(frame, pl.DataFrame) or not frame.columns:
+            raise EffdepthError(f"{where} returned its {name} frame as {type(frame).__name__} without columns")
+    return per_example, extra
 
 
 def _peak_rss_mb() -> float:
@@ -434,6 +454,23 @@ def _new_metadata(settings: RunSettings, key: str, loaded: LoadedModel, examples
     }
 
 
+def _checked_summary(probe: str, added: object, summary: dict) -> dict:
+    """A probe's ``summarize`` result: new JSON keys only (a field effdepth or another probe wrote,
+    the model, L or an ED, is never overwritten), values finite."""
+    if not isinstance(added, dict):
+        raise EffdepthError(f"the {probe} probe's summarize returned {type(added).__name__}, not a dict")
+    taken = sorted(k for k in added if k in summary or k in ("cells", "level", "digits"))
+    if taken:
+        raise EffdepthError(f"the {probe} probe's summarize returns {', '.join(map(str, taken))}, fields effdepth owns")
+    try:
+        text = json.dumps(added, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise EffdepthError(
+            f"the {probe} probe's summarize returned a value JSON cannot hold finitely ({exc})"
+        ) from exc
+    return json.loads(text)
+
+
 def summary_of(
     settings: RunSettings, metadata: dict, per_example: dict, saved: dict, n_bootstrap: int = 1000
 ) -> tuple[dict, dict]:
@@ -457,7 +494,7 @@ def summary_of(
     cells = {}
     for name, spec in specs.items():
         if spec.summarize is not None:
-            summary.update(spec.summarize(saved))
+            summary.update(_checked_summary(name, spec.summarize(saved), summary))
         if spec.cell is not None and not spec.rules:
             cells[name] = spec.cell(summary, saved)
     if cells:

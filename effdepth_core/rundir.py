@@ -23,6 +23,7 @@ be created, is a non-empty directory of someone else's files, holds a run with o
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from .cache import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
+    read_json,
+    read_regular,
     remove_stale_temporaries,
     sha256_file,
     temporary_of,
@@ -86,7 +89,7 @@ def read_cached_frame(path: Path) -> pl.DataFrame:
     (effdepth never writes one: nulls mean "not defined")."""
     fix = "rerun `effdepth run` with its options and --overwrite to compute it again"
     try:
-        frame = pl.read_parquet(path)
+        frame = pl.read_parquet(io.BytesIO(read_regular(path, 1 << 34, "cached frame")))
     except Exception as exc:  # polars raises several types for a damaged file
         raise EffdepthError(f"the cached {path} is damaged ({type(exc).__name__}); {fix}") from exc
     floats = [c for c, t in frame.schema.items() if t.is_float()]
@@ -112,8 +115,8 @@ def read_metadata(out: Path) -> dict | None:
     if path.is_symlink() or not path.is_file():  # a FIFO, a link or a directory is not effdepth's
         return None
     try:
-        metadata = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        metadata = read_json(path)  # checked again on the open file: nothing swapped in can block
+    except (OSError, ValueError, EffdepthError):
         return None
     if not isinstance(metadata, dict) or not isinstance(metadata.get("key"), str) or "effdepth_version" not in metadata:
         return None
@@ -253,6 +256,7 @@ class RunDirectory:
     opened_metadata: dict | None = None  # what the directory held when opened
     wrote: bool = False
     finished: int = 0  # probes finished by this process
+    written: list[str] = field(default_factory=list)  # the files this process wrote here
     forgotten: set[str] = field(default_factory=set)  # damaged probes dropped to be computed again (their files own)
     _lock: DirectoryLock | None = None
 
@@ -434,6 +438,7 @@ class RunDirectory:
                 atomic_write_bytes(path, content, _KEPT)
             else:
                 atomic_write_parquet(path, content, _KEPT)
+            self.written.append(name)
             hashes[name] = sha256_file(path)
         finish(hashes)
         del self.metadata["pending"][entry]
@@ -496,9 +501,12 @@ class RunDirectory:
         path = self.path / EXAMPLES
         if not path.is_file() or path.is_symlink():
             return False
-        with path.open("rb") as lines:
-            # the map's examples.jsonl holds its training prompts too (``n_lines``)
-            return sum(1 for line in lines if line.strip()) == metadata.get("n_lines", metadata["n_examples"])
+        try:
+            lines = read_regular(path, 1 << 30, "examples file").splitlines()
+        except (OSError, EffdepthError):
+            return False
+        # the map's examples.jsonl holds its training prompts too (``n_lines``)
+        return sum(1 for line in lines if line.strip()) == metadata.get("n_lines", metadata["n_examples"])
 
     def _read(self, name: str) -> pl.DataFrame:
         return read_cached_frame(self.path / name)
@@ -536,8 +544,8 @@ class RunDirectory:
         the files this run wrote, and the directories it created)."""
         if self.opened_metadata is not None or self.finished:
             return
-        if self.wrote:
-            for name in (METADATA, EXAMPLES):
+        if self.wrote:  # every file this process wrote here, so the folder is new again (resumable)
+            for name in dict.fromkeys((*self.written, EXAMPLES, METADATA)):
                 (self.path / name).unlink(missing_ok=True)
         self.abandon()
 

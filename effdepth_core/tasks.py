@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from .errors import TaskError
+from .errors import EffdepthError, TaskError
 
 ARITHMETIC = ("addition", "multiplication")  # generated tasks, sized by --digits
 # How examples split into question and answer (the answer probes measure the answer's tokens):
@@ -179,12 +179,19 @@ def _arithmetic(op: str, n: int, digits: int, rng: random.Random) -> list[Exampl
     return examples
 
 
+TASK_FILE_LIMIT = 1 << 30  # a task file of prompts past 1 GiB is not one a run can use
+
+
 def _read_lines(path: Path) -> list[str]:
     """The lines of a user's task file; one-line errors for unreadable or non-UTF-8 files."""
+    from .cache import read_regular
+
     try:
-        data = path.read_bytes()
+        data = read_regular(path, TASK_FILE_LIMIT, "task file")
     except IsADirectoryError as exc:
         raise TaskError(f"task {str(path)!r} is a directory; pass a .jsonl file") from exc
+    except EffdepthError as exc:
+        raise TaskError(f"cannot read task file {path}: {exc}") from exc
     except OSError as exc:
         raise TaskError(f"cannot read task file {path} ({exc.strerror or exc})") from exc
     data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark (some editors write one)

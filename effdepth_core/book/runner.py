@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import EffdepthError
+from . import params_schema
 
 SECTIONS = ("scale", "difficulty", "long_cot", "beyond")
 PROFILES = ("quick", "full")
@@ -47,15 +48,7 @@ class ParameterSet:
 
 
 def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
-        raise EffdepthError(f"missing parameter file {path}; run from the effdepth checkout (or pass --root)")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise EffdepthError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise EffdepthError(f"{path} must hold a mapping at the top level")
-    return data
+    return params_schema.load(path)
 
 
 def _profile(data: dict, profile: str, path: Path) -> dict:
@@ -75,8 +68,11 @@ def parameter_sets(
         raise EffdepthError(f"unknown profile {profile!r}; profiles: {', '.join(PROFILES)}")
     common_path = root / "params" / "common.yml"
     path = params_file or root / "params" / f"{section}.yml"
-    common = _profile(_read_yaml(common_path), profile, common_path)
+    common_data = _read_yaml(common_path)
+    params_schema.check_common(common_data, common_path)
+    common = _profile(common_data, profile, common_path)
     data = _read_yaml(path)
+    params_schema.check_section(data, path, params_schema.SECTION_KEYS[section])
     own = _profile(data, profile, path)
     defaults = {**common, **(own.get("defaults") or {})}
     sets = []
@@ -132,14 +128,14 @@ def toc_text(root: Path) -> str:
 def write_generated(path: Path, text: str, mark: str) -> Path:
     """Write a file effdepth generates, atomically, only where it is absent or effdepth's own (it
     begins with ``mark``): never through a link, never over a file someone else wrote."""
-    from ..cache import atomic_write_bytes
+    from ..cache import atomic_write_bytes, read_regular
 
     if path.is_symlink():
         raise EffdepthError(f"{path} is a symbolic link; effdepth never writes through links: remove the link")
     if path.exists():
         try:
-            own = path.is_file() and path.read_text(encoding="utf-8").startswith(mark)
-        except (OSError, UnicodeDecodeError):
+            own = read_regular(path).decode("utf-8").startswith(mark)
+        except (OSError, UnicodeDecodeError, EffdepthError):
             own = False
         if not own:
             raise EffdepthError(

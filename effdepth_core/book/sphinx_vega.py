@@ -92,7 +92,9 @@ def _write_bundle(app, exception) -> None:
         return
     static = Path(app.outdir) / "_static"
     static.mkdir(parents=True, exist_ok=True)
-    (static / BUNDLE_NAME).write_text(bundle(), encoding="utf-8")
+    from ..cache import atomic_write_bytes
+
+    atomic_write_bytes(static / BUNDLE_NAME, bundle().encode("utf-8"), "the rest of the build is intact")
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree) -> None:

@@ -239,7 +239,9 @@ class Study:
 
         for r in self.finished:
             if r.model == model and r.label == label:
-                lines = (r.result.out_dir / "examples.jsonl").read_text().splitlines()
+                from ..cache import read_regular
+
+                lines = read_regular(r.result.out_dir / "examples.jsonl", 1 << 30).decode("utf-8").splitlines()
                 return [json.loads(line) for line in lines if line.strip()]
         raise KeyError(f"no finished run for {model} / {label}")
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..cache import atomic_write, atomic_write_json, check_file, file_record
+from ..cache import NotARegularFile, atomic_write_bytes, atomic_write_json, check_file, file_record, read_json
 from ..errors import EffdepthError
 from ..models import LoadedModel, model_files_digest
 from ..trace import residual_states, tokenize
@@ -68,12 +68,12 @@ class TunedLens(nn.Module):
 
     def save(self, path: Path) -> None:
         """Write atomically, then the record of its sha256 (``<file>.json``) that loads check it by."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         tensors = {"weight": self.weight.detach().float().cpu().contiguous(), "bias": self.bias.detach().float().cpu()}
         metadata = {"effdepth_tuned_lens": json.dumps(self.info)}
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata), "no lens was cached there")
+        atomic_write_bytes(path, save(tensors, metadata=metadata), "no lens was cached there")
         atomic_write_json(record_path(path), {"format": LENS_FORMAT, **file_record(path)})
 
     @classmethod
@@ -108,8 +108,8 @@ def verify_lens_file(path: Path) -> str:
     """The sha256 of a cached lens file, after checking it is the one effdepth wrote (its record's
     sha256, re-hashed when its size, inode or times changed); one-line error otherwise."""
     try:
-        record = json.loads(record_path(path).read_text())
-    except (OSError, ValueError):
+        record = read_json(record_path(path))
+    except (OSError, ValueError, NotARegularFile):
         record = None
     state, fresh = check_file(path, record)
     if state == "unrecorded":

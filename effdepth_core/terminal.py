@@ -1,0 +1,34 @@
+"""What effdepth prints is escaped: a model name, task, level or reason read from a file can hold
+control characters (ESC, BEL, newlines) that would move the cursor, ring, or forge a line of output.
+``printable`` escapes them in a value; ``EscapingStream`` wraps the command line's stdout and stderr
+so that nothing printed carries one, whichever message it came through."""
+
+from __future__ import annotations
+
+
+def printable(text: object, keep: str = "") -> str:
+    """``text`` with every control character (newlines too, unless in ``keep``) escaped as ``\\xNN``
+    or ``\\uNNNN``: what came from a file never moves the cursor, rings or forges a line."""
+    out = []
+    for char in str(text):
+        code = ord(char)
+        if char in keep or not (code < 0x20 or 0x7F <= code < 0xA0 or code in (0x2028, 0x2029)):
+            out.append(char)
+        else:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return "".join(out)
+
+
+class EscapingStream:
+    """A text stream that escapes control characters (all but ``keep``) in what is written to it:
+    the command line's stdout and stderr, so no message can carry a terminal escape from a file."""
+
+    def __init__(self, stream, keep: str):
+        self._stream, self._keep = stream, keep
+
+    def write(self, text: str) -> int:
+        self._stream.write(printable(text, self._keep))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
