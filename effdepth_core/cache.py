@@ -141,9 +141,12 @@ def atomic_write_parquet(path: Path, frame, kept: str = "files written before ar
     """The frame is serialized in memory first, so a full disk is the plain ``OSError`` of our write."""
     import io
 
-    buffer = io.BytesIO()
-    frame.write_parquet(buffer)
-    atomic_write_bytes(path, buffer.getvalue(), kept)
+    def write(handle) -> None:
+        buffer = io.BytesIO()
+        frame.write_parquet(buffer)
+        handle.write(buffer.getvalue())
+
+    atomic_write(path, write, kept)
 
 
 def atomic_folder(folder: Path, build: Callable[[Path], None], kept: str = "nothing was cached there yet") -> None:

@@ -544,7 +544,6 @@ def load_model(
                 raise ModelNotFoundError(
                     f"{cache} holds no effdepth marker ({DEQUANTIZED_MARKER}), so effdepth cannot tell it is its own "
                     f"cache of dequantized weights and does not touch it; delete that folder to let effdepth rebuild it"
-                    + (f" (or run `effdepth models --refetch {spec}`)" if spec in ZOO else "")
                 )
             elif state == "damaged":
                 import warnings
