@@ -211,6 +211,16 @@ def test_unreadable_task_file(hostile, capsys, monkeypatch):
         return real(self)
 
     monkeypatch.setattr(Path, "read_bytes", denied)  # root reads any file, so deny it here
+    from effdepth_core import cache
+
+    checked = cache.read_regular
+
+    def denied_regular(path, *args, **kwargs):  # the task file's own reader (a bounded regular file)
+        if Path(path) == task:
+            raise PermissionError(13, "Permission denied")
+        return checked(path, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "read_regular", denied_regular)
     code = main(["run", "--model", str(hostile[1]), "--task", str(task), "--out", str(tmp / "out")])
     err = capsys.readouterr().err
     assert code == 2 and "cannot read task file" in err and "Permission denied" in err and loads == []
