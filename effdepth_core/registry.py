@@ -123,7 +123,7 @@ def _check_plugin(name: str, spec: object, known: Mapping[str, ProbeSpec]) -> No
     theirs = {o.name: o for s in known.values() for o in s.options}
     flags = {o.cli_flag: o for s in known.values() for o in s.options}
     for option in spec.options:
-        if not isinstance(option.name, str) or not re.match(r"^[a-z][a-z0-9_]{0,63}$", option.name):
+        if not isinstance(option.name, str) or not PLAIN_NAME.match(option.name):
             raise EffdepthError(f"option name {option.name!r} is not a plain lower-case identifier")
         if option.name in CORE_SETTINGS or (option.name in theirs and theirs[option.name] != option):
             raise EffdepthError(f"option {option.name!r} is taken by effdepth or another probe")
@@ -175,11 +175,6 @@ def get(name: str) -> ProbeSpec:
             raise EffdepthError(f"the probe plugin {name!r} was left out ({_LEFT_OUT[name]}); fix or uninstall it")
         raise EffdepthError(f"unknown probe {name!r}; available: {', '.join(_all())}")
     return found
-
-
-def loaded_names() -> tuple[str, ...]:
-    """The probes that loaded (``names`` less the plugins left out)."""
-    return tuple(_all())
 
 
 @functools.cache
