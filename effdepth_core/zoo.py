@@ -562,6 +562,15 @@ def _same(found: object, expected: object) -> bool:
     return found == expected
 
 
+def _config_value(config: dict, name: str) -> object:
+    """A config value at the top level or, as transformers versions differ in where they write it
+    (``rope_theta`` moved into ``rope_parameters``), inside one nested settings object."""
+    if name in config:
+        return config[name]
+    nested = [v[name] for v in config.values() if isinstance(v, dict) and name in v]
+    return nested[0] if len(nested) == 1 else None
+
+
 def _vocabulary(tokenizer_json: dict) -> dict[int, str]:
     """Token by id from a ``tokenizer.json`` (BPE/WordPiece dict, Unigram list, added tokens)."""
     model = tokenizer_json.get("model") or {}
@@ -589,8 +598,8 @@ def gguf_mismatch(folder: Path, gguf: Path) -> str | None:
         return "config or tokenizer is not a JSON object"
     reference, tokens = _gguf_reference(gguf)
     for name, value in reference.items():
-        if name not in _CONFIG_FREE and not _same(config.get(name), value):
-            return f"config {name} is {config.get(name)!r}, the GGUF gives {value!r}"
+        if name not in _CONFIG_FREE and not _same(found := _config_value(config, name), value):
+            return f"config {name} is {found!r}, the GGUF gives {value!r}"
     by_id = _vocabulary(tokenizer)
     wrong = [i for i, token in enumerate(tokens) if by_id.get(i, token) != token]
     if wrong:

@@ -132,10 +132,11 @@ def test_dequantized_weights_equal_the_gguf_parse(smollm2):
     """The second load reads the cached safetensors: the same weights, tokens and logits as parsing
     and dequantizing the GGUF again."""
     from effdepth_core.models import dequantized_dir, load_model
-    from effdepth_core.zoo import dequantized_ready, model_path
+    from effdepth_core.zoo import dequantized_ready, gguf_mismatch, model_path
 
     folder, sha256 = dequantized_dir("smollm2-135m", model_path("smollm2-135m"), torch.float32)
     assert dequantized_ready(folder, "torch.float32", sha256)  # the fixture's load wrote it (or read it)
+    assert gguf_mismatch(folder, model_path("smollm2-135m")) is None  # else every load would rebuild it
     warm = load_model("smollm2-135m", device="cpu", dtype="float32", progress=False)
     cold = load_model("smollm2-135m", device="cpu", dtype="float32", progress=False, cached_weights=False)
     warm_state, cold_state = warm.model.state_dict(), cold.model.state_dict()

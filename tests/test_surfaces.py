@@ -144,12 +144,13 @@ def test_a_huge_record_is_refused_unread(tmp_path):
         cache.read_json(big)
 
 
-def _write_gguf(path: Path, layers: int, eps: float, tokens: list[str]) -> None:
+def _write_gguf(path: Path, layers: int, eps: float, tokens: list[str], rope_theta: float = 10000.0) -> None:
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(layers)
     writer.add_layer_norm_rms_eps(eps)
+    writer.add_rope_freq_base(rope_theta)
     writer.add_token_list(tokens)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -170,7 +171,16 @@ def test_the_dequantized_folder_is_checked_against_the_gguf_not_its_own_marker(t
     vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
     tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
     gguf = tmp_path / "model.gguf"
-    _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], tokens)
+    # transformers 5 writes rope_theta inside rope_parameters (earlier versions: at the top level)
+    rope_theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta"))
+    assert rope_theta is not None
+    _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], tokens, rope_theta)
+    assert zoo.gguf_mismatch(folder, gguf) is None  # every mapped value found, nested or not
+    _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], tokens, rope_theta * 2)
+    zoo._REFERENCES.clear()
+    assert "rope_theta" in zoo.gguf_mismatch(folder, gguf)
+    _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], tokens, rope_theta)
+    zoo._REFERENCES.clear()
     assert zoo.dequantized_state(folder, "torch.float32", "ab" * 32, gguf=gguf) == "ready"
     # the attack of the issue: a changed config and the new sha256 in the marker; the marker agrees
     (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 0.5}))
@@ -182,7 +192,7 @@ def test_the_dequantized_folder_is_checked_against_the_gguf_not_its_own_marker(t
     assert "rms_norm_eps" in zoo.gguf_mismatch(folder, gguf)
     # the same for the vocabulary: one token swapped
     (folder / "config.json").write_text(json.dumps(config))
-    _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], [*tokens[:-1], "other"])
+    _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], [*tokens[:-1], "other"], rope_theta)
     zoo._REFERENCES.clear()
     assert "token(s) differ" in zoo.gguf_mismatch(folder, gguf)
 
