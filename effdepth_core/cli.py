@@ -151,6 +151,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     book.add_argument(
         "--print-params", metavar="SECTION/NAME", help="print a page's resolved parameters as YAML (for papermill -f)"
     )
+    book.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 naming each generated file (_toc.yml, book/_findings.md) that no longer matches the code, "
+        "params/ and the committed results; no model work",
+    )
+    book.add_argument(
+        "--findings", action="store_true", help="print the findings Markdown from the cached results (no model work)"
+    )
+    book.add_argument("--findings-only", action="store_true", help="only regenerate book/_findings.md (no model work)")
+    book.add_argument(
+        "--bootstrap-seed", type=int, help="with --findings: the seed of every bootstrap interval (default: params/)"
+    )
     book.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     linear = commands.add_parser(
@@ -478,6 +491,23 @@ def _cmd_book(args: argparse.Namespace) -> int:
     from .book.runner import SECTIONS, execute, find_set, parameter_sets, parameters_yaml, write_findings, write_toc
 
     root = args.root.resolve()
+    if args.bootstrap_seed is not None and not args.findings:
+        raise EffdepthError("--bootstrap-seed sets the seed of --findings; add --findings")
+    if args.findings or args.check or args.findings_only:
+        from .book.runner import findings_markdown, stale_generated
+
+        if args.findings:
+            print(findings_markdown(root, args.profile, args.bootstrap_seed), end="")
+            return 0
+        if args.findings_only:
+            print(f"effdepth book: wrote {write_findings(root, args.profile).relative_to(root)}")
+            return 0
+        stale = stale_generated(root, args.profile)
+        for line in stale:
+            print(f"effdepth book --check: {line}")
+        if not stale:
+            print("effdepth book --check: _toc.yml and book/_findings.md match the code, params/ and the results")
+        return 1 if stale else 0
     if args.print_params is not None:
         if args.params is not None:
             raise EffdepthError("--print-params reads params/<section>.yml; drop --params (or use --section with it)")

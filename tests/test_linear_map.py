@@ -160,3 +160,20 @@ def test_the_self_map_is_fitted_without_a_ridge(monkeypatch):
     prompts = random_prompts([40] * 12, seed=3)
     linear_map.map_measurement(loaded, loaded, prompts[:6], prompts[6:8], prompts[8:])
     assert [tuple(c) for c in calls] == [tuple(linear_map.RIDGES), (0.0,)]
+
+
+def test_a_ridge_is_a_share_of_each_dimension_so_a_self_map_stays_the_identity():
+    """A residual stream's massive dimension must not set every dimension's penalty: with a ridge of
+    1e-3 of each dimension's own second moment a self-map shrinks by about 1e-3; as a share of the
+    mean diagonal (dimension 0 a thousand times the others) it would shrink the rest by ~10 %."""
+    from effdepth_core.probes.linear_map import fit_map
+
+    generator = torch.Generator().manual_seed(2)
+    states = torch.randn(600, 2, 16, generator=generator, dtype=torch.float64)
+    states[:, :, 0] *= 1000.0  # one massive activation dimension
+    train, val, test = states[:400], states[400:500], states[500:]
+    fit = fit_map(_streams(train, 50), _streams(train, 50), (val, val), (test, test), ridges=(1e-3,))
+    # shrinkage share/(1 + share) per uncorrelated dimension: ~1e-3 of each state's norm, 2e-3 leaves
+    # room for the sample's correlations; the mean-diagonal penalty gives ~0.1 here
+    assert fit.errors.diagonal().max() < 2e-3
+    assert fit.ridges == [1e-3, 1e-3]

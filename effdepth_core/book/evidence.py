@@ -11,7 +11,10 @@ from them and can be tested on frames made by hand:
 - ``between_lenses``: per model, task and rule, the paired difference tuned − logit lens.
 
 Degenerate EDs (``stats.degenerate``) and intervals from fewer than ``MIN_INTERVAL_N`` prompts never
-decide a comparison: their rows say so (``excluded``).
+decide a comparison: their rows say so (``excluded``). Each comparison comes as several rows, one per
+check of the robustness rule (``variant``: "" for the book's own threshold and bootstrap seed, then
+each other threshold of the rule's range and each other seed, ``stats.variants``); the findings show
+the first and decide on all of them.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import polars as pl
 from .. import registry
 from ..depth import resample_weights
 from .reference import RULE_LABELS
-from .stats import difference_draws, interval, spearman_test
+from .stats import N_BOOTSTRAP, difference_draws, interval, spearman_test, variants
 from .study import MIN_INTERVAL_N, RunRecord, Study
 
 _SIZE = re.compile(r"[-_ ]?\d+(\.\d+)?[bmk]\b", re.IGNORECASE)
@@ -66,7 +69,21 @@ def _excluded(summary: pl.DataFrame, cells: Sequence[tuple[str, str]], label: st
     return None
 
 
+def _checks(
+    rule, first, second, layers, settings, paired, ratio=False, seed=0, other_rule=None, n_bootstrap=N_BOOTSTRAP
+):
+    """``(variant, point, draws)`` of one difference under every check of the robustness rule."""
+    out = []
+    for what, changed, s in variants(rule, settings, seed):
+        point, draws = difference_draws(
+            rule, first, second, layers, changed, paired, ratio, n_bootstrap, s, other_rule=other_rule
+        )
+        out.append((what, point, draws))
+    return out
+
+
 _SCHEMA = {
+    "variant": pl.String,
     "rule": pl.String,
     "task": pl.String,
     "measure": pl.String,  # ed or ratio
@@ -84,7 +101,8 @@ def within_family(
     big: str,
     tasks: Sequence[str],
     rules: Sequence[str] = tuple(RULE_LABELS.values()),
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = N_BOOTSTRAP,
+    seed: int = 0,
 ) -> pl.DataFrame:
     """ED(big) − ED(small) and ratio(big) − ratio(small) per rule and task, paired over the prompts
     both runs share, and pooled over the tasks (``task`` = ``all``: the mean of the per-task draws)."""
@@ -92,8 +110,8 @@ def within_family(
     rows = []
     for label in rules:
         _, rule = _rule(label)
-        pooled: dict[str, list[np.ndarray]] = {"ed": [], "ratio": []}
-        points: dict[str, list[float]] = {"ed": [], "ratio": []}
+        pooled: dict[tuple[str, str], list[np.ndarray]] = {}
+        points: dict[tuple[str, str], list[float]] = {}
         for task in tasks:
             (rs, fs), (rb, fb) = _frames(study, small, task, label), _frames(study, big, task, label)
             if fs is None or fb is None:
@@ -102,35 +120,34 @@ def within_family(
             shared = min(fs["example"].n_unique(), fb["example"].n_unique())
             layers = (int(rb.result.summary["n_layers"]), int(rs.result.summary["n_layers"]))
             for measure in ("ed", "ratio"):
-                point, draws = difference_draws(
-                    rule, fb, fs, layers, rb.settings, paired=True, ratio=measure == "ratio", n_bootstrap=n_bootstrap
-                )
-                rows.append(
-                    {
-                        "rule": label,
-                        "task": task,
-                        "measure": measure,
-                        **interval(point, draws),
-                        "n": shared,
-                        "excluded": why,
-                    }
-                )
-                if why is None and point is not None:
-                    pooled[measure].append(draws)
-                    points[measure].append(point)
-        for measure in ("ed", "ratio"):
-            if points[measure]:
-                draws = np.mean(pooled[measure], axis=0)
-                rows.append(
-                    {
-                        "rule": label,
-                        "task": "all",
-                        "measure": measure,
-                        **interval(float(np.mean(points[measure])), draws),
-                        "n": None,
-                        "excluded": None,
-                    }
-                )
+                checks = _checks(rule, fb, fs, layers, rb.settings, True, measure == "ratio", seed, None, n_bootstrap)
+                for what, point, draws in checks:
+                    rows.append(
+                        {
+                            "variant": what,
+                            "rule": label,
+                            "task": task,
+                            "measure": measure,
+                            **interval(point, draws),
+                            "n": shared,
+                            "excluded": why,
+                        }
+                    )
+                    if why is None and point is not None:
+                        pooled.setdefault((measure, what), []).append(draws)
+                        points.setdefault((measure, what), []).append(point)
+        for (measure, what), values in points.items():
+            rows.append(
+                {
+                    "variant": what,
+                    "rule": label,
+                    "task": "all",
+                    "measure": measure,
+                    **interval(float(np.mean(values)), np.mean(pooled[(measure, what)], axis=0)),
+                    "n": None,
+                    "excluded": None,
+                }
+            )
     frame = (
         pl.DataFrame(rows, schema={**_SCHEMA, "defined": pl.Float64})
         if rows
@@ -140,9 +157,10 @@ def within_family(
 
 
 def across_models(summary: pl.DataFrame, rules: Sequence[str] = tuple(RULE_LABELS.values())) -> pl.DataFrame:
-    """Per rule, over the models: the Spearman correlation of size (parameters) with the mean ED over
-    the tasks (degenerate cells and cells whose interval does not count left out), its permutation
-    p-value and the smallest p the number of models allows, and the spread of the mean ratios."""
+    """Per rule and yardstick of size (``against``: ``parameters`` or ``layers``, L), over the models:
+    the Spearman correlation of size with the mean ED over the tasks (degenerate cells and cells whose
+    interval does not count left out), its permutation p-value and the smallest p the number of
+    models allows, and the spread of the mean ratios."""
     rows = []
     counts = pl.col("interval_counts") if "interval_counts" in summary.columns else pl.lit(True)
     for label in rules:
@@ -150,24 +168,27 @@ def across_models(summary: pl.DataFrame, rules: Sequence[str] = tuple(RULE_LABEL
             pl.col("rule") == label, pl.col("ed").is_not_null(), pl.col("degenerate").is_null(), counts
         )
         means = (
-            cells.group_by("model", "n_params")
+            cells.group_by("model", "n_params", "n_layers")
             .agg(pl.col("ed").mean(), pl.col("ratio").mean())
             .sort("n_params", "model")
         )
-        test = spearman_test(means["n_params"].to_list(), means["ed"].to_list())
-        rows.append(
-            {
-                "rule": label,
-                "n_models": means.height,
-                "rho": test["rho"],
-                "p": test["p"],
-                "min_p": test["min_p"],
-                "ratio_min": means["ratio"].min() if means.height else None,
-                "ratio_max": means["ratio"].max() if means.height else None,
-            }
-        )
+        for against, column in (("parameters", "n_params"), ("layers", "n_layers")):
+            test = spearman_test(means[column].to_list(), means["ed"].to_list())
+            rows.append(
+                {
+                    "rule": label,
+                    "against": against,
+                    "n_models": means.height,
+                    "rho": test["rho"],
+                    "p": test["p"],
+                    "min_p": test["min_p"],
+                    "ratio_min": means["ratio"].min() if means.height else None,
+                    "ratio_max": means["ratio"].max() if means.height else None,
+                }
+            )
     schema = {
         "rule": pl.String,
+        "against": pl.String,
         "n_models": pl.Int64,
         "rho": pl.Float64,
         "p": pl.Float64,
@@ -183,10 +204,12 @@ def between_tasks(
     model: str,
     order: Sequence[str],
     rules: Sequence[str] = tuple(RULE_LABELS.values()),
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = N_BOOTSTRAP,
+    seed: int = 0,
 ) -> pl.DataFrame:
     """Per rule: ratio(next task) − ratio(task) for each successive pair of ``order`` present
-    (different prompts: an unpaired bootstrap), rows ``rule, first, second, point, low, high, excluded``."""
+    (different prompts: an unpaired bootstrap), rows ``variant, rule, first, second, point, low,
+    high, excluded``."""
     summary = study.summary()
     rows = []
     for label in rules:
@@ -195,12 +218,20 @@ def between_tasks(
         for first, second in itertools.pairwise(present):
             (ra, fa), (rb, fb) = _frames(study, model, first, label), _frames(study, model, second, label)
             layers = (int(rb.result.summary["n_layers"]), int(ra.result.summary["n_layers"]))
-            point, draws = difference_draws(
-                rule, fb, fa, layers, rb.settings, paired=False, ratio=True, n_bootstrap=n_bootstrap
-            )
             why = _excluded(summary, [(model, first), (model, second)], label)
-            rows.append({"rule": label, "first": first, "second": second, **interval(point, draws), "excluded": why})
+            for what, point, draws in _checks(rule, fb, fa, layers, rb.settings, False, True, seed, None, n_bootstrap):
+                rows.append(
+                    {
+                        "variant": what,
+                        "rule": label,
+                        "first": first,
+                        "second": second,
+                        **interval(point, draws),
+                        "excluded": why,
+                    }
+                )
     schema = {
+        "variant": pl.String,
         "rule": pl.String,
         "first": pl.String,
         "second": pl.String,
@@ -252,7 +283,7 @@ def level_trend(summary: pl.DataFrame, model: str, order: Sequence[str], rules: 
 LENS_PAIRS = {"KL": ("lens KL", "tuned KL"), "overlap": ("lens overlap", "tuned overlap")}
 
 
-def between_lenses(study: Study, n_bootstrap: int = 1000) -> pl.DataFrame:
+def between_lenses(study: Study, n_bootstrap: int = N_BOOTSTRAP, seed: int = 0) -> pl.DataFrame:
     """Per model, task and lens rule: ED(tuned lens) − ED(logit lens) on the same prompts of one run
     (paired), with ``excluded`` saying why a comparison cannot decide (either ED degenerate, n < 20)."""
     summary = study.summary()
@@ -264,30 +295,27 @@ def between_lenses(study: Study, n_bootstrap: int = 1000) -> pl.DataFrame:
         for name, (logit_label, tuned_label) in LENS_PAIRS.items():
             _, logit_rule = _rule(logit_label)
             _, tuned_rule = _rule(tuned_label)
-            point, draws = difference_draws(
-                tuned_rule,
-                r.result.per_example["tuned_lens"],
-                r.result.per_example["logit_lens"],
-                (n_layers, n_layers),
-                r.settings,
-                paired=True,
-                n_bootstrap=n_bootstrap,
-                other_rule=logit_rule,
+            frames = (r.result.per_example["tuned_lens"], r.result.per_example["logit_lens"])
+            checks = _checks(
+                tuned_rule, *frames, (n_layers, n_layers), r.settings, True, False, seed, logit_rule, n_bootstrap
             )
             why = _excluded(summary, [(r.model, r.label)], logit_label) or _excluded(
                 summary, [(r.model, r.label)], tuned_label
             )
-            rows.append(
-                {
-                    "model": r.model,
-                    "task": r.label,
-                    "lens_rule": name,
-                    **interval(point, draws),
-                    "n": int(r.result.summary["n_examples"]),
-                    "excluded": why,
-                }
-            )
+            for what, point, draws in checks:
+                rows.append(
+                    {
+                        "variant": what,
+                        "model": r.model,
+                        "task": r.label,
+                        "lens_rule": name,
+                        **interval(point, draws),
+                        "n": int(r.result.summary["n_examples"]),
+                        "excluded": why,
+                    }
+                )
     schema = {
+        "variant": pl.String,
         "model": pl.String,
         "task": pl.String,
         "lens_rule": pl.String,
@@ -367,3 +395,37 @@ def map_statistic(mapped: pl.DataFrame, n_bootstrap: int = 1000, seed: int = 0) 
         "width": count("small_width"),
         "test_prompts": float(n_prompts),
     }
+
+
+def depth_score_intervals(study: Study, n_bootstrap: int = N_BOOTSTRAP, seed: int = 0) -> pl.DataFrame:
+    """Per model and level, the mean per-prompt depth score as a share of the depth, with its 95 %
+    bootstrap interval over the prompts: ``model, task, value, low, high, n``."""
+    rows = []
+    for r in study.finished:
+        if "depth_score" not in r.result.curves:
+            continue
+        n_layers = int(r.result.summary["n_layers"])
+        per_prompt = (
+            r.result.curves["depth_score"]
+            .filter(pl.col("example").is_not_null(), pl.col("metric") == "depth_score")
+            .sort("example")["value"]
+            .to_numpy()
+            / n_layers
+        )
+        if not per_prompt.size:
+            continue
+        weights = resample_weights(per_prompt.size, n_bootstrap, seed)  # [boot, prompt]
+        means = weights @ per_prompt / weights.sum(axis=1)
+        rows.append(
+            {
+                "model": r.model,
+                "task": r.label,
+                "value": float(per_prompt.mean()),
+                "low": float(np.percentile(means, 2.5)),
+                "high": float(np.percentile(means, 97.5)),
+                "n": int(per_prompt.size),
+            }
+        )
+    schema = {"model": pl.String, "task": pl.String, "value": pl.Float64, "low": pl.Float64, "high": pl.Float64,
+              "n": pl.Int64}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema)

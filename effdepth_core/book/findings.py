@@ -10,20 +10,23 @@ sentences stay short. The yardsticks are written here once:
   own spread for that rule (across its models for scale, across its data sets for difficulty), a
   change when its whole interval lies beyond it, and cannot tell otherwise (``stats.interval_verdict``);
 - an ED difference *grows* when its whole interval lies above 0;
-- a degenerate ED (``stats.degenerate``: a rule firing in the first layers against its own curve, or
-  an interval over half the depth) and an interval from fewer than 20 prompts never decide a verdict
-  — they are named as qualifications, for the paper's numbers' artefacts (lens-KL ED ≤ 2) likewise;
+- a rule artefact (``stats.artefact``: the rule fires in the first layers) never decides a verdict,
+  the paper's cells and ours alike; nor does an interval over half the depth or from fewer than 20
+  prompts — they are named as qualifications;
+- the robustness rule (``stats.robust``): a verdict stands only when the same comparison gives it at
+  every threshold of its rule's range and under two other bootstrap seeds; else cannot tell, and the
+  sentence says which check it failed;
 - a rank correlation over models or levels counts only when its permutation test can reach 5 %.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
 from .reference import COMPARABLE, RULE_LABELS
-from .stats import ALPHA, interval_verdict
+from .stats import ALPHA, artefact, interval_verdict, robust
 
 TASK_ORDER = ("hellaswag", "gsm8k", "aime24")  # the paper's difficulty order
 TASK_NAMES = {"hellaswag": "HellaSwag", "gsm8k": "GSM8K", "aime24": "AIME24"}
@@ -32,7 +35,6 @@ CLAIMS = {
     "long_cot": "long-CoT (R1-distilled) models show no increase in effective depth over their base models",
     "difficulty": "effective depth stays consistent from HellaSwag to GSM8K to AIME24",
 }
-KL_ARTEFACT = 2  # the paper's own lens-KL artefact (1 for DeepSeek-R1-Distill-Qwen-1.5B on GSM8K)
 MINUS = "−"
 WORDS = {"agree": "we agree", "disagree": "we disagree", "cannot tell": "we cannot tell"}
 
@@ -76,8 +78,32 @@ def _interval(row: Mapping, digits: int = 2) -> str:
     return f"{_signed(row['point'], digits)} [{_signed(row['low'], digits)}, {_signed(row['high'], digits)}]"
 
 
-def _artefact() -> pl.Expr:
-    return (pl.col("rule") == RULE_LABELS["logit_lens_kl"]) & (pl.col("ed") <= KL_ARTEFACT)
+def _is_artefact(frame: pl.DataFrame, ed: str = "ed", n_layers: str = "n_layers") -> pl.Series:
+    """``stats.artefact`` of each row (the paper's cells or ours: ED and L are all it reads)."""
+    return pl.Series(
+        [artefact(e, n) is not None for e, n in zip(frame[ed], frame[n_layers], strict=True)], dtype=pl.Boolean
+    )
+
+
+def clean_paper(paper: pl.DataFrame) -> pl.DataFrame:
+    """The paper's cells without its rule artefacts."""
+    return paper.filter(~_is_artefact(paper))
+
+
+def decide(rows: pl.DataFrame, judge: Callable[[Mapping], str]) -> tuple[str, str | None, dict]:
+    """The robustness rule over every check of one comparison (``rows``: an evidence frame's rows of
+    it, ``variant`` "" the book's own): the verdict, why it is cannot tell (None when it stands),
+    and the book's own row."""
+    own = rows.filter(pl.col("variant") == "") if "variant" in rows.columns else rows
+    others = rows.filter(pl.col("variant") != "") if "variant" in rows.columns else rows.clear()
+    ordered = [*own.iter_rows(named=True), *others.iter_rows(named=True)]
+    verdict, why = robust([(r.get("variant") or "", judge(r)) for r in ordered])
+    return verdict, why, ordered[0]
+
+
+def _own(frame: pl.DataFrame) -> pl.DataFrame:
+    """The rows at the book's own threshold and seed."""
+    return frame.filter(pl.col("variant") == "") if "variant" in frame.columns else frame
 
 
 def _defined(summary: pl.DataFrame) -> pl.DataFrame:
@@ -94,7 +120,7 @@ def paper_spread(paper: pl.DataFrame, rule: str, by: str) -> float:
     """The paper's own spread of the ratio for ``rule``: across its models (``by="model"``, each
     model's mean over the data sets) or across the data sets (``by="task"``, the largest within
     one model). Its rule artefacts are left out."""
-    rows = paper.filter(pl.col("rule") == rule).filter(~_artefact())
+    rows = clean_paper(paper).filter(pl.col("rule") == rule)
     if by == "model":
         means = rows.group_by("model").agg(pl.col("ratio").mean())["ratio"]
         return float(means.max() - means.min())
@@ -134,6 +160,48 @@ def _test_words(row: Mapping, what: str, unit: str = "level") -> str:
     return f"{what} ρ = {rho} (permutation p = {row['p']:.2f})"
 
 
+def _within_verdict(within: pl.DataFrame, paper: pl.DataFrame | None) -> tuple[str, list[str]]:
+    """The within-family verdict — per rule, ED grows and the ratio stays within the paper's spread,
+    pooled over the tasks, under every check of the robustness rule — and its evidence sentences."""
+    verdicts, evidence = [], []
+    if "variant" not in within.columns:  # one row per comparison: the book's own check only
+        within = within.with_columns(pl.lit("").alias("variant"))
+    for rule in RULE_LABELS.values():
+        pooled = within.filter(rule=rule, task="all")
+        if not pooled.filter(measure="ed").height or not pooled.filter(measure="ratio").height:
+            continue
+        tolerance = paper_spread(paper, rule, "model") if paper is not None else 0.05
+        ed_rows = pooled.filter(measure="ed").select(pl.exclude("measure"))
+        ratio_rows = pooled.filter(measure="ratio").select("variant", pl.col("low").alias("r_low"),
+                                                           pl.col("high").alias("r_high"),
+                                                           pl.col("point").alias("r_point"))  # fmt: skip
+        joined = ed_rows.join(ratio_rows, on="variant", how="inner", maintain_order="left")
+
+        def judge(r: Mapping, t: float = tolerance) -> str:
+            grows = "agree" if r["low"] is not None and r["low"] > 0 else (
+                "disagree" if r["high"] is not None and r["high"] < 0 else "cannot tell")  # fmt: skip
+            return _combine([grows, interval_verdict(r["r_low"], r["r_high"], t)])
+
+        verdict, why, own = decide(joined, judge)
+        verdicts.append(verdict)
+        ratio = {"point": own["r_point"], "low": own["r_low"], "high": own["r_high"]}
+        evidence.append(
+            f"{rule}: ED {_interval(own, 1)} layers, ratio {_interval(ratio)} {_spread(tolerance)}"
+            + (f"; cannot tell: {why}" if why else "")
+        )
+    return _combine(verdicts), evidence
+
+
+def _quantization(small: str, big: str) -> str:
+    """ ", and the two are quantized differently (…)" where the offline models' quantizations differ."""
+    from ..zoo import ZOO
+
+    a, b = ZOO.get(small), ZOO.get(big)
+    if a is None or b is None or a.quantization == b.quantization:
+        return ""
+    return f"; and the two are quantized differently ({small}: {a.quantization}; {big}: {b.quantization})"
+
+
 def scale_finding(
     summary: pl.DataFrame,
     paper: pl.DataFrame | None = None,
@@ -148,26 +216,11 @@ def scale_finding(
     models = rows.select("model").unique()
     if models.height == 0:
         return text[0] + " We have no usable ED to compare: **we cannot tell**."
-    clean_paper = paper.filter(~_artefact()) if paper is not None else None
+    clean = clean_paper(paper) if paper is not None else None
     if within is not None and within.height:
         small, big = within["small"][0], within["big"][0]
-        verdicts, evidence = [], []
-        for rule in RULE_LABELS.values():
-            pooled = {m: within.filter(rule=rule, task="all", measure=m) for m in ("ed", "ratio")}
-            if not (pooled["ed"].height and pooled["ratio"].height):
-                continue
-            ed, ratio = pooled["ed"].row(0, named=True), pooled["ratio"].row(0, named=True)
-            tolerance = paper_spread(paper, rule, "model") if paper is not None else 0.05
-            grows = (
-                "agree"
-                if ed["low"] is not None and ed["low"] > 0
-                else ("disagree" if ed["high"] is not None and ed["high"] < 0 else "cannot tell")
-            )
-            stable = interval_verdict(ratio["low"], ratio["high"], tolerance)
-            verdicts.append(_combine([grows, stable]))
-            evidence.append(f"{rule}: ED {_interval(ed, 1)} layers, ratio {_interval(ratio)} {_spread(tolerance)}")
-        verdict = _combine(verdicts)
-        per_task = within.filter(pl.col("task") != "all", pl.col("measure") == "ed")
+        verdict, evidence = _within_verdict(within, paper)
+        per_task = _own(within).filter(pl.col("task") != "all", pl.col("measure") == "ed")
         pooled = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t, pl.col("excluded").is_null()).height]
         left = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t).height and t not in pooled]
         over = f", pooled over {' and '.join(_name(t) for t in pooled)}" if pooled else ""
@@ -179,9 +232,17 @@ def scale_finding(
             else f"Within one family, {small} → {big}: no usable pair of EDs, **we cannot tell**."
         )
         text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
+        depth = summary.filter(pl.col("model") == big)["n_layers"]
+        quantized = _quantization(small, big)
+        if depth.len() and paper is not None:
+            tolerance = paper_spread(paper, RULE_LABELS["cosine"], "model")
+            text.append(
+                f"The paper's spread is a wide margin: ±{tolerance:.2f} of the ratio is "
+                f"±{tolerance * int(depth[0]):.1f} of {big}'s {int(depth[0])} layers{quantized}."
+            )
     if across is not None and across.height and int(across["n_models"].max()) >= 2:
         n_models = int(across["n_models"].max())
-        tests = [_test_words(r, f"{r['rule']} size–ED") for r in across.iter_rows(named=True)]
+        own_rows = across.filter(pl.col("against") == "parameters") if "against" in across.columns else across
         testable = [r for r in across.iter_rows(named=True) if r["min_p"] is not None and r["min_p"] <= ALPHA]
         verdict = (
             "cannot tell"
@@ -189,30 +250,43 @@ def scale_finding(
             else ("agree" if all(r["p"] <= ALPHA and r["rho"] > 0 for r in testable) else "cannot tell")
         )
         text.append(f"Across all {n_models} models: **{WORDS[verdict]}**.")
-        untestable = [r["min_p"] for r in across.iter_rows(named=True) if r["min_p"] is not None and r["min_p"] > ALPHA]
-        if untestable and len(untestable) == across.height and across["rho"].is_not_null().all():
-            rhos = ", ".join(f"{r['rule']} {_rho(r['rho'])}" for r in across.iter_rows(named=True))
+        for against in ("parameters", "layers"):
+            rows_of = across.filter(pl.col("against") == against) if "against" in across.columns else across
+            if not rows_of.height or (against == "layers" and "against" not in across.columns):
+                continue
+            what = "parameter count" if against == "parameters" else "depth L"
+            untestable = [
+                r["min_p"] for r in rows_of.iter_rows(named=True) if r["min_p"] is not None and r["min_p"] > ALPHA
+            ]
+            if untestable and len(untestable) == rows_of.height and rows_of["rho"].is_not_null().all():
+                rhos = ", ".join(f"{r['rule']} {_rho(r['rho'])}" for r in rows_of.iter_rows(named=True))
+                text.append(
+                    f"Spearman ρ of mean ED with {what}: {rhos} — untestable with {n_models} models "
+                    f"(no p below {min(untestable):.2f} is possible)."
+                )
+            else:
+                tests = [_test_words(r, f"{r['rule']}") for r in rows_of.iter_rows(named=True)]
+                text.append(f"Spearman of mean ED with {what}: " + "; ".join(tests) + ".")
+        if "against" in across.columns:
             text.append(
-                f"{n_models} models allow no rank test at 5 % (no p below {min(untestable):.2f} is possible); "
-                f"Spearman ρ of size and mean ED: {rhos}."
+                "Here L does not grow with size (the smallest model has the most layers), so ED follows depth L "
+                "rather than parameter count, as a layer count must."
             )
-        else:
-            text.append("Spearman of size and mean ED: " + "; ".join(tests) + ".")
         spreads = [
             f"{r['rule']} {_range(r['ratio_min'], r['ratio_max'])}"
-            for r in across.iter_rows(named=True)
+            for r in own_rows.iter_rows(named=True)
             if r["ratio_min"] is not None
         ]
         if spreads:
             text.append(f"Their mean ratios span {'; '.join(spreads)} (cells of at least 20 prompts).")
-    elif models.height == 1 and clean_paper is not None:
+    elif models.height == 1 and clean is not None:
         model = models["model"][0]
         parts = []
         for rule in RULE_LABELS.values():
             mine = rows.filter(pl.col("rule") == rule)
             if not mine.height:
                 continue
-            theirs = clean_paper.filter(pl.col("rule") == rule)["ratio"]
+            theirs = clean.filter(pl.col("rule") == rule)["ratio"]
             low, high = float(mine["ratio"].min()), float(mine["ratio"].max())
             p_low, p_high = float(theirs.min()), float(theirs.max())
             where = (
@@ -226,6 +300,11 @@ def scale_finding(
         twin = COMPARABLE.get(model)
         if twin is not None and paper is not None and paper.filter(pl.col("model") == twin).height:
             text.append(_like_for_like(rows, paper, model, twin))
+    if models.height > 1 and paper is not None:
+        for model in models["model"].to_list():
+            twin = COMPARABLE.get(model)
+            if twin is not None and paper.filter(pl.col("model") == twin).height:
+                text.append(_like_for_like(rows, paper, model, twin))
     n = summary["n_examples"] if "n_examples" in summary.columns else None
     if n is not None and n.len():
         text.append(f"Prompts per cell: {int(n.min())}–{int(n.max())}; intervals count from 20 prompts.")
@@ -242,76 +321,178 @@ def difficulty_finding(
     groups: Mapping[str, Sequence[str]] | None = None,
     between: pl.DataFrame | None = None,
     trends: pl.DataFrame | None = None,
-    sensitivity: pl.DataFrame | None = None,
+    scores: pl.DataFrame | None = None,
 ) -> str:
-    """Does ED stay consistent across the data sets in ``order``? Per model: the ratio differences
-    between successive data sets (``between``: ``evidence.between_tasks``) against the paper's own
-    spread, and the rank correlation over each ordered group of levels (``trends``:
-    ``evidence.level_trend`` rows with a ``group`` column). A change found by a thresholded rule
-    counts only when it holds over the threshold range (``sensitivity``: ``Study.sensitivity``):
-    where it falls within the spread at another threshold, the gap is the threshold's, not the task's."""
+    """Does ED stay consistent across the data sets in ``order``? First within math (``trends``:
+    ``evidence.level_trend`` rows with a ``group`` column; ``scores``: depth scores by level with
+    intervals), then per model the ratio differences between successive data sets (``between``:
+    ``evidence.between_tasks``, every check of the robustness rule) against the paper's own spread."""
     text = [f"**Task difficulty.** The paper finds that {CLAIMS['difficulty']}."]
     rows = _usable(summary)
     if rows.filter(pl.col("task").is_in(list(order))).is_empty():
         return text[0] + " We have no usable ED on these data sets: **we cannot tell**."
-    for model in sorted(rows["model"].unique().to_list()):
+    if trends is not None and trends.height:
+        for model in trends["model"].unique(maintain_order=True).to_list():
+            for group, frame in trends.filter(model=model).group_by("group", maintain_order=True):
+                what = "operand length" if "operand" in group[0] else "level"
+                words = [_test_words(r, r["rule"], what) for r in frame.iter_rows(named=True)]
+                text.append(
+                    f"Within math, {model} by {group[0]}, rank correlation of {what} and ED: {'; '.join(words)}."
+                )
+    if scores is not None and scores.height:
+        text.append(_depth_score_sentence(scores))
+    models = [] if between is None or not between.height else between["model"].unique(maintain_order=True).to_list()
+    per_model = []
+    for model in models:
         verdicts, evidence, excluded = [], [], []
-        mine = between.filter(model=model) if between is not None and between.height else None
+        mine = between.filter(model=model)
         for rule in RULE_LABELS.values():
-            if mine is None:
-                continue
             tolerance = paper_spread(paper, rule, "task") if paper is not None else 0.05
             steps = []
-            for r in mine.filter(rule=rule).iter_rows(named=True):
-                pair = f"{_name(r['first'])}→{_name(r['second'])}"
-                if r["excluded"]:
-                    excluded.append(f"{rule} {pair} ({r['excluded'].split(': ', 1)[-1]})")
+            for (first, second), checks in mine.filter(rule=rule).group_by(["first", "second"], maintain_order=True):
+                pair = f"{_name(first)}→{_name(second)}"
+                own = _own(checks).row(0, named=True)
+                if own["excluded"]:
+                    excluded.append(f"{rule} {pair} ({own['excluded'].split(': ', 1)[-1]})")
                     continue
-                verdict = interval_verdict(r["low"], r["high"], tolerance)
-                shaky = _threshold_dependent(sensitivity, model, rule, r["first"], r["second"], tolerance)
-                if verdict == "disagree" and shaky:
-                    excluded.append(f"{rule} {pair} {_interval(r)}: the gap depends on the threshold ({shaky})")
-                    continue
+                verdict, why, own = decide(checks, lambda r, t=tolerance: interval_verdict(r["low"], r["high"], t))
                 verdicts.append(verdict)
-                steps.append(f"{pair} {_interval(r)}")
+                steps.append(f"{pair} {_interval(own)}" + (f" (cannot tell: {why})" if why else ""))
             if steps:
                 evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(tolerance)}")
         verdict = _combine(verdicts)
+        per_model.append(verdict)
         text.append(f"{model}: **{WORDS[verdict]}**.")
         text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
         if excluded:
             text.append(f"Not counted: {'; '.join(excluded)}.")
-        if trends is not None and trends.height:
-            for group, frame in trends.filter(model=model).group_by("group", maintain_order=True):
-                what = "operand length" if "operand" in group[0] else "level"
-                words = [_test_words(r, r["rule"], what) for r in frame.iter_rows(named=True)]
-                text.append(f"By {group[0]}, rank correlation of {what} and ED: {'; '.join(words)}.")
+    if len(per_model) > 1:
+        overall = per_model[0] if len(set(per_model)) == 1 else "cannot tell"
+        text.append(f"Over the {len(per_model)} models: **{WORDS[overall]}**.")
     qualification = degenerate_sentence(summary)
     if qualification:
         text.append(qualification)
     return " ".join(text)
 
 
-def _threshold_dependent(
-    sensitivity: pl.DataFrame | None, model: str, rule: str, first: str, second: str, tolerance: float
-) -> str | None:
-    """Where a rule's ratio gap between two data sets falls within ±``tolerance`` (or changes sign)
-    at some threshold of its range: those thresholds and gaps, else None."""
-    if sensitivity is None or not sensitivity.height:
-        return None
-    mine = sensitivity.filter(pl.col("model") == model, pl.col("rule") == rule)
-    a = mine.filter(pl.col("task") == first).select("setting", "threshold", pl.col("ratio").alias("a"))
-    b = mine.filter(pl.col("task") == second).select("threshold", pl.col("ratio").alias("b"))
-    gaps = a.join(b, on="threshold").drop_nulls().with_columns((pl.col("b") - pl.col("a")).alias("gap"))
-    if gaps.height < 2:
-        return None
-    sign = 1.0 if gaps["gap"].sum() >= 0 else -1.0
-    small = gaps.filter(pl.col("gap") * sign <= tolerance).sort("threshold")
-    if not small.height:
-        return None
-    setting = str(small["setting"][0]).replace("_", " ")
-    shown = ", ".join(f"{_signed(g, 2)} at {t:.2f}" for t, g in zip(small["threshold"], small["gap"], strict=True))
-    return f"{setting}: {shown}"
+def _models_and_n(summary: pl.DataFrame) -> str:
+    n = summary["n_examples"] if summary.height else None
+    models = summary["model"].n_unique() if summary.height else 0
+    return f"{_count(models, 'model')}, n {int(n.min())}–{int(n.max())}" if n is not None else "none"
+
+
+def _ratio_cell(row: Mapping) -> str:
+    return _interval(row) if row else "—"
+
+
+def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl.DataFrame | None) -> dict:
+    """The intro table's row of the scale question."""
+    verdict, effect, tolerance = "cannot tell", "—", "—"
+    if within is not None and within.height:
+        verdict, _ = _within_verdict(within, paper)
+        own = _own(within).filter(rule=RULE_LABELS["cosine"], task="all", measure="ratio")
+        big = within["big"][0]
+        depth = summary.filter(pl.col("model") == big)["n_layers"]
+        if own.height:
+            effect = f"cosine ratio {within['small'][0]} → {big}: {_interval(own.row(0, named=True))}"
+        if paper is not None and depth.len():
+            spread = paper_spread(paper, RULE_LABELS["cosine"], "model")
+            tolerance = f"±{spread:.2f} ratio ≈ ±{spread * int(depth[0]):.1f} layers of {big}"
+    return {
+        "question": "Model scale",
+        "claim": "ED grows with size, the ratio stays",
+        "verdict": WORDS[verdict],
+        "models": _models_and_n(_defined(summary)),
+        "effect": effect,
+        "tolerance": tolerance,
+        "caveat": "one within-family pair, quantized differently; 4 models cannot reach p < 0.05 in a rank test",
+    }
+
+
+def difficulty_headline(summary: pl.DataFrame, between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dict:
+    """The intro table's row of the difficulty question."""
+    effect, tolerance = "—", "—"
+    if between is not None and between.height:
+        steps = _own(between).filter(rule=RULE_LABELS["cosine"], first="hellaswag", second="gsm8k")
+        points = [p for p in steps["point"].to_list() if p is not None]
+        if points:
+            effect = f"cosine ratio HellaSwag→GSM8K {_signed(min(points), 2)} to {_signed(max(points), 2)} over models"
+    if paper is not None:
+        spread = paper_spread(paper, RULE_LABELS["cosine"], "task")
+        depth = summary["n_layers"] if summary.height else None
+        if depth is not None:
+            tolerance = f"±{spread:.2f} ratio ≈ ±{spread * int(depth.min()):.0f}–{spread * int(depth.max()):.0f} layers"
+    return {
+        "question": "Task difficulty",
+        "claim": "ED stays consistent from HellaSwag to GSM8K to AIME24",
+        "verdict": WORDS[difficulty_verdict(between, paper)],
+        "models": _models_and_n(_defined(summary)),
+        "effect": effect,
+        "tolerance": tolerance,
+        "caveat": "AIME24 at ≤ 400 tokens has 3–4 prompts (shown, not counted); a ≤ 1000-token cap on one model",
+    }
+
+
+def long_cot_headline(pairs: Sequence[Mapping], paper_pairs: pl.DataFrame | None) -> dict:
+    """The intro table's row of the long-CoT question (no pair runs offline)."""
+    return {
+        "question": "Long-CoT training",
+        "claim": "no increase in ED over the base model",
+        "verdict": WORDS["cannot tell"],
+        "models": f"{_count(len(pairs), 'pair')} (hub models, not offline)",
+        "effect": "— (the paper's own deltas are on its page)",
+        "tolerance": "—",
+        "caveat": "no base / R1-distilled pair can be loaded without internet",
+    }
+
+
+HEADLINE_COLUMNS = {
+    "question": "question",
+    "claim": "the paper's claim",
+    "verdict": "our verdict",
+    "models": "models and n",
+    "effect": "effect [95 % interval]",
+    "tolerance": "tolerance",
+    "caveat": "main caveat",
+}
+
+
+def headline_table(rows: Sequence[Mapping]) -> str:
+    """The intro's one-screen summary: one Markdown row per question."""
+    lines = ["| " + " | ".join(HEADLINE_COLUMNS.values()) + " |", "|" + "---|" * len(HEADLINE_COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row[k]).replace("|", "/") for k in HEADLINE_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def difficulty_verdict(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> str:
+    """The one verdict of the difficulty question over every model (the intro's table)."""
+    if between is None or not between.height:
+        return "cannot tell"
+    per_model = []
+    for model in between["model"].unique(maintain_order=True).to_list():
+        verdicts = []
+        for rule in RULE_LABELS.values():
+            tolerance = paper_spread(paper, rule, "task") if paper is not None else 0.05
+            for _, checks in between.filter(model=model, rule=rule).group_by(["first", "second"], maintain_order=True):
+                if _own(checks)["excluded"][0] is None:
+                    verdicts.append(decide(checks, lambda r, t=tolerance: interval_verdict(r["low"], r["high"], t))[0])
+        per_model.append(_combine(verdicts))
+    return per_model[0] if len(set(per_model)) == 1 else "cannot tell"
+
+
+def _depth_score_sentence(scores: pl.DataFrame) -> str:
+    """Depth score (share of the depth) per level with its interval, where the skip probe ran."""
+    parts = []
+    for r in scores.iter_rows(named=True):
+        low, high = r.get("low"), r.get("high")
+        interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+        parts.append(f"{r['task']} {r['value']:.2f}{interval} (n = {r['n']})")
+    model = scores["model"][0]
+    return (
+        f"Depth score of {model} (the mean per prompt, as a share of the depth; skip probe) by level: "
+        f"{'; '.join(parts)}."
+    )
 
 
 def _like_for_like(ours: pl.DataFrame, paper: pl.DataFrame, model: str, twin: str) -> str:
@@ -332,8 +513,8 @@ def _like_for_like(ours: pl.DataFrame, paper: pl.DataFrame, model: str, twin: st
         return ""
     order = "/".join(_name(t) for t in TASK_ORDER)
     return (
-        f"Beside the paper's {twin} (same architecture and depth), our EDs ({order}) differ by at most "
-        f"{_count(max(gaps), 'layer')}: {'; '.join(parts)}."
+        f"**Like for like:** beside the paper's {twin} (bf16; same architecture and depth), our {model} "
+        f"(4-bit, coder-tuned) gives EDs ({order}) within {_count(max(gaps), 'layer')} of its: {'; '.join(parts)}."
     )
 
 
@@ -382,7 +563,17 @@ def long_cot_finding(
     if paper is not None and pairs:
         from .reference import pair_deltas
 
+        depth = {str(m).rsplit("/", 1)[-1]: n for m, n in paper.select("model", "n_layers").unique().iter_rows()}
         deltas = pair_deltas(paper, list(pairs))
+        deltas = deltas.with_columns(
+            pl.Series(
+                [
+                    artefact(min(a, b), depth.get(base, 0)) is not None
+                    for a, b, base in zip(deltas["ed_base"], deltas["ed_long_cot"], deltas["base"], strict=True)
+                ],
+                dtype=pl.Boolean,
+            ).alias("artefact")
+        )
         if deltas.height:
             by_pair = []
             for (base, long_cot), frame in deltas.group_by("base", "long_cot", maintain_order=True):
@@ -390,22 +581,16 @@ def long_cot_finding(
                 for rule in RULE_LABELS.values():
                     cells = {r["task"]: r for r in frame.filter(pl.col("rule") == rule).iter_rows(named=True)}
                     marks = [
-                        _signed(cells[t]["delta"])
-                        + (
-                            "*"
-                            if min(cells[t]["ed_base"], cells[t]["ed_long_cot"]) <= KL_ARTEFACT
-                            and rule == RULE_LABELS["logit_lens_kl"]
-                            else ""
-                        )
+                        _signed(cells[t]["delta"]) + ("*" if cells[t]["artefact"] else "")
                         for t in TASK_ORDER
                         if t in cells
                     ]
                     values.append(f"{rule} {'/'.join(marks)}")
                 by_pair.append(f"{long_cot} − {base}: {'; '.join(values)}")
-            clean = deltas.filter(pl.min_horizontal("ed_base", "ed_long_cot") > KL_ARTEFACT)
+            clean = deltas.filter(~pl.col("artefact"))
             largest = int(clean["delta"].abs().max()) if clean.height else None
             star = (
-                f" (* a lens-KL ED ≤ {KL_ARTEFACT}: the rule fires at the first layers; an artefact, left out)"
+                " (* an ED in the first layers: a rule artefact by the test applied to every cell, left out)"
                 if deltas.height > clean.height
                 else ""
             )
@@ -430,8 +615,12 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
     question = "**Is ED an artefact of the logit lens?**"
     if lenses is None or not lenses.height:
         return f"{question} No tuned lens was run on this page: **we cannot tell**."
-    usable = lenses.filter(pl.col("excluded").is_null(), pl.col("low").is_not_null())
-    verdicts = [interval_verdict(r["low"], r["high"], 1.0) for r in usable.iter_rows(named=True)]
+    usable = lenses.filter(pl.col("excluded").is_null())
+    decided = []  # (verdict, why, the book's own row) per model, task and lens rule
+    for _, checks in usable.group_by(["model", "task", "lens_rule"], maintain_order=True):
+        if _own(checks)["low"][0] is not None:
+            decided.append(decide(checks, lambda r: interval_verdict(r["low"], r["high"], 1.0)))
+    verdicts = [verdict for verdict, _, _ in decided]
     if not verdicts:
         answer = "**we cannot tell**: no usable pair of EDs"
     elif all(v == "agree" for v in verdicts):
@@ -443,11 +632,7 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
         stayed = sum(v == "agree" for v in verdicts)
         unclear = len(verdicts) - moved - stayed  # intervals that reach across ±1 layer
         of = f"of {len(verdicts)} usable EDs"
-        tail = (
-            f"; {_count(unclear, 'interval')} {'reaches' if unclear == 1 else 'reach'} across ±1 layer"
-            if unclear
-            else ""
-        )
+        tail = f"; {unclear} cannot tell (an interval across ±1 layer, or a robustness check failed)" if unclear else ""
         if moved and stayed:  # some EDs provably move, some provably stay: a mixed answer
             stay = "stays" if stayed == 1 else "stay"
             answer = f"**in part**: {moved} {of} move by more than a layer, {stayed} {stay}{tail}"
@@ -458,10 +643,14 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
         else:
             answer = f"**we cannot tell**: all {len(verdicts)} intervals reach across ±1 layer"
     text = [f"{question} {answer}."]
-    for model, frame in usable.group_by("model", maintain_order=True):
-        cells = [f"{_name(r['task'])} {r['lens_rule']} {_interval(r, 1)}" for r in frame.iter_rows(named=True)]
-        text.append(f"{model[0]}, tuned − logit in layers: {'; '.join(cells)}.")
-    excluded = lenses.filter(pl.col("excluded").is_not_null())
+    for model in dict.fromkeys(own["model"] for _, _, own in decided):
+        cells = [
+            f"{_name(own['task'])} {own['lens_rule']} {_interval(own, 1)}" + (f" (cannot tell: {why})" if why else "")
+            for _, why, own in decided
+            if own["model"] == model
+        ]
+        text.append(f"{model}, tuned − logit in layers: {'; '.join(cells)}.")
+    excluded = _own(lenses).filter(pl.col("excluded").is_not_null())
     if excluded.height:
         cells = [f"{r['model']} {_name(r['task'])} {r['lens_rule']}" for r in excluded.iter_rows(named=True)]
         text.append(f"Not counted (degenerate, or fewer than 20 prompts): {'; '.join(cells)}.")

@@ -75,6 +75,12 @@ class Page:
     def paper(self) -> pl.DataFrame:
         return reference.paper_table1()
 
+    @property
+    def bootstrap_seed(self) -> int:
+        """The seed of the findings' bootstrap intervals (a book parameter; the robustness rule also
+        checks the next two)."""
+        return int(self.p.get("bootstrap_seed") or 0)
+
     def findings_markdown(self):
         return _markdown(self.findings())
 
@@ -111,13 +117,21 @@ class ScalePage(Page):
         erasure = self.causal.frame("erasure", per_example=True)
         return erasure if erasure.height else None
 
-    def findings(self) -> str:
+    @cached_property
+    def within(self) -> pl.DataFrame | None:
         pair = self._pair()
         tasks = [t["task"] for t in self.p.get("tasks") or [] if t.get("task") in findings.TASK_ORDER]
-        within = evidence.within_family(self.runs, pair[0], pair[1], tasks or findings.TASK_ORDER) if pair else None
+        if not pair:
+            return None
+        return evidence.within_family(self.runs, *pair, tasks or findings.TASK_ORDER, seed=self.bootstrap_seed)
+
+    def findings(self) -> str:
         n_models = self.summary["model"].n_unique()
         across = evidence.across_models(self.summary) if n_models > 1 else None
-        return findings.scale_finding(self.summary, self.paper, within, across)
+        return findings.scale_finding(self.summary, self.paper, self.within, across)
+
+    def headline(self) -> dict:
+        return findings.scale_headline(self.summary, self.paper, self.within)
 
     def table1(self):
         return tables.table1(self.summary, self.paper)
@@ -153,9 +167,17 @@ class ScalePage(Page):
 class DifficultyPage(Page):
     section = "difficulty"
 
+    @property
+    def level_models(self) -> list[str]:
+        return list(self.p.get("level_models") or self.p.get("models") or [])
+
     @cached_property
     def by_task(self) -> Study:
-        return self.study(self.p.get("models"), self.p.get("tasks"))
+        """The data sets of every model, and for the level models the sensitivity tasks too."""
+        tasks = list(self.p.get("tasks") or [])
+        extra = list(self.p.get("sensitivity_tasks") or [])
+        by_model = {m: tasks + extra for m in self.level_models} if extra else None
+        return self.study(self.p.get("models"), tasks, by_model)
 
     @cached_property
     def specs(self) -> list[dict]:
@@ -164,7 +186,8 @@ class DifficultyPage(Page):
 
     @cached_property
     def by_level(self) -> Study:
-        return self.study(self.p.get("models"), self.specs)
+        """The within-math runs: MATH levels, operand lengths, depth scores (``level_models``)."""
+        return self.study(self.level_models, self.specs)
 
     @cached_property
     def summary(self) -> pl.DataFrame:
@@ -173,6 +196,11 @@ class DifficultyPage(Page):
     @property
     def task_order(self) -> list[str]:
         return [task_label(t) for t in self.p.get("tasks") or []]
+
+    @property
+    def sensitivity_orders(self) -> list[list[str]]:
+        """Each sensitivity task in the place of the last data set (AIME24 at a longer cap after GSM8K)."""
+        return [[*self.task_order[:-1], task_label(t)] for t in self.p.get("sensitivity_tasks") or []]
 
     @property
     def groups(self) -> dict[str, list[str]]:
@@ -193,23 +221,36 @@ class DifficultyPage(Page):
         rules = tuple(reference.RULE_LABELS.values())
         parts = [
             evidence.level_trend(self.summary, model, order, rules).with_columns(pl.lit(group).alias("group"))
-            for model in self.summary["model"].unique(maintain_order=True)
+            for model in self.by_level.summary()["model"].unique(maintain_order=True)
             for group, order in self.groups.items()
         ]
         return pl.concat(parts) if parts else pl.DataFrame()
 
+    @cached_property
+    def between(self) -> pl.DataFrame | None:
+        seed = self.bootstrap_seed
+        parts = [
+            evidence.between_tasks(self.by_task, m, self.task_order, seed=seed) for m in self.p.get("models") or []
+        ]
+        for order in self.sensitivity_orders:  # only the step into the sensitivity task is new
+            for m in self.level_models:
+                rows = evidence.between_tasks(self.by_task, m, order, seed=seed)
+                parts.append(rows.filter(pl.col("second") == order[-1]))
+        return pl.concat(parts).sort("model", maintain_order=True) if parts else None
+
     def findings(self) -> str:
-        between = [evidence.between_tasks(self.by_task, m, self.task_order) for m in self.p.get("models") or []]
-        between = pl.concat(between) if between else None
         return findings.difficulty_finding(
             self.summary,
             self.task_order,
             self.paper,
             self.groups,
-            between=between,
+            between=self.between,
             trends=self.trends(),
-            sensitivity=self.by_task.sensitivity(),
+            scores=evidence.depth_score_intervals(self.by_level, seed=self.bootstrap_seed),
         )
+
+    def headline(self) -> dict:
+        return findings.difficulty_headline(self.by_task.summary(), self.between, self.paper)
 
     def chart(self, name: str):
         if name == "tasks":
@@ -259,6 +300,9 @@ class LongCotPage(Page):
         return findings.long_cot_finding(
             self.summary, self.p.get("pairs") or [], self.runs.unavailable(), self.paper_pairs
         )
+
+    def headline(self) -> dict:
+        return findings.long_cot_headline(self.p.get("pairs") or [], self.paper_pairs)
 
     def status_table(self):
         return tables.status(self.models, self.runs.unavailable())

@@ -25,7 +25,7 @@ MAX_SEED = 2**63 - 1
 PROFILES = ("quick", "full")
 # page parameters every section's template has that params/ never set (effdepth book fills them)
 FILLED = frozenset({"profile", "tasks_by_model", "causal_by_model"})
-COMMON_KEYS = frozenset({"tasks", "precision", "seed", "device", "dtype", "results_dir"})
+COMMON_KEYS = frozenset({"tasks", "precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir"})
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAP_KEYS = frozenset(
     {"small", "big", "task", "n", "n_validation", "tokens_per_width", "seed", "digits", "max_tokens", "ridge"}
@@ -127,10 +127,10 @@ def _expanded_size(node: yaml.Node, seen: dict[int, int]) -> int:
 # The page parameters each section's notebook declares (its ``parameters`` cell), less those
 # ``effdepth book`` fills in: the keys a section's defaults and sets may use. A test reads the
 # templates and checks these agree, so the schema and the notebooks cannot drift apart.
-_PAGE = frozenset({"precision", "seed", "device", "dtype", "results_dir", "title", "tasks"})
+_PAGE = frozenset({"precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "title", "tasks"})
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "scale": _PAGE | {"models", "causal"},
-    "difficulty": _PAGE | {"models", "math", "arithmetic", "skip"},
+    "difficulty": _PAGE | {"models", "level_models", "sensitivity_tasks", "math", "arithmetic", "skip"},
     "long_cot": _PAGE | {"pairs", "download"},
     "beyond": _PAGE | {"models", "pair"},
 }
@@ -214,7 +214,7 @@ def check_task_spec(value: Any, where: str) -> None:
     """One task spec (a run's settings): its task, its probes, settings by name."""
     from ..settings import setting_names
 
-    spec = _mapping(value, where, frozenset({"task", "probes", "precision", *setting_names()}))
+    spec = _mapping(value, where, frozenset({"task", "probes", "precision", "label", *setting_names()}))
     if "task" not in spec:
         raise _fail(where, "needs a task (e.g. {task: gsm8k})")
     _text(spec["task"], f"{where}.task")
@@ -227,6 +227,9 @@ def check_task_spec(value: Any, where: str) -> None:
     ints = _int_setting_names()
     for key, item in spec.items():
         if key in ("task", "probes", "precision"):
+            continue
+        if key == "label":
+            _text(item, f"{where}.label")
             continue
         _scalar(item, f"{where}.{key}")
         if key in ints and item is not None:
@@ -323,7 +326,10 @@ def _flag(value: Any, where: str) -> None:
 
 CHECKS: dict[str, Callable[[Any, str], None]] = {
     "models": _models,
+    "level_models": _models,
     "tasks": _tasks,
+    "sensitivity_tasks": _tasks,
+    "bootstrap_seed": _seed,
     "causal": check_task_spec,
     "precision": check_precision,
     "seed": _seed,

@@ -53,7 +53,10 @@ def plans(section: str, parameters: Mapping) -> list[StudyPlan]:
     if section == "difficulty":
         precise = parameters.get("precision") is not None
         levels = difficulty_specs(parameters.get("math"), parameters.get("arithmetic"), parameters.get("skip"), precise)
-        return [StudyPlan("tasks", models, tasks), StudyPlan("levels", models, tuple(levels))]
+        level_models = tuple(parameters.get("level_models") or models)
+        extra = tuple(parameters.get("sensitivity_tasks") or ())
+        by_model = {m: (*tasks, *extra) for m in level_models} if extra else {}
+        return [StudyPlan("tasks", models, tasks, by_model), StudyPlan("levels", level_models, tuple(levels))]
     if section == "long_cot":
         pairs = parameters.get("pairs") or []
         pair_models = tuple(dict.fromkeys(m for pair in pairs for m in (pair["base"], pair["long_cot"])))

@@ -1,8 +1,11 @@
 """The statistics behind the book's claims, pure functions of the per-example frames:
 
-- ``degenerate``: when an ED says nothing about the depth a model uses (method.md §10): its rule
-  fires in the first layers while its own condition fails at most layers after (the curve says
-  otherwise), or its bootstrap interval spans more than half the depth (the sample cannot locate it);
+- ``artefact``: the one test of a rule artefact, applied alike to our EDs and the paper's (method.md
+  §10): the rule fires in the first layers;
+- ``degenerate``: when an ED says nothing about the depth a model uses: an artefact, or its
+  bootstrap interval spans more than half the depth (the sample cannot locate it);
+- ``robust``: the robustness rule (method.md §11): one verdict from the same comparison at every
+  threshold of its rule's range and under other bootstrap seeds, else cannot tell, saying why;
 - ``ed_difference``: a bootstrap interval of the difference of two EDs (or ratios) — paired when
   both are measured on the same prompts (two lenses of one run), independent otherwise (two tasks);
 - ``spearman_test``: a rank correlation with its exact permutation p-value (and the smallest p
@@ -26,8 +29,9 @@ from ..probes.reduce import token_weighted_mean
 from ..probes.spec import Rule
 
 EARLY_SHARE = 0.1  # "the first layers": the first tenth of the depth (at least 2 layers)
-HELD_SHARE = 0.5  # a rule's condition must hold on at least half the layers after its ED
 ALPHA = 0.05
+N_BOOTSTRAP = 2000  # resamples per interval: with 2000 the 2.5 % tail holds 50 draws
+OTHER_SEEDS = 2  # a verdict must also hold under the next two bootstrap seeds
 
 
 def early_layers(n_layers: int) -> int:
@@ -46,29 +50,38 @@ def curves(rule: Rule, frame: pl.DataFrame, n_layers: int) -> dict[str, np.ndarr
     return out
 
 
-def degenerate(
-    rule: Rule,
-    frame: pl.DataFrame,
-    ed: int | None,
-    ci_low: int | None,
-    ci_high: int | None,
-    n_layers: int,
-    settings: Any,
-) -> str | None:
-    """Why an ED is degenerate (None when it is not): see the module's definition."""
+def artefact(ed: int | None, n_layers: int) -> str | None:
+    """Why an ED is a rule artefact (None when it is not): its rule fires in the first layers (at or
+    before ``early_layers``). There a rule reads where its threshold falls against the first layers'
+    outliers — a lens-KL maximum at the embeddings, an overlap hovering under its threshold from layer
+    0 — not the depth a model uses. The paper's cells carry only ED and L, so this test needs nothing
+    else: one rule for its cells and ours."""
+    if ed is not None and ed <= early_layers(n_layers):
+        return f"it fires at layer {ed}, in the first layers (0–{early_layers(n_layers)} of {n_layers})"
+    return None
+
+
+def degenerate(ed: int | None, ci_low: int | None, ci_high: int | None, n_layers: int) -> str | None:
+    """Why an ED of ours is degenerate (None when it is not): an ``artefact``, or an interval wider
+    than half the depth."""
     if ed is None:
         return None
     if ci_low is not None and ci_high is not None and ci_high - ci_low > n_layers / 2:
         return f"its interval [{ci_low}–{ci_high}] spans more than half the {n_layers} layers"
-    if rule.holds is not None and ed <= early_layers(n_layers):
-        held = np.asarray(rule.holds(curves(rule, frame, n_layers), settings), dtype=bool)[ed:n_layers]
-        share = float(held.mean()) if held.size else 1.0
-        if share < HELD_SHARE:
-            return (
-                f"it fires at layer {ed}, in the first layers, while its condition holds at only {share:.0%} of the "
-                "layers after"
-            )
-    return None
+    return artefact(ed, n_layers)
+
+
+def robust(checks: Sequence[tuple[str, str]]) -> tuple[str, str | None]:
+    """The robustness rule: ``checks`` are (what was varied, verdict) for one comparison, the book's
+    own threshold and seed first. A verdict stands only when every check gives it; otherwise the
+    verdict is cannot tell and the reason names the first check that gave another."""
+    if not checks:
+        return "cannot tell", "nothing to compare"
+    main = checks[0][1]
+    for what, verdict in checks[1:]:
+        if verdict != main:
+            return "cannot tell", f"{main} at the book's settings, {verdict} {what}"
+    return main, None
 
 
 def difference_draws(
@@ -79,7 +92,7 @@ def difference_draws(
     settings: Any,
     paired: bool,
     ratio: bool = False,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = N_BOOTSTRAP,
     seed: int = 0,
     other_rule: Rule | None = None,
 ) -> tuple[float | None, np.ndarray]:
@@ -185,10 +198,29 @@ def threshold_sensitivity(rule: Rule, frame: pl.DataFrame, n_layers: int, settin
     curve = curves(rule, frame, n_layers)
     rows = []
     for value in values:
-        changed = _With(settings, name, value)
+        changed = with_setting(settings, name, value)
         ed = rule.find(curve, changed)
         rows.append((float(value), ed, None if ed is None else (ed + 1) / n_layers))
     return pl.DataFrame(rows, schema={"threshold": pl.Float64, "ed": pl.Int64, "ratio": pl.Float64}, orient="row")
+
+
+def variants(rule: Rule, settings: Any, seed: int) -> list[tuple[str, Any, int]]:
+    """The robustness rule's checks of one comparison: (what was varied, settings, bootstrap seed) —
+    the book's own first, then every other threshold of the rule's range, then the other seeds."""
+    out = [("", settings, seed)]
+    if rule.thresholds is not None:
+        name, values = rule.thresholds
+        own = getattr(settings, name, None)
+        words = name.replace("_", " ")
+        shown = {v: f"{v:g}".replace("-", "−") for v in values}  # the typographic minus, as in the findings
+        out += [(f"at {words} {shown[v]}", _With(settings, name, v), seed) for v in values if own is None or v != own]
+    out += [(f"under bootstrap seed {seed + k}", settings, seed + k) for k in range(1, OTHER_SEEDS + 1)]
+    return out
+
+
+def with_setting(settings: Any, name: str, value: Any) -> Any:
+    """``settings`` with one attribute replaced."""
+    return _With(settings, name, value)
 
 
 class _With:

@@ -119,14 +119,13 @@ class Study:
         for r in self.finished:
             s, meta = r.result.summary, r.result.metadata
             n_layers = int(s["n_layers"])
-            for rule, (spec, spec_rule) in registry.rules().items():  # every rule the run has, any probe's
+            for rule, (_, spec_rule) in registry.rules().items():  # every rule the run has, any probe's
                 if rule not in s:
                     continue
                 entry = s[rule]
                 ratio = lambda v, n=n_layers: None if v is None else (v + 1) / n  # noqa: E731
                 low, high, ed = entry.get("ci_low"), entry.get("ci_high"), entry.get("ed")
-                frame = r.result.per_example.get(spec_rule.frame or spec.name)
-                why = degenerate(spec_rule, frame, ed, low, high, n_layers, r.settings) if frame is not None else None
+                why = degenerate(ed, low, high, n_layers)
                 rows.append(
                     {
                         "model": r.model,

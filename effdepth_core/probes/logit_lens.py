@@ -177,12 +177,6 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
     def overlap(curves: Mapping[str, np.ndarray], settings) -> int | None:
         return ed_overlap(curves["overlap"], settings.overlap_threshold)
 
-    def kl_holds(curves: Mapping[str, np.ndarray], settings) -> np.ndarray:
-        return np.asarray(curves["kl"]) < settings.kl_fraction * np.max(curves["kl"])
-
-    def overlap_holds(curves: Mapping[str, np.ndarray], settings) -> np.ndarray:
-        return np.asarray(curves["overlap"]) > settings.overlap_threshold
-
     return (
         Rule(
             f"{prefix}_kl",
@@ -190,7 +184,6 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
             ("kl",),
             kl,
             lambda s: f"KL never falls below {s.kl_fraction} of its maximum",
-            holds=kl_holds,
             thresholds=("kl_fraction", (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7)),
         ),
         Rule(
@@ -199,7 +192,6 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
             ("overlap",),
             overlap,
             lambda s: f"top-k overlap never exceeds {s.overlap_threshold}",
-            holds=overlap_holds,
             thresholds=("overlap_threshold", (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)),
         ),
     )

@@ -82,11 +82,9 @@ def ed_cosine(mean_cos: np.ndarray) -> int | None:
 
 
 def _cosine_rule(curves: Mapping[str, np.ndarray], settings) -> int | None:
-    return ed_cosine(np.mean([curves[name] for name in COSINE_PARTS], axis=0))
-
-
-def _cosine_holds(curves: Mapping[str, np.ndarray], settings) -> np.ndarray:
-    return np.mean([curves[name] for name in COSINE_PARTS], axis=0) >= 0
+    # the crossing is of 0 (SPEC §1); the book's robustness rule moves that level (``cosine_zero``)
+    zero = getattr(settings, "cosine_zero", 0.0)
+    return ed_cosine(np.mean([curves[name] for name in COSINE_PARTS], axis=0) - zero)
 
 
 SPEC = ProbeSpec(
@@ -101,7 +99,7 @@ SPEC = ProbeSpec(
             COSINE_PARTS,
             _cosine_rule,
             lambda settings: "the mean cosine never crosses from negative to non-negative",
-            holds=_cosine_holds,
+            thresholds=("cosine_zero", (-0.03, -0.02, -0.01, 0.0, 0.01, 0.02, 0.03)),
         ),
     ),
     charts=(Chart("cosine", "contribution_bars", "cosine"),),

@@ -118,9 +118,6 @@ class Rule:
     reason: Callable[[Any], str]
     needs_final_layer: bool = False
     frame: str | None = None  # the probe's per-example frame it reads (default: the probe's own)
-    # per layer 0..L-1, whether the rule's condition holds there (the book's degenerate-ED check: a
-    # rule that fires in the first layers while its condition fails at most later layers)
-    holds: Callable[[Mapping[str, Any], Any], Any] | None = None
     thresholds: tuple[str, tuple[float, ...]] | None = None  # (setting, values): the book's sensitivity view
 
 
