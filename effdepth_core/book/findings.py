@@ -341,25 +341,20 @@ def difficulty_finding(
                 )
     if scores is not None and scores.height:
         text.append(_depth_score_sentence(scores))
-    models = [] if between is None or not between.height else between["model"].unique(maintain_order=True).to_list()
     per_model = []
-    for model in models:
+    for model, decided in _task_steps(between, paper).items():
         verdicts, evidence, excluded = [], [], []
-        mine = between.filter(model=model)
         for rule in RULE_LABELS.values():
-            tolerance = paper_spread(paper, rule, "task") if paper is not None else 0.05
             steps = []
-            for (first, second), checks in mine.filter(rule=rule).group_by(["first", "second"], maintain_order=True):
-                pair = f"{_name(first)}→{_name(second)}"
-                own = _own(checks).row(0, named=True)
-                if own["excluded"]:
-                    excluded.append(f"{rule} {pair} ({own['excluded'].split(': ', 1)[-1]})")
+            for step in (s for s in decided if s["rule"] == rule):
+                if step["excluded"]:
+                    excluded.append(f"{rule} {step['pair']} ({step['excluded'].split(': ', 1)[-1]})")
                     continue
-                verdict, why, own = decide(checks, lambda r, t=tolerance: interval_verdict(r["low"], r["high"], t))
-                verdicts.append(verdict)
-                steps.append(f"{pair} {_interval(own)}" + (f" (cannot tell: {why})" if why else ""))
+                verdicts.append(step["verdict"])
+                why = f" (cannot tell: {step['why']})" if step["why"] else ""
+                steps.append(f"{step['pair']} {_interval(step['own'])}{why}")
             if steps:
-                evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(tolerance)}")
+                evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(decided[0]['tolerances'][rule])}")
         verdict = _combine(verdicts)
         per_model.append(verdict)
         text.append(f"{model}: **{WORDS[verdict]}**.")
@@ -465,20 +460,36 @@ def headline_table(rows: Sequence[Mapping]) -> str:
     return "\n".join(lines)
 
 
+def _task_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dict[str, list[dict]]:
+    """Per model, each step between two data sets per rule, decided by the robustness rule against
+    the paper's spread: ``rule, pair, excluded, verdict, why, own`` (the book's own row) and the
+    rules' ``tolerances``."""
+    if between is None or not between.height:
+        return {}
+    tolerances = {r: paper_spread(paper, r, "task") if paper is not None else 0.05 for r in RULE_LABELS.values()}
+    out: dict[str, list[dict]] = {}
+    for model in between["model"].unique(maintain_order=True).to_list():
+        steps = out.setdefault(model, [])
+        for rule, tolerance in tolerances.items():
+            for (first, second), checks in between.filter(model=model, rule=rule).group_by(
+                ["first", "second"], maintain_order=True
+            ):
+                step = {"rule": rule, "pair": f"{_name(first)}→{_name(second)}", "tolerances": tolerances}
+                own = _own(checks).row(0, named=True)
+                if own["excluded"]:
+                    steps.append({**step, "excluded": own["excluded"], "verdict": None, "why": None, "own": own})
+                    continue
+                verdict, why, own = decide(checks, lambda r, t=tolerance: interval_verdict(r["low"], r["high"], t))
+                steps.append({**step, "excluded": None, "verdict": verdict, "why": why, "own": own})
+    return out
+
+
 def difficulty_verdict(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> str:
     """The one verdict of the difficulty question over every model (the intro's table)."""
-    if between is None or not between.height:
-        return "cannot tell"
-    per_model = []
-    for model in between["model"].unique(maintain_order=True).to_list():
-        verdicts = []
-        for rule in RULE_LABELS.values():
-            tolerance = paper_spread(paper, rule, "task") if paper is not None else 0.05
-            for _, checks in between.filter(model=model, rule=rule).group_by(["first", "second"], maintain_order=True):
-                if _own(checks)["excluded"][0] is None:
-                    verdicts.append(decide(checks, lambda r, t=tolerance: interval_verdict(r["low"], r["high"], t))[0])
-        per_model.append(_combine(verdicts))
-    return per_model[0] if len(set(per_model)) == 1 else "cannot tell"
+    per_model = [
+        _combine([s["verdict"] for s in steps if not s["excluded"]]) for steps in _task_steps(between, paper).values()
+    ]
+    return per_model[0] if per_model and len(set(per_model)) == 1 else "cannot tell"
 
 
 def _depth_score_sentence(scores: pl.DataFrame) -> str:
