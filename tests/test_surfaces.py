@@ -82,7 +82,7 @@ def test_refetch_deletes_only_the_files_effdepth_recorded(tmp_path, monkeypatch)
     import torch
 
     from effdepth_core.models import _save_dequantized
-    from tests.conftest import char_tokenizer, make_tiny
+    from conftest import char_tokenizer, make_tiny
 
     alias_dir = tmp_path / "models" / "smollm2-135m"
     alias_dir.mkdir(parents=True)
@@ -161,7 +161,7 @@ def test_the_dequantized_folder_is_checked_against_the_gguf_not_its_own_marker(t
     import torch
 
     from effdepth_core.models import _save_dequantized
-    from tests.conftest import char_tokenizer, make_tiny
+    from conftest import char_tokenizer, make_tiny
 
     tiny = make_tiny("llama")
     folder = tmp_path / "dequantized-float32"
