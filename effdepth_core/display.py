@@ -126,7 +126,7 @@ def format_map(frame: pl.DataFrame) -> str:
         line = f"{m:>8} {best['big_layer']:>10} {best['value']:>7.3f} {equal:>14} {at_equal:>12.3f}"
         if baseline.height:
             blind = baseline.filter(small_layer=m, big_layer=best["big_layer"])["value"].item()
-            line += f" {blind:>9.3f} {ridge.filter(small_layer=m)['value'].item():>8.0e}"
+            line += f" {blind:>9.3f} {ridge.filter(small_layer=m, big_layer=best['big_layer'])['value'].item():>8.0e}"
         lines.append(line)
     return "\n".join(lines)
 

@@ -150,8 +150,19 @@ def test_pruning_summary_and_rule_comparison():
     assert shortgpt["removed"].to_list() == expected["removed"].to_list()
     after = comparison.filter(choice="after ED (cosine)")
     assert after["removed"].to_list() == ["1", "1,2"]  # ED 0: start at 1; k = 2 must end at L-1 = 2
-    assert set(comparison["choice"]) == {"after ED (cosine)", "angular distance", "block influence"}
+    kept = comparison.filter(choice="after ED (cosine), final layer kept")
+    assert kept["removed"].to_list() == ["1", "0,1"]  # ends at L-2 = 1 at the latest
+    assert set(comparison["choice"]) == {
+        "after ED (cosine)",
+        "after ED (cosine), final layer kept",
+        "angular distance",
+        "block influence",
+    }
     assert after_ed_block(ed=2, k=2, n_layers=3) == 1 and after_ed_block(ed=0, k=1, n_layers=30) == 1
+    assert (
+        after_ed_block(ed=26, k=1, n_layers=28) == 27 and after_ed_block(ed=26, k=1, n_layers=28, keep_final=True) == 26
+    )
+    assert after_ed_block(ed=0, k=3, n_layers=3, keep_final=True) is None
 
 
 def test_early_exit_against_raw_hidden_states(tiny):

@@ -8,6 +8,7 @@ import io
 import json
 
 import polars as pl
+import pytest
 
 from effdepth_core.book import findings, plots, reference, tables
 
@@ -394,58 +395,40 @@ def test_lens_finding_verdict_follows_the_intervals():
     assert "m at 1 of 2 layers (mean 3.00 → 1.75 nats)" in findings.lens_finding(summary, fit, _lenses([(0, -1, 1)]))
 
 
-def _comparison(after: float, angular: float, influence: float) -> pl.DataFrame:
-    return pl.DataFrame(
-        {
-            "model": ["m"] * 3,
-            "task": ["gsm8k"] * 3,
-            "k": [8] * 3,
-            "choice": ["after ED (lens overlap)", "angular distance", "block influence"],
-            "removed": ["21,22", "3,4", "9"],
-            "delta_nll": [after, angular, influence],
-            "answer_accuracy": [0.5, 0.5, 0.5],
-        }
-    )
+def test_early_exit_costs_read_the_layer_after_the_counted_ed():
+    from types import SimpleNamespace
+
+    from effdepth_core.book.evidence import early_exit_costs
+    from effdepth_core.book.study import RunRecord, Study
+
+    rows = []
+    for e in range(10):  # L = 4; exit after ED 1 reads layer 2 against the full model's layer 4
+        for layer, nll, agree in ((2, 3.0 + 0.1 * e, 0.75), (4, 1.0, 1.0), (1, 9.0, 0.1)):
+            rows += [(e, layer, "answer_nll", nll, 2 + e % 3), (e, layer, "agreement", agree, 10)]
+    frame = pl.DataFrame(rows, schema=["example", "layer", "metric", "value", "n_tokens"], orient="row")
+    result = SimpleNamespace(per_example={"early_exit": frame}, curves={}, summary={"n_layers": 4})
+    study = Study([RunRecord("m", "GSM8K", None, ["early_exit"], result=result)])
+    summary = _summary([("m", 4, "GSM8K", "lens overlap", 1, 1, 1)])
+    costs = early_exit_costs(study, summary)
+    row = costs.row(0, named=True)
+    tokens = [2 + e % 3 for e in range(10)]
+    expected = sum((2.0 + 0.1 * e) * t for e, t in enumerate(tokens)) / sum(tokens)
+    assert row["cost"] == pytest.approx(expected, rel=1e-12) and row["kept"] == pytest.approx(0.75)
+    assert row["saved"] == 0.5 and row["cost_low"] > 0 and row["positive"] and row["counted"]
+    said = findings.early_exit_finding(costs)
+    assert "**the layers after ED are not idle**: exiting there raises the answer NLL in all 1 counted run" in said
+    assert "saves 50%, 75% [75%, 75%] of tokens keep their final top-1" in said
+    assert "cannot tell" in findings.early_exit_finding(costs.head(0))
 
 
-def test_pruning_finding_verdict_follows_the_numbers():
-    assert "choose?** **yes**: the cheapest in the one budget." in findings.pruning_finding(_comparison(0.1, 0.5, 0.9))
-    said = findings.pruning_finding(_comparison(0.9, 0.5, 0.1))
-    assert "choose?** **no**: never the cheapest (1 budget)." in said and "block influence +0.10" in said
-    tie = _comparison(0.5, 0.5, 0.9).with_columns(pl.Series("removed", ["3,4", "3,4", "9"]))
-    assert "**a tie**" in findings.pruning_finding(tie)
-    assert "cannot tell" in findings.pruning_finding(pl.DataFrame())
-    other_rule = _comparison(0.1, 0.5, 0.9).with_columns(pl.col("choice").str.replace("lens overlap", "lens KL"))
-    assert "cannot tell" in findings.pruning_finding(other_rule)  # one ED rule decides, never the best of several
-
-
-def test_early_exit_finding_reads_the_layer_after_ed():
-    summary = _summary([("m", 4, "gsm8k", "lens overlap", 1, 1, 1)])
-    exits = pl.DataFrame(
-        {
-            "model": ["m"] * 6,
-            "task": ["gsm8k"] * 6,
-            "lens": ["logit"] * 6,
-            "layer": [2, 2, 4, 4, 1, 1],
-            "metric": ["agreement", "answer_nll", "agreement", "answer_nll", "agreement", "answer_nll"],
-            "value": [0.75, 3.0, 1.0, 1.0, 0.1, 9.0],
-        }
-    )
-    said = findings.early_exit_finding(exits, summary)
-    assert "1 run: exiting right after ED saves 50% of the layers; 75% of tokens keep" in said
-    assert "rises by +2.00 nats" in said  # exit after layer 1 (layer 2 decoded): 3.00 against 1.00
-
-
-def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 1.0) -> pl.DataFrame:
-    """A measured map whose error is lowest at ``best[m]`` (the same in every test prompt)."""
+def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 1.0, error=None) -> pl.DataFrame:
+    """A measured map whose error is lowest at ``best[m]`` (the same in every test prompt), or is
+    ``error(m, b)``."""
     n_small = len(best) - 1
+    error = error or (lambda m, b: 0.1 + abs(b - best[m]) / 10)
     rows = []
     for prompt in [None, *range(n_prompts)]:
-        rows += [
-            (prompt, m, b, "relative_error", 0.1 + abs(b - best[m]) / 10)
-            for m in range(n_small + 1)
-            for b in range(n_big + 1)
-        ]
+        rows += [(prompt, m, b, "relative_error", error(m, b)) for m in range(n_small + 1) for b in range(n_big + 1)]
     rows += [(None, m, b, "baseline_error", baseline) for m in range(n_small + 1) for b in range(n_big + 1)]
     rows += [(None, m, b, "self_error", 0.0 if m == b else 0.5) for m in range(n_small + 1) for b in range(n_small + 1)]
     rows += [(None, m, None, "best_big_layer", float(best[m])) for m in range(n_small + 1)]
@@ -467,6 +450,8 @@ def test_map_finding_verdict_follows_the_numbers():
     stretched = _map([0, 2, 4, 6, 8])
     said = findings.map_finding(stretched, "small", "big", map_statistic(stretched))
     assert "**yes**" in said and "For 100% [100%, 100%] of the 3 inner layers" in said
+    # chance: equal depth 2, 4, 6 of big layers 0..8, slack 1 layer: 3 of the 9 layers each
+    assert "a best layer drawn at random would do so for 33%" in said
     assert "shuffled pairs give 1.00–1.00" in said and "at most 0.0e+00 on the diagonal beyond layer 0" in said
     squashed = _map([0, 8, 8, 8, 8])
     assert "**no**" in findings.map_finding(squashed, "small", "big", map_statistic(squashed))
@@ -498,6 +483,20 @@ def test_map_finding_verdict_follows_the_numbers():
     assert "**yes**" in said and "at layer 0, the token embeddings, 0.04" in said
 
 
+def test_a_column_bias_alone_cannot_decide_the_map():
+    """The diagonal is there (a slope of 0.01 per layer away from 2m), but the last big layers are
+    easier to predict from any small layer (0.06 per layer lower): every raw best layer is the last
+    one ("no"); removing each big layer's mean error finds the diagonal ("yes"): cannot tell."""
+    from effdepth_core.book.evidence import map_statistic
+
+    biased = _map([0, 2, 4, 6, 8], error=lambda m, b: 0.6 + abs(b - 2 * m) / 100 - 0.06 * b)
+    statistic = map_statistic(biased)
+    assert statistic["share"] == 0.0 and statistic["centred_share"] == 1.0  # raw: all at 8, 2 from m=3's 6
+    assert statistic["easiest_big_layer"] == 8
+    said = findings.map_finding(biased, "small", "big", statistic)
+    assert "**we cannot tell**: with each big layer's mean error removed (the column-bias check)" in said
+
+
 def test_beyond_charts_build_from_probe_frames():
     summary = _summary([("m", 30, t, r, 20, 19, 21) for t in ("gsm8k",) for r in ("lens KL", "tuned KL")])
     fit = pl.DataFrame(
@@ -511,3 +510,98 @@ def test_beyond_charts_build_from_probe_frames():
         spec = plots.themed_spec(chart)
         assert spec["datasets"], spec
     assert isinstance(plots.pruning_curves(pl.DataFrame()), plots.Note)
+
+
+def _prune_study(after: list[float], angular: list[float], influence: list[float], tokens: list[int]):
+    """A study of one pruning run on L = 4 layers with lens-overlap ED 1: per prompt, the answer NLL
+    increase of removing layer 2 (the block after ED), layer 1 (least angular distance) and layer 3
+    (block influence's pick, the same layer as block 3); layer 0 costs 9 nats. Clean NLL 1.0 everywhere."""
+    from types import SimpleNamespace
+
+    from effdepth_core.book.study import RunRecord, Study
+    from effdepth_core.probes import prune_summary
+
+    rows = []
+    for e, t in enumerate(tokens):
+        rows.append((e, "none", 0, None, "", "answer_nll", 1.0, t))
+        for start, extra in ((0, 9.0), (1, angular[e]), (2, after[e]), (3, influence[e])):
+            rows.append((e, "block", 1, start, str(start), "answer_nll", 1.0 + extra, t))
+            rows.append((e, "block", 1, start, str(start), "angular_distance", 0.1 if start == 1 else 0.5, 7))
+        rows.append((e, "shortgpt", 1, None, "3", "answer_nll", 1.0 + influence[e], t))
+    schema = {"example": pl.Int64, "rule": pl.String, "k": pl.Int64, "start": pl.Int64, "removed": pl.String,
+              "metric": pl.String, "value": pl.Float64, "n_tokens": pl.Int64}  # fmt: skip
+    rows += [(*r[:5], "answer_accuracy", 0.5, r[7]) for r in rows if r[5] == "answer_nll"]
+    per_example = pl.DataFrame(rows, schema=schema, orient="row")
+    result = SimpleNamespace(
+        per_example={"prune": per_example},
+        curves={"prune": prune_summary(per_example)},
+        summary={"n_layers": 4, "n_examples": len(tokens), "logit_lens_overlap": {"ed": 1}},
+    )
+    return Study([RunRecord("m", "GSM8K", None, ["prune", "logit_lens"], result=result)])
+
+
+def test_pruning_costs_against_hand_computed_means():
+    from effdepth_core.book.evidence import pruning_costs
+
+    tokens = [3, 5, 2, 4, 6, 1, 3, 2, 5, 4]
+    after = [0.4 + 0.02 * e for e in range(10)]
+    angular = [2.0] * 10
+    influence = [1.0 + 0.01 * e for e in range(10)]
+    costs = pruning_costs(_prune_study(after, angular, influence, tokens)).filter(variant="")
+    row = costs.row(0, named=True)
+    weighted = lambda values: sum(v * t for v, t in zip(values, tokens, strict=True)) / sum(tokens)  # noqa: E731
+    assert row["removed"] == "2" and row["best_alternative"] == "block influence"
+    assert row["delta_nll"] == pytest.approx(weighted(after), rel=1e-12)  # float64 sums of ten terms
+    assert row["difference"] == pytest.approx(weighted(after) - weighted(influence), rel=1e-12)
+    assert row["ratio"] == pytest.approx(weighted(after) / weighted(influence), rel=1e-12)
+    assert row["low"] <= row["difference"] <= row["high"] < 0 and row["verdict"] == "cheaper" and row["counted"]
+    assert not row["holds_final"]
+    # layer 2 on some prompts costs more than layer 3, on others less: the interval reaches across zero
+    mixed = [0.0, 2.0] * 5
+    row = pruning_costs(_prune_study(mixed, angular, [1.0] * 10, [1] * 10)).filter(variant="").row(0, named=True)
+    assert row["low"] < 0 < row["high"] and row["verdict"] == "unclear"
+    few = pruning_costs(_prune_study(after[:4], angular[:4], influence[:4], tokens[:4]))
+    assert not few["counted"].any()
+
+
+def test_pruning_finding_verdict_follows_the_intervals():
+    from effdepth_core.book.evidence import pruning_costs
+
+    tokens = [1] * 10
+    cheaper = pruning_costs(_prune_study([0.5] * 10, [2.0] * 10, [1.0] * 10, tokens))
+    said = findings.pruning_finding(cheaper)
+    assert "The block after ED: **yes**: cheaper in the one budget." in said
+    assert "0.5× [0.5, 0.5] the best alternative's ΔNLL (block influence +1.00 nats)" in said
+    costlier = pruning_costs(_prune_study([3.0] * 10, [2.0] * 10, [1.0] * 10, tokens))
+    assert "**no**: costlier in 1 of 1 budgets" in findings.pruning_finding(costlier)
+    mixed = pruning_costs(_prune_study([0.0, 2.0] * 5, [2.0] * 10, [1.0] * 10, tokens))
+    assert "**we cannot tell**: 1 of 1 budgets have an interval across zero" in findings.pruning_finding(mixed)
+    few = pruning_costs(_prune_study([0.5] * 4, [2.0] * 4, [1.0] * 4, [1] * 4))
+    assert "Only runs of fewer than 10 prompts (n = 4)" in findings.pruning_finding(few)
+    assert "cannot tell" in findings.pruning_finding(pl.DataFrame())
+
+
+def test_a_page_names_the_probes_that_did_not_run_and_why_instead_of_an_empty_chart():
+    from types import SimpleNamespace
+
+    from effdepth_core.book.pages import Page
+    from effdepth_core.book.study import RunRecord, Study
+
+    ran = SimpleNamespace(per_example={}, curves={}, summary={"n_layers": 4})
+    study = Study(
+        [
+            RunRecord("a", "addition", None, ["skip", "erasure"], result=ran),
+            RunRecord("b", "addition", None, ["skip"], result=ran),
+            RunRecord("c", "addition", None, ["skip", "erasure"], error="out of memory"),
+        ]
+    )
+    page = SimpleNamespace(section="scale")
+    said = Page.not_run(page, study, "erasure")
+    assert said == (
+        "residual erasure: could not run on c: out of memory; not asked for on b by params/scale.yml "
+        "(its comments give the cost that ruled it out on this CPU)."
+    )
+    assert Page.not_run(page, study, "skip") == "layer skipping: could not run on c: out of memory."
+    page.not_run = lambda s, p: Page.not_run(page, s, p)
+    note = Page.probe_chart(page, Study([study.records[1]]), "erasure", lambda: pytest.fail("an empty chart was built"))
+    assert note.text.startswith("residual erasure: not asked for on b by params/scale.yml")

@@ -73,7 +73,7 @@ def test_the_map_command_prints_the_best_layers_and_writes_the_frame(tiny_dir, t
 
 
 def test_the_measured_map_chooses_its_ridge_and_beats_a_shuffled_baseline():
-    from effdepth_core.probes.linear_map import fit_map
+    from effdepth_core.probes.linear_map import RIDGES, fit_map
 
     generator = torch.Generator().manual_seed(1)
     n_train, n_val, n_test, d_small, d_big = 400, 80, 80, 6, 9
@@ -92,7 +92,7 @@ def test_the_measured_map_chooses_its_ridge_and_beats_a_shuffled_baseline():
     # leaves only the mean (error ~1); the unrelated big layer stays near 1 either way
     assert fit.errors[1, 0] < 0.05 and fit.baseline[1, 0] > 0.5
     assert fit.errors[0, 1] > 0.5
-    assert len(fit.ridges) == 2 and all(r in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1) for r in fit.ridges)
+    assert fit.ridges.shape == (2, 2) and all(float(r) in RIDGES for r in fit.ridges.flatten())
     assert torch.allclose(fit.per_token.mean(dim=0), fit.errors)
 
 
@@ -142,10 +142,9 @@ def test_the_map_run_directory_is_read_back_without_models(tiny_dir, tmp_path, m
     assert grid.MapCell("beyond", "map", pair, {"progress": False}, tmp_path / "book").state() == "cached"
 
 
-def test_the_self_map_is_fitted_without_a_ridge(monkeypatch):
-    """The ridge is chosen per small layer over all target layers; on a real model that choice is
-    > 0 (off-diagonal targets gain) and shrinks the diagonal away from the identity (0.04–0.12 on
-    qwen2.5-coder-0.5b): the self-map check must fit without one."""
+def test_the_self_map_check_runs_the_maps_own_ridge_choice(monkeypatch):
+    """The self-map check must test the procedure the map used, ridge choice included (it once fitted
+    without a ridge and so hid that the choice shrank the diagonal)."""
     from effdepth_core.probes import linear_map
 
     calls = []
@@ -159,7 +158,33 @@ def test_the_self_map_is_fitted_without_a_ridge(monkeypatch):
     loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
     prompts = random_prompts([40] * 12, seed=3)
     linear_map.map_measurement(loaded, loaded, prompts[:6], prompts[6:8], prompts[8:])
-    assert [tuple(c) for c in calls] == [tuple(linear_map.RIDGES), (0.0,)]
+    assert [tuple(c) for c in calls] == [tuple(linear_map.RIDGES)] * 2
+
+
+def test_each_map_chooses_its_own_ridge_so_a_self_map_is_the_identity():
+    """One ridge per small layer, chosen over every big layer, is pulled up by targets that gain from
+    shrinkage (here a noise layer, overfitted with 3 tokens per unknown) and shrinks the identity map
+    beside them; chosen per map, the identity keeps ridge 0."""
+    from effdepth_core.probes.linear_map import fit_map
+
+    generator = torch.Generator().manual_seed(4)
+    small = torch.randn(160, 1, 16, generator=generator, dtype=torch.float64)
+    big = torch.cat([small, torch.randn(160, 3, 16, generator=generator, dtype=torch.float64)], dim=1)
+    train, val, test = slice(0, 60), slice(60, 110), slice(110, None)
+    fit = fit_map(
+        _streams(small[train], 20), _streams(big[train], 20), (small[val], big[val]), (small[test], big[test])
+    )
+    assert fit.ridges[0, 0] == 0.0 and fit.errors[0, 0] < 1e-9  # float64 identity
+    assert (fit.ridges[0, 1:] > 0).all()  # noise targets: a ridge beats least squares on held-out tokens
+    # the old rule, one ridge for the small layer: the best mean validation error over all four targets
+    pooled = fit_map(
+        _streams(small[train], 20),
+        _streams(big[train], 20),
+        (small[val], big[val]),
+        (small[test], big[test]),
+        ridges=(float(fit.ridges[0, 1:].max()),),
+    )
+    assert pooled.errors[0, 0] > 1e-3  # what the pooled choice would have done to the identity
 
 
 def test_a_ridge_is_a_share_of_each_dimension_so_a_self_map_stays_the_identity():
@@ -176,4 +201,4 @@ def test_a_ridge_is_a_share_of_each_dimension_so_a_self_map_stays_the_identity()
     # shrinkage share/(1 + share) per uncorrelated dimension: ~1e-3 of each state's norm, 2e-3 leaves
     # room for the sample's correlations; the mean-diagonal penalty gives ~0.1 here
     assert fit.errors.diagonal().max() < 2e-3
-    assert fit.ridges == [1e-3, 1e-3]
+    assert (fit.ridges == 1e-3).all()

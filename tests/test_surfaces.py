@@ -80,9 +80,9 @@ def test_an_existing_temporary_name_is_an_error_never_a_truncation(tmp_path):
 
 def test_refetch_deletes_only_the_files_effdepth_recorded(tmp_path, monkeypatch):
     import torch
+    from conftest import char_tokenizer, make_tiny
 
     from effdepth_core.models import _save_dequantized
-    from conftest import char_tokenizer, make_tiny
 
     alias_dir = tmp_path / "models" / "smollm2-135m"
     alias_dir.mkdir(parents=True)
@@ -159,9 +159,9 @@ def _write_gguf(path: Path, layers: int, eps: float, tokens: list[str], rope_the
 
 def test_the_dequantized_folder_is_checked_against_the_gguf_not_its_own_marker(tmp_path):
     import torch
+    from conftest import char_tokenizer, make_tiny
 
     from effdepth_core.models import _save_dequantized
-    from conftest import char_tokenizer, make_tiny
 
     tiny = make_tiny("llama")
     folder = tmp_path / "dequantized-float32"

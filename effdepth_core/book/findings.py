@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
+from ..probes.pruning import FINAL_KEPT
 from .reference import COMPARABLE, RULE_LABELS
 from .stats import ALPHA, artefact, interval_verdict, robust
 
@@ -688,84 +689,118 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
     return " ".join(text)
 
 
-def pruning_finding(comparison: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
+def _prune_verdict(rows: pl.DataFrame) -> str:
+    """The verdict over a variant's counted budgets (``evidence.pruning_costs`` rows)."""
+    counts = {v: rows.filter(verdict=v).height for v in ("cheaper", "costlier", "unclear", "tie")}
+    total = rows.height
+    ties = f", {_count(counts['tie'], 'tie')} (the same layers)" if counts["tie"] else ""
+    if counts["cheaper"] == total:
+        return f"**yes**: cheaper in {'the one budget' if total == 1 else f'all {total} budgets'}"
+    if counts["cheaper"] and counts["costlier"]:
+        return (
+            f"**sometimes**: cheaper in {counts['cheaper']} and costlier in {counts['costlier']} of {total} "
+            f"budgets{ties}"
+        )
+    if counts["costlier"] and not counts["cheaper"] and not counts["unclear"]:
+        return f"**no**: costlier in {counts['costlier']} of {total} budgets{ties}"
+    if counts["tie"] == total:
+        return "**a tie**: every rule picks the same layers"
+    return (
+        f"**we cannot tell**: {counts['unclear']} of {total} budgets have an interval across zero or change with the "
+        f"bootstrap seed (cheaper in {counts['cheaper']}, costlier in {counts['costlier']}{ties})"
+    )
+
+
+def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
     """Is the block right after ED (of ``ed_rule``, one rule so that the verdict is not the best of
     several tries) cheaper to cut than the layers angular distance or block influence choose, budget
-    by budget? ``comparison``: ``rule_comparison`` rows with ``model`` and ``task`` columns. The same
-    layers chosen by two rules are a tie."""
-    after_ed = f"after ED ({ed_rule})"
-    others = ("angular distance", "block influence")
-    if not comparison.height or not comparison.filter(choice=after_ed).height:
-        return "**Is the block right after ED the cheapest to cut?** Not measured here: **cannot tell**."
-    cells, wins, ties, total = [], 0, 0, 0
-    for (model, task), group in comparison.group_by(["model", "task"], maintain_order=True):
-        for _, rows in group.group_by("k", maintain_order=True):
-            mine, rest = rows.filter(choice=after_ed), rows.filter(pl.col("choice").is_in(others))
-            if not (mine.height and rest.height):
-                continue
-            best = rest.sort("delta_nll").row(0, named=True)
-            total += 1
-            if mine["removed"][0] == best["removed"] or abs(mine["delta_nll"][0] - best["delta_nll"]) <= 1e-9:
-                ties += 1
-            else:
-                wins += mine["delta_nll"][0] < best["delta_nll"]
-        largest = group.filter(pl.col("k") == group["k"].max(), pl.col("choice").is_in([after_ed, *others]))
-        listing = ", ".join(f"{r['choice']} {r['delta_nll']:+.2f}" for r in largest.iter_rows(named=True))
-        cells.append(f"{model} {_name(task)}, {largest['k'][0]} layers: {listing}")
-    decided = total - ties
-    tied = f", {_count(ties, 'tie')}" if ties else ""
-    if decided == 0:
-        verdict = "**a tie**: every rule picks the same layers"
-    elif wins == decided:
-        verdict = f"**yes**: the cheapest in {'the one budget' if total == 1 else f'all {total} budgets'}{tied}"
-    elif wins == 0:
-        verdict = f"**no**: never the cheapest ({_count(total, 'budget')}{tied})"
-    else:
-        verdict = f"**sometimes**: the cheapest in {wins} of {total} budgets{tied}"
-    return (
+    by budget, with intervals over prompts? ``costs``: ``evidence.pruning_costs`` rows. The plain
+    block and the one that keeps the final layer each get a verdict; runs with fewer prompts than
+    ``evidence.MIN_PRUNE_N`` are named, never counted."""
+    from .evidence import MIN_PRUNE_N
+
+    question = (
         f"**Is the block right after ED ({ed_rule}) cheaper to cut than the layers angular distance or block "
-        f"influence choose?** {verdict}. Δ answer NLL in nats at the largest budget: {'; '.join(cells)}."
+        "influence choose?**"
     )
-
-
-def early_exit_finding(exits: pl.DataFrame, summary: pl.DataFrame, rule: str = "lens overlap") -> str:
-    """What exiting right after ED buys (layers saved) and costs (tokens whose top-1 changes, the
-    answer NLL), summarized over the runs in a claim and its range; the page's chart has each run."""
-    question = f"**What does exiting at ED (the {rule} rule) cost?**"
-    if not exits.height:
-        return f"{question} The early-exit probe was not run here: **we cannot tell**."
+    if not costs.height:
+        return f"{question} Not measured here: **we cannot tell**."
+    counted = costs.filter("counted")
+    if not counted.height:
+        return (
+            f"{question} Only runs of fewer than {MIN_PRUNE_N} prompts (n = {costs['n'].max()}), too few to resample: "
+            "**we cannot tell**."
+        )
+    text = [question]
+    for variant, name in (("", "The block after ED"), (FINAL_KEPT, "Kept off the final layer, it")):
+        rows = counted.filter(variant=variant)
+        if rows.height:
+            text.append(f"{name}: {_prune_verdict(rows)}.")
     cells = []
-    for (model, task), group in exits.group_by(["model", "task"], maintain_order=True):
-        ed = _usable(summary).filter(model=model, task=task, rule=rule)
-        if not ed.height:
-            continue
-        ed_value, n_layers = int(ed["ed"][0]), int(ed["n_layers"][0])
-        for lens in group["lens"].unique(maintain_order=True):
-            rows = group.filter(lens=lens)
-            agree = rows.filter(layer=ed_value + 1, metric="agreement")["value"]
-            nll = rows.filter(layer=ed_value + 1, metric="answer_nll")["value"]
-            full = rows.filter(layer=n_layers, metric="answer_nll")["value"]
-            if agree.len() and nll.len() and full.len():
-                cells.append((model, task, lens, 1 - (ed_value + 1) / n_layers, agree[0], nll[0] - full[0]))
-    if not cells:
-        return f"{question} No usable ED to exit at: **we cannot tell**."
-    saved = [c[3] for c in cells]
-    kept = [c[4] for c in cells]
-    cost = [c[5] for c in cells]
-    worst = max(cells, key=lambda c: c[5])
+    for (model, task), group in counted.filter(variant="").group_by(["model", "task"], maintain_order=True):
+        largest = group.filter(k=group["k"].max()).row(0, named=True)
+        kept = counted.filter(model=model, task=task, k=largest["k"], variant=FINAL_KEPT)
 
-    def share(values: list[float]) -> str:
-        low, high = f"{min(values):.0%}", f"{max(values):.0%}"
-        return low if low == high else f"{low}–{high}"
+        def multiple(row: dict) -> str:
+            if row["ratio"] is None:
+                return f"{row['difference']:+.2f} nats [{row['low']:+.2f}, {row['high']:+.2f}] over it"
+            spread = f" [{row['ratio_low']:.1f}, {row['ratio_high']:.1f}]" if row["ratio_low"] is not None else " [—]"
+            return f"{row['ratio']:.1f}×{spread}"
 
-    rises = (
-        f"{min(cost):+.2f}" if f"{min(cost):+.2f}" == f"{max(cost):+.2f}" else f"{min(cost):+.2f} to {max(cost):+.2f}"
-    )
-    where = f", most for {worst[0]} on {_name(worst[1])} ({worst[2]} lens)" if len(cells) > 1 else ""
-    return (
-        f"{question} {_count(len(cells), 'run').capitalize()}: exiting right after ED saves {share(saved)} of the "
-        f"layers; {share(kept)} of tokens keep their final top-1. The answer NLL rises by {rises} nats{where}."
-    )
+        cell = (
+            f"{model} {_name(task)}, {largest['k']} layers ({largest['removed']}): {multiple(largest)} the best "
+            f"alternative's ΔNLL ({largest['best_alternative']} {largest['best_delta_nll']:+.2f} nats)"
+        )
+        if kept.height:
+            cell += f", kept off the final layer ({kept['removed'][0]}) {multiple(kept.row(0, named=True))}"
+        cells.append(cell + f", n = {largest['n']}")
+    text.append(f"At the largest budget: {'; '.join(cells)} (95 % intervals over prompts).")
+    plain = counted.filter(variant="")
+    holding = plain.filter("holds_final").height
+    if holding:
+        text.append(
+            f"Caveat: in {holding} of {plain.height} budgets the block after ED removes the final layer (it is "
+            "moved back to end there when ED + k passes it); the kept-off variant ends one layer earlier."
+        )
+    few = costs.filter(~pl.col("counted")).select("model", "task", "n").unique(maintain_order=True)
+    if few.height:
+        named = ", ".join(f"{r['model']} {_name(r['task'])} (n = {r['n']})" for r in few.iter_rows(named=True))
+        text.append(f"Shown, not counted (fewer than {MIN_PRUNE_N} prompts): {named}.")
+    return " ".join(text)
+
+
+def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
+    """What exiting right after ED buys (layers saved) and costs (tokens whose top-1 changes, the
+    answer NLL), with intervals over prompts, and what it says of the layers after ED: if exiting
+    there costs answer likelihood in every counted run, they are not idle. ``costs``:
+    ``evidence.early_exit_costs`` rows."""
+    from .evidence import MIN_PRUNE_N
+
+    question = f"**What does exiting at ED (the {rule} rule) cost?**"
+    if not costs.height:
+        return f"{question} The early-exit probe was not run here, or no usable ED to exit at: **we cannot tell**."
+    counted = costs.filter("counted")
+    cells = [
+        f"{r['model']} {_name(r['task'])} ({r['lens']} lens, exit after layer {r['exit_layer'] - 1} of "
+        f"{r['n_layers']}): "
+        f"saves {r['saved']:.0%}, {r['kept']:.0%} [{r['kept_low']:.0%}, {r['kept_high']:.0%}] of tokens keep their "
+        f"final top-1, answer NLL {r['cost']:+.2f} [{r['cost_low']:+.2f}, {r['cost_high']:+.2f}] nats, n = {r['n']}"
+        + ("" if r["counted"] else " (not counted)")
+        for r in costs.iter_rows(named=True)
+    ]
+    if not counted.height:
+        verdict = f"only runs of fewer than {MIN_PRUNE_N} prompts: **we cannot tell**"
+    elif counted["positive"].all():
+        verdict = (
+            f"**the layers after ED are not idle**: exiting there raises the answer NLL in all "
+            f"{_count(counted.height, 'counted run')}, every interval above zero under three bootstrap seeds"
+        )
+    else:
+        verdict = (
+            f"**we cannot tell** whether the layers after ED matter: in {counted.filter(~pl.col('positive')).height} "
+            f"of {counted.height} counted runs the cost's interval reaches zero (or does under another seed)"
+        )
+    return f"{question} {verdict}. " + "; ".join(cells) + " (95 % intervals over prompts)."
 
 
 def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping | None = None) -> str:
@@ -778,20 +813,37 @@ def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping |
         return f"{question} The map was not computed: **we cannot tell**."
     share, low, high = statistic["share"], statistic["low"], statistic["high"]
     exact = statistic["self_max"] < 1e-3  # float64 normal equations: the identity to many digits
+
+    def follows(low_: float, high_: float) -> str | None:
+        return "yes" if low_ >= 2 / 3 else "no" if high_ <= 1 / 3 else None
+
+    raw = follows(low, high)
+    column_free = follows(statistic["centred_low"], statistic["centred_high"])
     if not exact:
         verdict = "**we cannot tell**: mapped onto itself the small model does not give the identity"
     elif statistic["beats_baseline"] < 0.5:
         verdict = "**we cannot tell**: the maps are no better than maps fitted on shuffled token pairs"
-    elif low >= 2 / 3:
+    elif raw is not None and raw != column_free:
+        verdict = (
+            "**we cannot tell**: with each big layer's mean error removed (the column-bias check) it does not hold"
+        )
+    elif raw == "yes":
         verdict = "**yes**: the best layers follow equal relative depth"
-    elif high <= 1 / 3:
+    elif raw == "no":
         verdict = "**no**: the best layers do not follow equal relative depth"
     else:
-        verdict = "**we cannot tell**"
+        verdict = "**we cannot tell**: the interval straddles both thresholds (⅓ and ⅔ of the layers)"
     text = [f"{question} {verdict}."]
     text.append(
         f"For {share:.0%} [{low:.0%}, {high:.0%}] of the {statistic['inner']} inner layers of {small} the best "
-        f"{big} layer lies within {statistic['slack']:.1f} layers of equal relative depth."
+        f"{big} layer lies within {statistic['slack']:.1f} layers of equal relative depth; a best layer drawn "
+        f"at random would do so for {statistic['chance']:.0%}."
+    )
+    text.append(
+        f"Column bias: {big}'s layer {statistic['easiest_big_layer']} is the easiest to predict (mean error over "
+        f"the small layers {statistic['column_low']:.2f}, the hardest {statistic['column_high']:.2f}); with each big "
+        f"layer's mean removed the share is {statistic['centred_share']:.0%} "
+        f"[{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}]."
     )
     text.append(
         f"Best-layer errors are {statistic['best_low']:.2f}–{statistic['best_high']:.2f}; shuffled pairs give "
@@ -804,13 +856,14 @@ def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping |
         else ""
     )
     text.append(
-        f"Mapped onto itself without a ridge, {small} gives at most {statistic['self_max']:.1e} on the diagonal "
+        f"Mapped onto itself by the same fit (ridge chosen per map), {small} gives at most "
+        f"{statistic['self_max']:.1e} on the diagonal "
         "beyond layer 0"
         + (f" (the identity, as it must{embeddings})." if exact else ": not the identity, so the fit is in doubt.")
     )
     ratio = statistic["train_tokens"] / statistic["width"]
     text.append(
-        f"The maps fit on {statistic['train_tokens']:.0f} tokens ({ratio:.0f}× the width of {small}), each ridge "
+        f"The maps fit on {statistic['train_tokens']:.0f} tokens ({ratio:.0f}× the width of {small}), each map's ridge "
         f"chosen on held-out prompts; {statistic['test_prompts']:.0f} test prompts."
     )
     return " ".join(text)
@@ -819,14 +872,15 @@ def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping |
 def beyond_finding(
     summary: pl.DataFrame,
     fit: pl.DataFrame,
-    comparison: pl.DataFrame,
+    costs: pl.DataFrame,
     exits: pl.DataFrame,
     mapped: pl.DataFrame | None = None,
     pair: Mapping | None = None,
     lenses: pl.DataFrame | None = None,
     statistic: Mapping | None = None,
 ) -> str:
-    """The paragraphs of a "beyond the paper" page: the map's, or the lens, pruning and early-exit ones."""
+    """The paragraphs of a "beyond the paper" page: the map's, or the lens, pruning and early-exit ones
+    (``costs``: ``evidence.pruning_costs``; ``exits``: ``evidence.early_exit_costs``)."""
     paragraphs = []
     if pair:
         mapped = mapped if mapped is not None else pl.DataFrame()
@@ -834,7 +888,7 @@ def beyond_finding(
     if summary.height:
         paragraphs += [
             lens_finding(summary, fit, lenses),
-            pruning_finding(comparison),
-            early_exit_finding(exits, summary),
+            pruning_finding(costs),
+            early_exit_finding(exits),
         ]
     return "\n\n".join(paragraphs) or "Nothing was measured on this page."

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
+from .. import registry
 from . import evidence, findings, plots, reference, tables
 from .sections import defaults as shared_defaults
 from .study import Study, difficulty_specs, map_study, pruning_comparison, run_study, task_label
@@ -84,6 +85,29 @@ class Page:
     def findings_markdown(self):
         return _markdown(self.findings())
 
+    def not_run(self, study: Study, probe: str) -> str | None:
+        """One line naming the models of ``study`` that ``probe`` did not run on, and why (it was not
+        asked for there, or it failed); None when it ran on all of them."""
+        title = registry.get(probe).title
+        failed = {r.model: r.error for r in study.records if probe in r.probes and r.error}
+        ran = {r.model for r in study.finished if r.asked(probe)}
+        models = list(dict.fromkeys(r.model for r in study.records))
+        missing = [m for m in models if m not in ran and m not in failed]
+        parts = [f"could not run on {m}: {why}" for m, why in failed.items()]
+        if missing:
+            parts.append(
+                f"not asked for on {', '.join(missing)} by params/{self.section}.yml (its comments give the cost "
+                "that ruled it out on this CPU)"
+            )
+        return f"{title}: {'; '.join(parts)}." if parts else None
+
+    def probe_chart(self, study: Study, probe: str, build):
+        """``build()``'s chart of ``probe``, or, where it ran on no model of the page, the line saying
+        why (never an empty chart)."""
+        if not any(r.asked(probe) for r in study.finished):
+            return plots.note(self.not_run(study, probe) or f"{registry.get(probe).title}: no results.")
+        return plots.show(build())
+
     def status(self, models, unavailable):
         return tables.status(models, unavailable) if unavailable else None
 
@@ -140,6 +164,15 @@ class ScalePage(Page):
         return tables.ed_summary(self.summary)
 
     def chart(self, name: str):
+        probes = {  # chart → (the study it reads, the probe it draws)
+            "cosine": (self.runs, "cosine"),
+            "lens": (self.runs, "logit_lens"),
+            "skip": (self.causal, "skip"),
+            "skip-output": (self.causal, "skip"),
+            "erasure": (self.causal, "erasure"),
+            "igrad": (self.causal, "igrad"),
+            "completeness": (self.causal, "igrad"),
+        }
         frames = {
             "cosine": lambda: plots.contribution_bars(self.runs.frame("cosine")),
             "lens": lambda: plots.lens_curves(self.runs.frame("logit_lens"), self.summary),
@@ -160,7 +193,11 @@ class ScalePage(Page):
             ),
         }
         if name in ("n_layers", "n_params", "relative") and self.summary["model"].n_unique() < 2:
-            return plots.note("One model on this page: the comparison page draws this across the four models.")
+            if name != "n_layers":
+                return None  # said once, under the first of the three
+            return plots.note("One model on this page: the comparison page draws these three charts across the models.")
+        if name in probes:
+            return self.probe_chart(*probes[name], frames[name])
         return plots.show(frames[name]())
 
 
@@ -259,10 +296,9 @@ class DifficultyPage(Page):
             return plots.show(plots.ed_by_task(self.by_level.summary(), self.level_order))
         if name == "sensitivity":
             return plots.show(plots.threshold_sensitivity(self.by_task.sensitivity()))
-        scores = self.by_level.depth_scores()
-        if not scores.height:
-            return plots.note("No skip results: no depth score.")
-        return plots.show(plots.depth_score_bars(scores, self.level_order))
+        return self.probe_chart(
+            self.by_level, "skip", lambda: plots.depth_score_bars(self.by_level.depth_scores(), self.level_order)
+        )
 
     def table1(self):
         return tables.table1(self.by_task.summary(), self.paper)
@@ -341,8 +377,8 @@ class BeyondPage(Page):
         return {
             "summary": self.summary,
             "fit": self.runs.frame("tuned_lens_fit"),
-            "comparison": pruning_comparison(self.runs),
-            "exits": self.runs.frame("early_exit"),
+            "costs": evidence.pruning_costs(self.runs, seed=self.bootstrap_seed),
+            "exits": evidence.early_exit_costs(self.runs, self.summary, seed=self.bootstrap_seed),
             "lenses": evidence.between_lenses(self.runs),
         }
 
@@ -352,7 +388,7 @@ class BeyondPage(Page):
         return findings.beyond_finding(
             f["summary"],
             f["fit"],
-            f["comparison"],
+            f["costs"],
             f["exits"],
             self.mapped,
             self.p.get("pair"),
@@ -371,9 +407,13 @@ class BeyondPage(Page):
         if name == "sensitivity":
             return plots.show(plots.threshold_sensitivity(self.runs.sensitivity()))
         if name == "pruning":
-            return plots.show(plots.pruning_curves(self.runs.frame("prune"), self.summary))
+            return self.probe_chart(
+                self.runs, "prune", lambda: plots.pruning_curves(self.runs.frame("prune"), self.summary)
+            )
         if name == "exit":
-            return plots.show(plots.early_exit_curves(self.runs.frame("early_exit"), self.summary))
+            return self.probe_chart(
+                self.runs, "early_exit", lambda: plots.early_exit_curves(self.runs.frame("early_exit"), self.summary)
+            )
         pair = self.p["pair"]
         return plots.show(plots.map_heatmap(self.mapped, pair["small"], pair["big"]))
 

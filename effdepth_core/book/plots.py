@@ -671,7 +671,9 @@ def threshold_sensitivity(table: pl.DataFrame) -> alt.Chart:
     """ED ratio of each thresholded rule as its threshold varies (``Study.sensitivity``), one line per
     task, one panel per rule, the paper's threshold dotted: a gap between tasks that changes with the
     threshold belongs to the threshold, not the task. A dropdown picks the model."""
-    paper = {"kl_fraction": 0.5, "overlap_threshold": 0.3}
+    paper = {"kl_fraction": 0.5, "overlap_threshold": 0.3, "cosine_zero": 0.0}  # each rule's own setting
+    axis_titles = {"cosine_zero": "level the cosine must fall below", "kl_fraction": "KL fraction of its maximum",
+                   "overlap_threshold": "top-5 overlap threshold"}  # fmt: skip
     frame = _rounded(table.filter(pl.col("ratio").is_not_null()), ("ratio", "threshold"), 4)
     pickers = _picker_params(frame, ("model",))
     panels = []
@@ -681,14 +683,14 @@ def threshold_sensitivity(table: pl.DataFrame) -> alt.Chart:
             alt.Chart(part)
             .mark_line(point=True)
             .encode(
-                x=alt.X("threshold:Q", title=setting.replace("_", " "), scale=alt.Scale(zero=False)),
+                x=alt.X("threshold:Q", title=axis_titles.get(setting, setting), scale=alt.Scale(zero=False)),
                 y=alt.Y("ratio:Q", title=f"{rule[0]}: (ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
                 color=alt.Color("task:N", title="task"),
                 tooltip=["model:N", "task:N", "threshold:Q", "ed:Q", alt.Tooltip("ratio:Q", format=".2f")],
             )
         )
         mark = (
-            alt.Chart(pl.DataFrame({"threshold": [paper.get(setting, 0.5)]}))
+            alt.Chart(pl.DataFrame({"threshold": [paper[setting]]}))
             .mark_rule(strokeDash=[4, 4], color="#888")
             .encode(x="threshold:Q")
         )
@@ -843,6 +845,29 @@ def paper_vs_ours(table: pl.DataFrame) -> alt.Chart:
 LENS_SCALE = alt.Scale(domain=["logit lens", "tuned lens"], range=[PALETTE[0], PALETTE[1]])
 
 
+def _lens_scale(lenses: Sequence[str]) -> alt.Scale:
+    """The lens colours of the lenses a chart has (a legend never names a lens that was not run)."""
+    pairs = zip(LENS_SCALE.domain, LENS_SCALE.range, strict=True)
+    present = [(name, colour) for name, colour in pairs if name in lenses]
+    return alt.Scale(domain=[n for n, _ in present], range=[c for _, c in present])
+
+
+# a symlog axis's own ticks crowd near zero and skip the decades: these, within the data's range
+SYMLOG_TICKS = (-5, -2, -1, -0.5, -0.2, 0, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200)
+
+
+def _symlog(values: pl.Series, title: str) -> alt.Y:
+    """A y encoding on a symlog scale spanning the values (0 included), with readable ticks."""
+    low, high = min(0.0, float(values.min())), max(0.0, float(values.max()))
+    ticks = [t for t in SYMLOG_TICKS if low <= t <= high * 1.05]
+    return alt.Y(
+        "value:Q",
+        title=title,
+        scale=alt.Scale(type="symlog", constant=0.1, domain=[low, high], nice=False),
+        axis=alt.Axis(values=ticks, format="~g"),
+    )
+
+
 @_needs_data
 def lens_ed_comparison(summary: pl.DataFrame) -> alt.Chart:
     """ED ratio with its bootstrap interval per task, logit lens beside tuned lens, one panel per
@@ -857,14 +882,15 @@ def lens_ed_comparison(summary: pl.DataFrame) -> alt.Chart:
         pl.col("rule").replace_strict({k: v[0] for k, v in labels.items()}).alias("panel"),
         pl.col("rule").replace_strict({k: v[1] for k, v in labels.items()}).alias("lens"),
     )
+    lens_scale = _lens_scale(frame["lens"].unique().to_list())
     base = alt.Chart().encode(
         x=alt.X("task:N", title=None, axis=alt.Axis(labelAngle=0)),
-        xOffset=alt.XOffset("lens:N", sort=LENS_SCALE.domain),
-        color=alt.Color("lens:N", scale=LENS_SCALE, title="lens"),
+        xOffset=alt.XOffset("lens:N", sort=lens_scale.domain),
+        color=alt.Color("lens:N", scale=lens_scale, title="lens"),
     )
     points = base.mark_point(filled=True, size=70).encode(
         y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        **_hollow_when_degenerate("lens:N", LENS_SCALE, "lens"),
+        **_hollow_when_degenerate("lens:N", lens_scale, "lens"),
         tooltip=[
             "model:N",
             "task:N",
@@ -901,7 +927,7 @@ def lens_fit_curves(fit: pl.DataFrame) -> alt.Chart:
         .encode(
             x=alt.X("layer:Q", title="layer whose input is decoded"),
             y=alt.Y("value:Q", title="held-out KL to the final distribution (nats)"),
-            color=alt.Color("lens:N", scale=LENS_SCALE, title="lens"),
+            color=alt.Color("lens:N", scale=_lens_scale(frame["lens"].unique().to_list()), title="lens"),
             tooltip=["model:N", "layer:Q", "lens:N", alt.Tooltip("value:Q", format=".3f")],
         )
         .properties(width=CONTENT_WIDTH, height=200)
@@ -922,10 +948,10 @@ def pruning_curves(prune: pl.DataFrame, summary: pl.DataFrame | None = None, rul
     sizes = sorted(frame["k"].unique().to_list())
     layers = [
         alt.Chart(frame)
-        .mark_line(point=alt.OverlayMarkDef(size=20))
+        .mark_line(point=alt.OverlayMarkDef(size=20), clip=True)
         .encode(
             x=alt.X("start:Q", title="first removed layer"),
-            y=alt.Y("value:Q", title="Δ answer NLL (nats, symlog)", scale=alt.Scale(type="symlog", constant=0.1)),
+            y=_symlog(frame["value"], "Δ answer NLL (nats, symlog)"),
             color=alt.Color("block:N", sort=[f"k = {k}" for k in sizes], title="layers removed"),
             tooltip=["model:N", "task:N", "removed:N", alt.Tooltip("value:Q", title="Δ NLL", format=".3f")],
         )
@@ -957,15 +983,19 @@ def early_exit_curves(
         )
     )
     pickers = _picker_params(frame, ("model", "task"))
+    lens_scale = _lens_scale(frame["lens"].unique().to_list())
 
     def panel(metric: str, title: str, first: bool) -> alt.LayerChart:
+        part = frame.filter(metric=metric)
+        # the NLL of layer 0 (the embeddings decoded) is ~10x the rest: symlog keeps the later layers readable
+        y = _symlog(part["value"], f"{title} (symlog)") if metric == "answer_nll" else alt.Y("value:Q", title=title)
         line = (
-            alt.Chart(frame.filter(metric=metric))
+            alt.Chart(part)
             .mark_line(point=alt.OverlayMarkDef(size=20))
             .encode(
                 x=alt.X("layer:Q", title="exit layer (layers run)"),
-                y=alt.Y("value:Q", title=title),
-                color=alt.Color("lens:N", scale=LENS_SCALE, title="lens"),
+                y=y,
+                color=alt.Color("lens:N", scale=lens_scale, title="lens"),
                 tooltip=["model:N", "task:N", "lens:N", "layer:Q", alt.Tooltip("value:Q", format=".3f")],
             )
         )

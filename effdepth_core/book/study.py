@@ -80,6 +80,13 @@ class RunRecord:
     precision: Precision | None = None  # the sample-size rule, when ``n`` grows by precision
     walk: PreciseRun | None = None  # where the rule stopped
 
+    def asked(self, frame: str) -> bool:
+        """Whether this run's spec asked for the probe that saves ``frame`` (a probe name or one of its
+        frames). A run also holds what its probes needed (early exit: the EDs it exits at, on its own
+        few prompts): those rows are not what the book counts for that probe, the run that asked is."""
+        owners = [name for name, saved in registry.frames().items() if frame == name or frame in saved]
+        return any(name in self.probes for name in owners)
+
     def __repr__(self) -> str:
         state = "finished" if self.result is not None else f"failed: {self.error}" if self.error else "not run"
         return f"RunRecord({self.model!r}, {self.label!r}, probes {', '.join(self.probes)}, {state})"
@@ -119,8 +126,8 @@ class Study:
         for r in self.finished:
             s, meta = r.result.summary, r.result.metadata
             n_layers = int(s["n_layers"])
-            for rule, (_, spec_rule) in registry.rules().items():  # every rule the run has, any probe's
-                if rule not in s:
+            for rule, (spec, spec_rule) in registry.rules().items():  # every rule the run asked for
+                if rule not in s or not r.asked(spec.name):
                     continue
                 entry = s[rule]
                 ratio = lambda v, n=n_layers: None if v is None else (v + 1) / n  # noqa: E731
@@ -178,7 +185,7 @@ class Study:
             n_layers = int(r.result.summary["n_layers"])
             for spec, rule in registry.rules().values():
                 frame = r.result.per_example.get(rule.frame or spec.name)
-                if frame is None or rule.thresholds is None:
+                if frame is None or rule.thresholds is None or not r.asked(spec.name):
                     continue
                 table = threshold_sensitivity(rule, frame, n_layers, r.settings)
                 parts.append(
@@ -194,19 +201,19 @@ class Study:
         return pl.concat(parts).select("model", "task", "rule", "setting", "threshold", "ed", "ratio")
 
     def record(self, model: str, label: str, probe: str) -> RunRecord | None:
-        """The finished run of ``model`` on ``label`` that has ``probe`` (None when there is none)."""
+        """The finished run of ``model`` on ``label`` that asked for ``probe`` (None when there is none)."""
         for r in self.finished:
-            if r.model == model and r.label == label and probe in r.result.per_example:
+            if r.model == model and r.label == label and probe in r.result.per_example and r.asked(probe):
                 return r
         return None
 
     def frame(self, probe: str, per_example: bool = False) -> pl.DataFrame:
-        """A probe's saved frame (curves, or the per-example frame) of every run that has it, with
+        """A probe's saved frame (curves, or the per-example frame) of every run that asked for it, with
         ``model``, ``task``, ``n_layers`` and ``rel_depth`` (layer / L) columns."""
         parts = []
         for r in self.finished:
             source = r.result.per_example if per_example else r.result.curves
-            if probe not in source:
+            if probe not in source or not r.asked(probe):
                 continue
             n_layers = int(r.result.summary["n_layers"])
             frame = source[probe].with_columns(
@@ -221,7 +228,7 @@ class Study:
         """Per-group depth scores (example null) of every run with the skip probe."""
         parts = []
         for r in self.finished:
-            if "depth_score" in r.result.curves:
+            if "depth_score" in r.result.curves and r.asked("depth_score"):
                 scores = r.result.curves["depth_score"].filter(pl.col("example").is_null()).drop("example")
                 parts.append(
                     scores.with_columns(
@@ -418,16 +425,21 @@ def outdated_probes(out_dir: Path, record: RunRecord) -> list[str]:
 
 def pruning_comparison(study: Study) -> pl.DataFrame:
     """``rule_comparison`` of every run with the pruning probe, with the EDs of the same model and task
-    (every rule it has, tuned lens included: from the pruning run itself, or from the run of the ED
-    probes on the same task when the pruning run has none), plus ``model`` and ``task`` columns."""
+    (every rule it has, tuned lens included), plus ``model`` and ``task`` columns. Each ED is the one
+    the book counts: from the run of the same model and task that asked for its probe (its own few
+    prompts' ED only when there is none)."""
     parts = []
     labels = {**RULES, **TUNED_RULE_LABELS}
     for r in study.finished:
-        if "prune" not in r.result.curves:
+        if "prune" not in r.result.curves or not r.asked("prune"):
             continue
-        sources = [r] + [o for o in study.finished if o is not r and (o.model, o.label) == (r.model, r.label)]
-        s = next((o.result.summary for o in sources if any(k in o.result.summary for k in labels)), r.result.summary)
-        eds = {label: s[rule].get("ed") for rule, label in labels.items() if isinstance(s.get(rule), dict)}
+        eds = {}
+        for rule, label in labels.items():
+            spec, _ = registry.rules()[rule]
+            counted = study.record(r.model, r.label, spec.name)
+            s = counted.result.summary if counted is not None else r.result.summary
+            if isinstance(s.get(rule), dict):
+                eds[label] = s[rule].get("ed")
         table = rule_comparison(r.result.curves["prune"], eds, int(r.result.summary["n_layers"]))
         parts.append(table.with_columns(pl.lit(r.model).alias("model"), pl.lit(r.label).alias("task")))
     return pl.concat(parts).select("model", "task", pl.exclude("model", "task")) if parts else pl.DataFrame()

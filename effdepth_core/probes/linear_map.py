@@ -125,7 +125,7 @@ RIDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 class MapFit:
     """What ``fit_map`` measured: per small layer m and big layer l the test error of the map
     (``errors`` ``[m, l]``, mean over test tokens), of the shuffled-pairing baseline (``baseline``),
-    the error per test token (``per_token`` ``[token, m, l]``) and the ridge chosen per small layer."""
+    the error per test token (``per_token`` ``[token, m, l]``) and the ridge chosen per map (``ridges`` ``[m, l]``)."""
 
     def __init__(self, errors, baseline, per_token, ridges):
         self.errors, self.baseline, self.per_token, self.ridges = errors, baseline, per_token, ridges
@@ -147,11 +147,11 @@ def fit_map(
     seed: int = 0,
     progress: bool = False,
 ) -> MapFit:
-    """Maps from every small layer to every big layer on the training streams; per small layer the
+    """Maps from every small layer to every big layer on the training streams; per map m → l the
     ridge (a share of each dimension's Gram diagonal entry, on the weights, not the bias) with the least
-    mean validation error; the test error of those maps and of maps fitted with the big model's
-    tokens shuffled against the small model's (within each streamed batch). ``validation`` and
-    ``test``: (small, big) states ``[token, layer, d]``."""
+    mean validation error of that map; the test error of those maps and of maps fitted with the big
+    model's tokens shuffled against the small model's (within each streamed batch), under the same
+    ridge. ``validation`` and ``test``: (small, big) states ``[token, layer, d]``."""
     test_small, test_big = test
     val_small, val_big = validation
     n_small, d_small = test_small.shape[1], test_small.shape[2]
@@ -164,29 +164,34 @@ def fit_map(
     errors = torch.empty(n_small, n_big, dtype=torch.float64)
     baseline = torch.empty(n_small, n_big, dtype=torch.float64)
     per_token = torch.empty(test_small.shape[0], n_small, n_big, dtype=torch.float64)
-    chosen = []
+    chosen = torch.zeros(n_small, n_big, dtype=torch.float64)
     for first in tqdm(range(0, n_small, chunk), desc="linear map", unit="pass", disable=not progress):
         layers = list(range(first, min(first + chunk, n_small)))
         gram, cross, shuffled, seen = normal_equations(train_small, train_big, layers, p, n_big * d_big, seed)
         for index, m in enumerate(layers):
+            # each map m → l is its own regression: choosing one ridge for all l would let the
+            # off-diagonal targets, which gain from shrinkage, shrink a map that needs none (a self-map)
             scale = gram[index].diagonal()[:d_small].clamp_min(1e-300)  # [d_small]: each dimension's own
-            best = None
+            best = torch.full((n_big,), float("inf"), dtype=torch.float64)
+            weights = torch.zeros(p, n_big * d_big, dtype=torch.float64)  # per column block: its chosen ridge's
+            blind = torch.zeros_like(weights)
             for share in ridges:
                 if share == 0 and seen <= p:
                     continue
-                penalty = torch.diag(torch.cat([share * scale, torch.zeros(1, dtype=torch.float64)]))
-                weights = torch.linalg.lstsq(gram[index] + penalty, cross[index]).solution  # [p, big layer · d_big]
-                score = float(_relative_errors(val_small[:, m].double(), weights, y_val, norm_val).mean())
-                if best is None or score < best[0]:
-                    best = (score, share, penalty, weights)
-            if best is None:
+                system = gram[index] + torch.diag(torch.cat([share * scale, torch.zeros(1, dtype=torch.float64)]))
+                solved = torch.linalg.lstsq(system, cross[index]).solution  # [p, big layer · d_big]
+                score = _relative_errors(val_small[:, m].double(), solved, y_val, norm_val).mean(dim=0)  # [l]
+                better = score < best
+                if better.any():
+                    columns = better.repeat_interleave(d_big)
+                    best[better], chosen[m, better] = score[better], share
+                    weights[:, columns] = solved[:, columns]
+                    blind[:, columns] = torch.linalg.lstsq(system, shuffled[index]).solution[:, columns]
+            if not torch.isfinite(best).all():
                 raise EffdepthError(f"{seen} training tokens for {p} unknowns per map: give more prompts")
-            _, share, penalty, weights = best
-            chosen.append(share)
             tokens = _relative_errors(test_small[:, m].double(), weights, y_test, norm_test)
             per_token[:, m] = tokens
             errors[m] = tokens.mean(dim=0)
-            blind = torch.linalg.lstsq(gram[index] + penalty, shuffled[index]).solution
             baseline[m] = _relative_errors(test_small[:, m].double(), blind, y_test, norm_test).mean(dim=0)
     return MapFit(errors, baseline, per_token, chosen)
 
@@ -248,7 +253,7 @@ def map_measurement(
 ) -> pl.DataFrame:
     """The map as a measurement (method.md §7): per small layer m and big layer l the test error
     (``relative_error``), the shuffled-pairing baseline (``baseline_error``) and, per test prompt,
-    the error (rows with a ``prompt``); per m the chosen ``ridge``, ``best_big_layer`` and
+    the error (rows with a ``prompt``); per map the chosen ``ridge``; per m ``best_big_layer`` and
     ``equal_depth_layer``; and the small model mapped onto itself (``self_error``, ``big_layer`` the
     small model's layer: the identity, error ≈ 0 on the diagonal, checks the fit)."""
     check_same_tokenizer(small, big)
@@ -270,12 +275,12 @@ def map_measurement(
         fit = fit_map(
             streams["small"], streams["big"], held["validation"], held["test"], ridges, memory_budget_mb, seed, progress
         )
-        own = fit_map(  # no ridge: a model onto itself must give the identity, whatever the ridge grid
+        own = fit_map(  # the same procedure onto itself must give the identity: it checks the ridge choice too
             streams["small"],
             streams["small"],
             (held["validation"][0],) * 2,
             (held["test"][0],) * 2,
-            (0.0,),
+            ridges,
             memory_budget_mb,
             seed,
             progress,
@@ -286,7 +291,7 @@ def map_measurement(
         rows += [(None, m, b, "relative_error", float(fit.errors[m, b])) for b in range(n_big)]
         rows += [(None, m, b, "baseline_error", float(fit.baseline[m, b])) for b in range(n_big)]
         rows += [(None, m, b, "self_error", float(own.errors[m, b])) for b in range(n_small)]
-        rows.append((None, m, None, "ridge", float(fit.ridges[m])))
+        rows += [(None, m, b, "ridge", float(fit.ridges[m, b])) for b in range(n_big)]
         rows.append((None, m, None, "best_big_layer", float(fit.errors[m].argmin())))
         rows.append((None, m, None, "equal_depth_layer", m * big.n_layers / max(small.n_layers, 1)))
     for prompt in range(len(test)):

@@ -166,25 +166,34 @@ def prune_summary(per_example: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([mean, delta]).sort(keys, nulls_last=True)
 
 
-def after_ed_block(ed: int, k: int, n_layers: int) -> int:
-    """Start of the "after ED" block of k layers: ED+1, moved back so that it ends at L-1 at the latest."""
-    return max(0, min(ed + 1, n_layers - k))
+def after_ed_block(ed: int, k: int, n_layers: int, keep_final: bool = False) -> int | None:
+    """Start of the "after ED" block of k layers: ED+1, moved back so that it ends at L-1 at the latest
+    (at L-2 with ``keep_final``: a block that never removes the final layer; None when none fits)."""
+    last = n_layers - k - (1 if keep_final else 0)
+    return max(0, min(ed + 1, last)) if last >= 0 else None
+
+
+FINAL_KEPT = "final layer kept"
 
 
 def rule_comparison(summary: pl.DataFrame, eds: dict[str, int | None], n_layers: int) -> pl.DataFrame:
     """For every budget k: ΔNLL and accuracy of the layers each rule removes — ``after ED (<rule>)``
-    for each ED rule given, ``angular distance`` and ``block influence``. Columns ``k, choice,
-    removed, delta_nll, answer_accuracy``."""
+    for each ED rule given (and ``after ED (<rule>), final layer kept``: the block moved back to end
+    at L-2, since the plain one ends at L-1 when ED + k reaches past it), ``angular distance`` and
+    ``block influence``. Columns ``k, choice, removed, delta_nll, answer_accuracy``."""
     scored = summary.filter(pl.col("rule").is_in(["none", "block", "shortgpt"]))  # not the calibration scores
     wide = scored.pivot(on="metric", index=["rule", "k", "start", "removed"], values="value")
     rows = []
     for k in sorted(wide.filter(rule="block")["k"].unique().to_list()):
         blocks = wide.filter(rule="block", k=k)
-        picks = [
-            (f"after ED ({name})", blocks.filter(start=after_ed_block(ed, k, n_layers)))
-            for name, ed in eds.items()
-            if ed is not None
-        ]
+        picks = []
+        for name, ed in eds.items():
+            if ed is None:
+                continue
+            picks.append((f"after ED ({name})", blocks.filter(start=after_ed_block(ed, k, n_layers))))
+            kept = after_ed_block(ed, k, n_layers, keep_final=True)
+            if kept is not None:
+                picks.append((f"after ED ({name}), {FINAL_KEPT}", blocks.filter(start=kept)))
         picks.append(("angular distance", blocks.sort("angular_distance").head(1)))
         picks.append(("block influence", wide.filter(rule="shortgpt", k=k)))
         for choice, row in picks:
