@@ -1,6 +1,6 @@
 """The ``effdepth`` command line: run | models | table | plot | map | book | grid. It parses and
 prints; the work is the library's (``results``, ``display``, ``zoo``, ``book``). Each probe's flags
-come from its spec (``probes/registry.py``) and load only for the command that needs them, so
+come from its spec (``registry.py``) and load only for the command that needs them, so
 ``effdepth --help`` starts without torch."""
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     book.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 naming each generated file (_toc.yml, book/_findings.md) that no longer matches the code, "
-        "params/ and the committed results; no model work",
+        help="exit 1 naming each generated file (_toc.yml, book/_findings.md, the executed pages) that no longer "
+        "matches the code, params/ and the committed results; no model work",
     )
     book.add_argument(
         "--findings", action="store_true", help="print the findings Markdown from the cached results (no model work)"
@@ -506,7 +506,10 @@ def _cmd_book(args: argparse.Namespace) -> int:
         for line in stale:
             print(f"effdepth book --check: {line}")
         if not stale:
-            print("effdepth book --check: _toc.yml and book/_findings.md match the code, params/ and the results")
+            print(
+                "effdepth book --check: _toc.yml, book/_findings.md and the executed pages match the code, params/ "
+                "and the results"
+            )
         return 1 if stale else 0
     if args.print_params is not None:
         if args.params is not None:

@@ -195,8 +195,3 @@ def rules() -> dict[str, tuple[ProbeSpec, Rule]]:
 def frames() -> dict[str, tuple[str, ...]]:
     """Probe → the frames it saves (how a run directory knows its own files)."""
     return {name: spec.frames for name, spec in _all().items()}
-
-
-def owner_of(option: str) -> list[str]:
-    """The probes an option belongs to."""
-    return [name for name, spec in _all().items() if option in spec.option_names]

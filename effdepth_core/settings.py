@@ -1,7 +1,7 @@
 """A run's settings, their checks and their cache key (and the cross-model map's settings).
 
 ``RunSettings`` holds the settings every run has (``CORE_SETTINGS``) and, as attributes of the same
-object, every registered probe's options (``probes/registry.py``): ``RunSettings("smollm2-135m",
+object, every registered probe's options (``registry.py``): ``RunSettings("smollm2-135m",
 "gsm8k", igrad_tol=0.02)``. The cache key hashes what changes the numbers; ``COMPATIBILITY`` lists,
 in one place, the exceptions that keep results cached by earlier versions loading unchanged.
 """

@@ -231,10 +231,6 @@ def count_examples(path: str | Path) -> int:
     return len(_jsonl(Path(path).expanduser()))
 
 
-def task_names() -> list[str]:
-    return list(TASKS)
-
-
 def check_task(name: str) -> None:
     """Fail fast (before a model is loaded) on a task that is neither known nor an existing file."""
     if name in TASKS:

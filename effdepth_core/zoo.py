@@ -622,8 +622,3 @@ def dequantized_folders(alias: str, full: bool = False) -> list[tuple[str, str]]
         state = dequantized_state(candidate, dtype, ZOO[alias].sha256, full, gguf=model_path(alias))
         found.append((dtype.removeprefix("torch."), state))
     return found
-
-
-def dequantized_dtypes(alias: str) -> list[str]:
-    """The dtypes an offline alias's dequantized weights are cached (and verified) in."""
-    return [dtype for dtype, state in dequantized_folders(alias) if state == "ready"]

@@ -546,7 +546,30 @@ def test_book_check_names_each_stale_generated_file_and_findings_need_no_model(t
     assert _cli(capsys, "book", "--toc-only", "--root", root)[0] == 0
     assert _cli(capsys, "book", "--findings-only", "--profile", "quick", "--root", root)[0] == 0
     code, out, _ = _cli(capsys, "book", "--check", "--profile", "quick", "--root", root)
+    assert code == 1 and "_findings.md" not in out and "_toc.yml" not in out
+    import nbformat
+
+    from effdepth_core.book.runner import SECTIONS, page_inputs, parameter_sets
+
+    pages = [item for section in SECTIONS for item in parameter_sets(root, section, "quick")]
+    missing = [line for line in out.splitlines() if "is missing: execute it with" in line]
+    assert len(missing) == len(pages) and "effdepth book --section scale --only " + pages[0].name in missing[0]
+    for item in pages:  # as `effdepth book` stamps a page it executed
+        page = nbformat.v4.new_notebook(metadata={"effdepth": {"inputs": page_inputs(root, item)}})
+        (root / "book" / f"{item.page}.ipynb").parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(page, root / "book" / f"{item.page}.ipynb")
+    code, out, _ = _cli(capsys, "book", "--check", "--profile", "quick", "--root", root)
     assert code == 0 and "match the code" in out
+    template = root / "book" / "templates" / "scale.ipynb"
+    template.parent.mkdir(parents=True, exist_ok=True)
+    template.write_text(template.read_text() + " " if template.is_file() else "{}")  # the page's template changed
+    code, out, _ = _cli(capsys, "book", "--check", "--profile", "quick", "--root", root)
+    assert code == 1 and f"{pages[0].page}.ipynb is stale: re-execute it" in out
+    for item in pages:
+        nbformat.write(
+            nbformat.v4.new_notebook(metadata={"effdepth": {"inputs": page_inputs(root, item)}}),
+            root / "book" / f"{item.page}.ipynb",
+        )
     (root / "book" / "_findings.md").write_text((root / "book" / "_findings.md").read_text() + "edited\n")
     code, out, _ = _cli(capsys, "book", "--check", "--profile", "quick", "--root", root)
     assert code == 1 and "book/_findings.md is stale" in out and "_toc.yml" not in out

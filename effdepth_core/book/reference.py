@@ -9,7 +9,6 @@ from __future__ import annotations
 import polars as pl
 
 from .. import registry
-from ..labels import format_ed
 
 # The paper's three ED rules (its Table 1), in its order, and the tuned-lens rules the fourth section
 # adds: which rules the book reports is the book's choice (the registry has every probe's rules).
@@ -74,26 +73,6 @@ def paper_table1() -> pl.DataFrame:
         "source": pl.String,
     }
     return pl.DataFrame(rows, schema=schema, orient="row")
-
-
-def paper_model(hub_id: str) -> str | None:
-    """The Table 1 name of a hub id (``Qwen/Qwen2.5-Math-1.5B`` → ``Qwen2.5-Math-1.5B``), if listed."""
-    name = hub_id.rsplit("/", 1)[-1]
-    return name if name in set(paper_table1()["model"].to_list()) else None
-
-
-def wide_table(long: pl.DataFrame) -> pl.DataFrame:
-    """Table-1 layout: one row per (source, model), a column per (rule, task) holding "ED (.ratio)"."""
-    cells = long.with_columns(
-        pl.struct("ed", "ratio")
-        .map_elements(lambda c: format_ed(c["ed"], c["ratio"]), return_dtype=pl.String)
-        .alias("cell"),
-        pl.format("{} · {}", pl.col("rule"), pl.col("task")).alias("column"),
-    )
-    order = [f"{r} · {t}" for r in RULES for t in TASKS]
-    wide = cells.pivot(on="column", index=["source", "model", "n_layers"], values="cell", aggregate_function="first")
-    present = [c for c in order if c in wide.columns]
-    return wide.select("source", "model", pl.col("n_layers").alias("L"), *present)
 
 
 def with_source(summary: pl.DataFrame, source: str) -> pl.DataFrame:

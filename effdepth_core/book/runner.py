@@ -9,6 +9,8 @@ sets. Each set is executed from ``book/templates/<section>.ipynb`` into
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -150,6 +152,23 @@ def write_toc(root: Path) -> Path:
     return write_generated(root / "_toc.yml", toc_text(root), TOC_HEADER.splitlines()[0])
 
 
+def page_inputs(root: Path, item: ParameterSet) -> str:
+    """A digest of what an executed page is made from: its template, its resolved parameters, the
+    code of ``effdepth_core`` and the finished runs (metadata) under its results folder. Stored in
+    the page when it is executed; ``effdepth book --check`` recomputes it."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    results = root / str(item.parameters.get("results_dir", "results"))
+    files = [root / "book" / "templates" / f"{item.section}.ipynb", *sorted(package.rglob("*.py"))]
+    files += sorted(p for p in results.rglob("*.json") if p.name in ("metadata.json", "effective_depth.json"))
+    digest.update(json.dumps(item.parameters, sort_keys=True, default=str).encode())
+    for path in files:
+        if path.is_file():
+            name = path.relative_to(package if path.is_relative_to(package) else root).as_posix()
+            digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
 def execute(
     root: Path,
     sets: Sequence[ParameterSet],
@@ -198,6 +217,7 @@ def execute(
             executed.cells.remove(cell)
             heading = next((i for i, c in enumerate(executed.cells) if c.cell_type == "markdown"), -1)
             executed.cells.insert(heading + 1, cell)
+        executed.metadata["effdepth"] = {"inputs": page_inputs(root, item)}
         nbformat.write(executed, output)
         timings.append((item, time.perf_counter() - started))
     return timings
@@ -284,8 +304,25 @@ FINDINGS_HEADER = (
 
 def stale_generated(root: Path, profile: str = "full") -> list[str]:
     """Each generated file that differs from what the code, params/ and the committed results
-    produce now (``effdepth book --check``): its path and how to regenerate it."""
+    produce now (``effdepth book --check``): its path and how to regenerate it. An executed page is
+    stale when its stored ``page_inputs`` digest differs (re-executing a page to compare is model-free
+    but slow, and its charts carry random ids)."""
+    import nbformat
+
     stale = []
+    for section in SECTIONS:
+        if not (root / "params" / f"{section}.yml").is_file():
+            continue
+        for item in parameter_sets(root, section, profile):
+            page = root / "book" / f"{item.page}.ipynb"
+            fix = f"effdepth book --section {section} --only {item.name}"
+            try:
+                stored = nbformat.reads(read_regular(page).decode("utf-8"), as_version=4).metadata.get("effdepth", {})
+            except (OSError, EffdepthError, UnicodeDecodeError, ValueError):
+                stale.append(f"{page.relative_to(root)} is missing: execute it with `{fix}`")
+                continue
+            if stored.get("inputs") != page_inputs(root, item):
+                stale.append(f"{page.relative_to(root)} is stale: re-execute it with `{fix}`")
     for path, text, fix in (
         (root / "_toc.yml", toc_text(root), "effdepth book --toc-only"),
         (root / FINDINGS_PAGE, findings_markdown(root, profile), "effdepth book --findings-only"),
