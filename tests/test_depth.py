@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from effdepth_core.probes import effective_depth
-from effdepth_core.probes.logit_lens import ed_kl, ed_overlap
+from effdepth_core.probes.lens import ed_kl, ed_overlap
 from effdepth_core.probes.residual import ed_cosine
 
 

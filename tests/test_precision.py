@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import char_tokenizer, make_tiny, random_prompts, save_tiny_dir
 
+from effdepth_core import registry
 from effdepth_core.models import LoadedModel, load_model, wrap_model
 from effdepth_core.probes import (
     TunedLens,
@@ -25,8 +26,9 @@ from effdepth_core.probes import (
     train_tuned_lens,
 )
 from effdepth_core.probes.norm import residual_norm
+from effdepth_core.probes.spec import Context
 from effdepth_core.probes.tuned_lens import LensTraining
-from effdepth_core.registry import BUILTIN as PROBES
+from effdepth_core.settings import RunSettings
 
 TOP_K = 5
 LENS_TRAINING = LensTraining(train_tokens=120, heldout_tokens=60, steps=4, batch_tokens=32, lr=1e-3)
@@ -93,9 +95,11 @@ def fixed_lens(loaded: LoadedModel) -> TunedLens:
 
 
 def every_probe(loaded: LoadedModel, lens: TunedLens, other: LoadedModel) -> dict[str, pl.DataFrame]:
-    """Each probe the CLI runs (``results.PROBES``, same names) on short prompts, plus the frames
-    derived from them (depth scores, the tuned lens's fit, trained on ``loaded``), the slow oracles,
-    the adaptive igrad rule and the cross-model map (``loaded`` small, ``other`` big)."""
+    """Each registered probe on short prompts, plus the frames derived from them (depth scores, the
+    tuned lens's fit, trained on ``loaded``), the slow oracles, the adaptive igrad rule and the
+    cross-model map (``loaded`` small, ``other`` big). A probe not named below (one just added, a
+    plugin) runs through its own spec's ``compute`` with default settings: adding a probe needs no
+    edit here."""
     prompts = random_prompts([9, 14, 5])
     items = [(ids, 3) for ids in random_prompts([12, 9], seed=4)]  # (token ids, answer tokens)
     long = random_prompts([21], seed=2)  # future-token skips cut at positions 8 and 16
@@ -104,7 +108,7 @@ def every_probe(loaded: LoadedModel, lens: TunedLens, other: LoadedModel) -> dic
     exits = [
         early_exit(loaded, items, lens=x).with_columns(lens=pl.lit(n)) for n, x in (("logit", None), ("tuned", lens))
     ]
-    return {
+    frames = {
         "cosine": residual_cosine(loaded, prompts, batch_size=2),
         "norm": residual_norm(loaded, prompts, batch_size=2),
         "logit_lens": logit_lens(loaded, prompts, top_k=TOP_K, batch_size=2),
@@ -122,6 +126,12 @@ def every_probe(loaded: LoadedModel, lens: TunedLens, other: LoadedModel) -> dic
         "early_exit": pl.concat(exits),
         "map": cross_model_map(loaded, other, random_prompts([20] * 8, seed=5), random_prompts([15, 15], seed=6)),
     }
+    settings = RunSettings(loaded.name, "addition", progress=False)
+    for name, spec in registry.specs().items():
+        if name not in frames:
+            computed = spec.compute(loaded, items if spec.needs_answers else prompts, Context(settings))
+            frames[name] = computed[0] if isinstance(computed, tuple) else computed
+    return frames
 
 
 def compare(
@@ -163,7 +173,7 @@ def compare(
 def test_every_registered_probe_is_run():
     loaded = _with_tokenizer(make_tiny("llama"), "tiny")
     frames = every_probe(loaded, TunedLens.identity(loaded), _other_model())
-    assert set(PROBES) <= set(frames)  # a probe added to the CLI must be added here
+    assert set(registry.names()) <= set(frames)
     for name, frame in frames.items():
         assert frame.height > 0 and frame["value"].drop_nulls().abs().max() > 0, name  # something is measured
 
@@ -252,3 +262,24 @@ def test_load_model_offloads_to_cpu_and_disk(tmp_path):
     plain = _with_tokenizer(make_tiny("llama"), "tiny-llama")
     lens, other = fixed_lens(plain), _other_model()
     compare(every_probe(plain, lens, other), every_probe(loaded, lens, other), OFFLOAD_TOLERANCE)
+
+
+def test_a_new_probe_is_run_here_without_an_edit():
+    """A probe added by its file and one registry line (here: registered in process, a copy of the
+    residual norm under another name) is measured by ``every_probe`` through its own spec."""
+    from dataclasses import replace
+
+    from effdepth_core.probes import norm
+
+    copy = replace(
+        norm.SPEC, name="norm_copy", rules=tuple(replace(r, key=f"{r.key}_copy") for r in norm.SPEC.rules), charts=()
+    )
+    registry.register(copy)
+    try:
+        loaded = _with_tokenizer(make_tiny("llama"), "tiny")
+        frames = every_probe(loaded, TunedLens.identity(loaded), _other_model())
+        # the same measurement, found without naming it (batches of 4 here, of 2 above: float32
+        # padding differences only, ~1e-7 of the norms' scale)
+        compare({"norm": frames["norm"]}, {"norm": frames["norm_copy"]}, tolerance=1e-5)
+    finally:
+        registry.unregister("norm_copy")

@@ -6,8 +6,8 @@ from .early_exit import early_exit, early_exit_summary
 from .effective import effective_depth
 from .erasure import erasure_map, residual_means
 from .igrad import integrated_gradients
+from .lens import logit_lens
 from .linear_map import cross_model_map
-from .logit_lens import logit_lens
 from .pruning import layer_pruning, prune_summary, rule_comparison
 from .reduce import token_weighted_mean
 from .residual import residual_cosine

@@ -6,7 +6,6 @@ run; l = L is the model itself): the share of tokens whose top-1 equals the fina
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import polars as pl
 import torch
@@ -16,13 +15,10 @@ from ..models import LoadedModel
 from ..replay import clean_run
 from ..trace import require_finite
 from .answers import AnswerInput, answer_splits
-from .logit_lens import LENS
+from .lens import LENS, Translator
 from .reduce import token_weighted_mean
 from .spec import Context, ProbeSpec, Shape
 from .tuned_lens import LENS_STEPS, LENS_TOKENS, check_lens_cache, lens_identity, run_tuned_lens
-
-if TYPE_CHECKING:
-    from .tuned_lens import TunedLens
 
 EXIT_METRICS = ("agreement", "answer_nll", "answer_accuracy")
 
@@ -30,7 +26,7 @@ EXIT_METRICS = ("agreement", "answer_nll", "answer_accuracy")
 def early_exit(
     loaded: LoadedModel,
     examples: Sequence[AnswerInput],
-    lens: TunedLens | None = None,
+    lens: Translator | None = None,
     chunk: int = 128,
     progress: bool = False,
 ) -> pl.DataFrame:

@@ -9,7 +9,7 @@ import polars as pl
 
 from ..depth import DepthResult, effective_depths
 from ..registry import get
-from .logit_lens import KL_FRACTION, OVERLAP_THRESHOLD
+from .lens import KL_FRACTION, OVERLAP_THRESHOLD
 
 
 def effective_depth(

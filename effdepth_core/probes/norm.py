@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import polars as pl
 import torch
-from tqdm import tqdm
 
 from ..models import LoadedModel
-from ..trace import LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
-from .reduce import per_example_frame, token_weighted_mean
+from ..trace import LayerTrace, require_finite
+from .activations import each_batch, per_token_means
+from .reduce import token_weighted_mean
 from .spec import Chart, Option, ProbeSpec, Rule, on_prompts
 
 
@@ -22,28 +22,19 @@ def residual_norm(
 ) -> pl.DataFrame:
     """Per example: the mean over tokens of ‖h_l‖₂ for l = 0..L (``example, layer, metric, value,
     n_tokens`` with metric ``norm``; layer L is the final residual, before the final norm)."""
-    token_lists = tokenize(loaded, prompts)
-    sums = torch.zeros(len(token_lists), loaded.n_layers + 1, 1)  # [example, layer, metric]
-    counts = torch.tensor([ids.numel() for ids in token_lists])
-    with tqdm(total=len(token_lists), desc="residual norm", unit="prompt", disable=not progress) as bar:
-        for batch in iter_batches(token_lists, batch_size, loaded.input_device):
-            mask = batch.mask.float()  # [batch, token]
-            rows = torch.zeros(len(batch.examples), loaded.n_layers + 1, 1)
 
-            def on_layer(trace: LayerTrace, rows=rows, mask=mask) -> None:
-                states = [(trace.layer, trace.h_in)]
-                if trace.layer == loaded.n_layers - 1:
-                    states.append((loaded.n_layers, trace.h_out))
-                for layer, h in states:
-                    norms = h.float().norm(dim=-1)  # [batch, token]
-                    require_finite(norms, f"the residual norm at layer {layer}", loaded.name)
-                    rows[:, layer, 0] = (norms * mask.to(norms.device)).sum(1).cpu()
+    def measure(trace: LayerTrace) -> list[tuple[int, torch.Tensor]]:
+        states = [(trace.layer, trace.h_in)]
+        if trace.layer == loaded.n_layers - 1:
+            states.append((loaded.n_layers, trace.h_out))
+        norms = [(layer, h.float().norm(dim=-1, keepdim=True)) for layer, h in states]  # [batch, token, 1]
+        for layer, values in norms:
+            require_finite(values, f"the residual norm at layer {layer}", loaded.name)
+        return norms
 
-            with trace_layers(loaded, on_layer, sublayers=False):
-                forward(loaded, batch)
-            sums[batch.examples] = rows
-            bar.update(len(batch.examples))
-    return per_example_frame(sums, counts, ("norm",))
+    return per_token_means(
+        loaded, prompts, ("norm",), loaded.n_layers + 1, each_batch(measure), "residual norm", batch_size, progress
+    )
 
 
 def ed_norm(norm: np.ndarray, fraction: float) -> int | None:

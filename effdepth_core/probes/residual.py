@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import polars as pl
 import torch
-from tqdm import tqdm
 
 from ..models import LoadedModel
-from ..trace import Batch, LayerTrace, forward, iter_batches, require_finite, tokenize, trace_layers
-from .reduce import per_example_frame, token_weighted_mean
+from ..trace import LayerTrace, require_finite
+from .activations import each_batch, per_token_means
+from .reduce import token_weighted_mean
 from .spec import Chart, ProbeSpec, Rule, on_prompts
 
 RESIDUAL_METRICS = ("cos_attn", "cos_mlp", "cos_layer", "rel_attn", "rel_mlp", "rel_layer")
@@ -38,21 +38,6 @@ def contribution_metrics(trace: LayerTrace) -> torch.Tensor:
     return torch.stack([cos_attn, cos_mlp, cos_layer, rel_attn, rel_mlp, rel_layer], dim=-1)
 
 
-def _batch_sums(loaded: LoadedModel, batch: Batch) -> torch.Tensor:
-    """Token sums of the metrics for each row of a batch, ``[batch, layer, metric]``."""
-    mask = batch.mask.float()  # [batch, token]
-    sums = torch.zeros(len(batch.examples), loaded.n_layers, len(RESIDUAL_METRICS))
-
-    def on_layer(trace: LayerTrace) -> None:
-        metrics = contribution_metrics(trace)  # [batch, token, metric]
-        require_finite(metrics, f"the residual metrics of layer {trace.layer}", loaded.name)
-        sums[:, trace.layer] = (metrics * mask.to(metrics.device)[..., None]).sum(1).cpu()
-
-    with trace_layers(loaded, on_layer, sublayers=True):
-        forward(loaded, batch)
-    return sums
-
-
 def residual_cosine(
     loaded: LoadedModel,
     prompts: Sequence[str | torch.Tensor],
@@ -64,14 +49,16 @@ def residual_cosine(
     Returns columns ``example, layer, metric, value, n_tokens``; collapse with
     ``token_weighted_mean`` for the curves of method.md §1. One forward pass; nothing per layer is kept.
     """
-    token_lists = tokenize(loaded, prompts)
-    sums = torch.zeros(len(token_lists), loaded.n_layers, len(RESIDUAL_METRICS))  # [example, layer, metric]
-    counts = torch.tensor([ids.numel() for ids in token_lists])
-    with tqdm(total=len(token_lists), desc="residual cosine", unit="prompt", disable=not progress) as bar:
-        for batch in iter_batches(token_lists, batch_size, loaded.input_device):
-            sums[batch.examples] = _batch_sums(loaded, batch)
-            bar.update(len(batch.examples))
-    return per_example_frame(sums, counts, RESIDUAL_METRICS)
+
+    def measure(trace: LayerTrace) -> list[tuple[int, torch.Tensor]]:
+        metrics = contribution_metrics(trace)  # [batch, token, metric]
+        require_finite(metrics, f"the residual metrics of layer {trace.layer}", loaded.name)
+        return [(trace.layer, metrics)]
+
+    return per_token_means(
+        loaded, prompts, RESIDUAL_METRICS, loaded.n_layers, each_batch(measure), "residual cosine",
+        batch_size, progress, sublayers=True,
+    )  # fmt: skip
 
 
 def ed_cosine(mean_cos: np.ndarray) -> int | None:

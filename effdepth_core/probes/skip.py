@@ -25,7 +25,7 @@ from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffi
 from ..trace import Hook, intervene, replace_positions, require_finite, tokenize
 from .depth_score import depth_scores
 from .output_change import head_buffer, output_change
-from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape
+from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape, prompts_of
 
 SKIP_PARTS = ("layer", "attn", "mlp")
 VARIANTS = ("future", "current")
@@ -451,7 +451,7 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.Da
     settings = context.settings
     frame = skip_effects(
         loaded,
-        [getattr(e, "prompt", e) for e in examples],
+        prompts_of(examples),
         n_positions=settings.skip_positions,
         parts=_names(settings.skip_parts),
         variants=_names(settings.skip_variants),

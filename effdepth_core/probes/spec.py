@@ -175,13 +175,21 @@ def forward_work(shape: Shape, settings: Any, lengths: Sequence[int]) -> float:
     return shape.forward * sum(lengths)
 
 
-def on_prompts(function: Callable[..., Any]) -> Callable[..., Any]:
+def prompts_of(examples: Sequence[Any]) -> list[Any]:
+    """Each example's prompt (an ``Example``'s text; plain prompts and token ids as they are)."""
+    return [getattr(e, "prompt", e) for e in examples]
+
+
+def on_prompts(function: Callable[..., Any], **options: str) -> Callable[..., Any]:
     """A spec's ``compute`` for a probe of the prompts' text alone: ``function(loaded, prompts,
-    batch_size=…, progress=…)`` on each example's prompt (examples or plain prompts)."""
+    batch_size=…, progress=…, **{argument: settings.<option>})`` on each example's prompt."""
 
     def compute(loaded: Any, examples: Sequence[Any], context: Context) -> Any:
-        prompts = [getattr(e, "prompt", e) for e in examples]
-        return function(loaded, prompts, batch_size=context.settings.batch_size, progress=context.progress)
+        settings = context.settings
+        chosen = {argument: getattr(settings, option) for argument, option in options.items()}
+        return function(
+            loaded, prompts_of(examples), batch_size=settings.batch_size, progress=context.progress, **chosen
+        )
 
     return compute
 

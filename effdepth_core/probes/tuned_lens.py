@@ -33,9 +33,9 @@ from ..errors import EffdepthError
 from ..models import LoadedModel, model_files_digest
 from ..trace import residual_states, tokenize
 from ..zoo import ZOO, cache_dir
-from .logit_lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
+from .lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
 from .reduce import token_weighted_mean
-from .spec import Context, Option, ProbeSpec, Shape
+from .spec import Context, Option, ProbeSpec, Shape, prompts_of
 
 LENS_FORMAT = 1  # bump when training changes, so older cached lenses are not reused
 
@@ -442,9 +442,13 @@ def lens_identity(loaded: LoadedModel, context: Context) -> dict:
 def _compute(loaded: LoadedModel, examples: Sequence, context: Context):
     settings = context.settings
     lens = run_tuned_lens(loaded, context)
-    prompts = [getattr(e, "prompt", e) for e in examples]
     frame = logit_lens(
-        loaded, prompts, top_k=settings.top_k, batch_size=settings.batch_size, progress=context.progress, lens=lens
+        loaded,
+        prompts_of(examples),
+        top_k=settings.top_k,
+        batch_size=settings.batch_size,
+        progress=context.progress,
+        lens=lens,
     )
     return frame, {"tuned_lens_fit": fit_frame(lens)}
 

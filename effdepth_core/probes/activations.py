@@ -1,0 +1,65 @@
+"""The batch loop of every probe that reads activations and averages a per-token measurement over
+each prompt's tokens (residual cosine, residual norm, the lenses): tokenize, batch, trace the
+layers during one forward pass, sum each prompt's tokens, return the per-example long frame. A
+probe supplies only its measurement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import polars as pl
+import torch
+from tqdm import tqdm
+
+from ..models import LoadedModel
+from ..trace import Batch, LayerTrace, forward, iter_batches, tokenize, trace_layers
+from .reduce import per_example_frame
+
+# per traced layer: (its row in the output's layer axis, the measurement per token), the
+# measurement either ``[batch, token, metric]`` (padding is masked out here) or ``[real token,
+# metric]`` (the batch's real tokens in order, as ``tensor[batch.mask]`` lists them)
+LayerMeasure = Callable[[LayerTrace], Iterable[tuple[int, torch.Tensor]]]
+
+
+def per_token_means(
+    loaded: LoadedModel,
+    prompts: Sequence[str | torch.Tensor],
+    metrics: Sequence[str],
+    n_rows: int,
+    measure: Callable[[Batch], LayerMeasure],
+    title: str,
+    batch_size: int = 4,
+    progress: bool = False,
+    sublayers: bool = False,
+    max_tokens: int | None = None,
+) -> pl.DataFrame:
+    """Per example and row (layer) the mean over the prompt's tokens of ``measure``: ``example,
+    layer, metric, value, n_tokens``. ``measure(batch)`` is called once per batch (a probe's setup
+    for that batch, e.g. the final distribution) and returns the per-layer measurement."""
+    token_lists = tokenize(loaded, prompts)
+    sums = torch.zeros(len(token_lists), n_rows, len(metrics))  # [example, layer, metric]
+    counts = torch.tensor([ids.numel() for ids in token_lists])
+    with tqdm(total=len(token_lists), desc=title, unit="prompt", disable=not progress) as bar:
+        for batch in iter_batches(token_lists, batch_size, loaded.input_device, max_tokens=max_tokens):
+            mask = batch.mask  # [batch, token]
+            owner = torch.arange(len(batch.examples), device=mask.device)[:, None].expand_as(mask)[mask].cpu()
+            rows = torch.zeros(len(batch.examples), n_rows, len(metrics))  # [batch, layer, metric]
+            on_layer_of_batch = measure(batch)
+
+            def on_layer(trace: LayerTrace, rows=rows, mask=mask, owner=owner, of_batch=on_layer_of_batch) -> None:
+                for row, values in of_batch(trace):
+                    if values.dim() == 3:  # [batch, token, metric]
+                        rows[:, row] = (values * mask.float().to(values.device)[..., None]).sum(1).cpu()
+                    else:  # [real token, metric]
+                        rows[:, row].index_add_(0, owner, values.cpu())
+
+            with trace_layers(loaded, on_layer, sublayers=sublayers):
+                forward(loaded, batch)
+            sums[batch.examples] = rows
+            bar.update(len(batch.examples))
+    return per_example_frame(sums, counts, metrics)
+
+
+def each_batch(per_layer: LayerMeasure) -> Callable[[Batch], LayerMeasure]:
+    """``measure`` for a probe that needs no per-batch setup."""
+    return lambda batch: per_layer
