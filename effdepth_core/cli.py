@@ -567,36 +567,24 @@ def _cmd_grid(args: argparse.Namespace) -> int:
 
 
 def _grid_in_checkout(args: argparse.Namespace, root: Path, slice_) -> int:
-    from .book.grid import cells, shard, units
-    from .cost import Calibration
+    from .book.executors import compute_plan
+    from .book.grid import hours, plan_grid
 
-    plan = cells(root, args.profile, args.section)
-    groups = units(plan)
-    if slice_ is not None:
-        groups = shard(groups, *slice_)
-    calibration = Calibration.from_cache(sorted({c.results_dir for unit in groups for c in unit}))
-    todo, estimates = [], {}
-    for unit in groups:
-        kept = []
-        for cell in unit:
-            state, cost = cell.state(), cell.estimate(calibration)
-            estimates[id(cell)] = cost
-            print(f"  {state:<8} {_hours(cost.cpu_seconds):>9}  {cell.section}/{cell.page}: {cell.name}")
-            if state != "cached":
-                kept.append(cell)
-        if kept:
-            todo.append(kept)
-    n_cells, n_todo = sum(len(u) for u in groups), sum(len(u) for u in todo)
-    where = f" (shard {args.shard} of {len(units(plan))} units)" if slice_ else ""
-    print(f"effdepth grid: {n_cells} cells{where}, {n_cells - n_todo} cached, {n_todo} to compute")
-    print(_cost_line([estimates[id(c)] for u in todo for c in u], calibration))
-    if args.dry_run or not todo:
+    plan = plan_grid(root, args.profile, args.section, slice_)
+    for state, cost, cell in plan.rows:
+        print(f"  {state:<8} {hours(cost.cpu_seconds):>9}  {cell.section}/{cell.page}: {cell.name}")
+    where = f" (shard {args.shard} of {plan.n_units} units)" if slice_ else ""
+    print(f"effdepth grid: {plan.n_cells} cells{where}, {plan.n_cells - plan.n_todo} cached, {plan.n_todo} to compute")
+    print(plan.cost_line())
+    if args.dry_run or not plan.todo:
         return 0
     from .models import quiet_libraries
 
     if not args.debug:
         quiet_libraries(progress=False)
-    outcomes = _compute_grid(args, root, todo, estimates, calibration)
+    outcomes = compute_plan(
+        plan, root, args.executor, args.address, args.cpus_per_cell, args.memory_per_cell, not args.no_progress
+    )
     counts = {s: sum(o.status == s for o in outcomes) for s in ("done", "busy", "unavailable", "failed")}
     print("effdepth grid: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == "done"))
     if counts["busy"]:
@@ -604,72 +592,6 @@ def _grid_in_checkout(args: argparse.Namespace, root: Path, slice_) -> int:
     if counts["unavailable"]:
         print("effdepth grid: unavailable cells could not start here (a model or data set that cannot be loaded)")
     return 1 if counts["failed"] or counts["unavailable"] else 0
-
-
-def _hours(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    if seconds < 60:
-        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
-    return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds / 60:.1f} min"
-
-
-def _cost_line(costs, calibration) -> str:
-    from .cost import GPU_OPS_PER_SECOND
-
-    cpu = [c.cpu_seconds for c in costs if c.cpu_seconds is not None]
-    gpu = [c.gpu_seconds for c in costs if c.gpu_seconds is not None]
-    unknown = len(costs) - len(cpu)
-    models = len({m.model for m in calibration.measurements})
-    return (
-        f"effdepth grid: estimated {sum(cpu) / 3600:.2f} CPU hours (rates measured on this machine's cached runs "
-        f"of {models} model(s)); on a GPU at least {_hours(sum(gpu))} (its operations at an assumed "
-        f"{GPU_OPS_PER_SECOND:.1e}/s, not measured)" + (f"; {unknown} cell(s) of unknown cost" if unknown else "")
-    )
-
-
-def _compute_grid(args, root: Path, todo, estimates, calibration):
-    """One bar over the cells (its ETA from the cost model, scaled by how the estimates fared so far)."""
-    from tqdm import tqdm
-
-    from .book.executors import run_ray
-    from .book.grid import run_local
-
-    total = sum(len(u) for u in todo)
-    left = sum(estimates[id(c)].cpu_seconds or 0.0 for u in todo for c in u)
-    bar = tqdm(total=total, unit="cell", disable=args.no_progress, dynamic_ncols=True)
-    state = {"estimated": 0.0, "measured": 0.0, "left": left}
-    # units computed side by side: on Ray as many as the tasks in flight (at most the units), here one
-    parallel = len(todo) if args.executor == "ray" else 1
-
-    def progress(outcome) -> None:
-        estimated = estimates[id(outcome.cell)].cpu_seconds
-        state["left"] -= estimated or 0.0
-        if outcome.status == "done" and estimated:  # cells of unknown cost do not skew the correction
-            state["estimated"] += estimated
-            state["measured"] += outcome.seconds
-        scale = state["measured"] / state["estimated"] if state["estimated"] else 1.0
-        eta = max(state["left"], 0.0) * scale / max(1, min(parallel, total - bar.n))
-        bar.set_postfix_str(f"ETA {_hours(eta)} (cost model)")
-        bar.update(1)
-
-    def log(text: str) -> None:
-        (tqdm.write if not args.no_progress else print)(text)
-
-    try:
-        if args.executor == "ray":
-
-            def report(outcome) -> None:
-                log(f"{outcome.cell.name}\n{outcome.line()}")
-                progress(outcome)
-
-            return run_ray(todo, root, args.address, args.cpus_per_cell, calibration, report, args.memory_per_cell)
-        for unit in todo:
-            for cell in unit:
-                cell.quiet()
-        return run_local(todo, log=log, progress=progress)
-    finally:
-        bar.close()
 
 
 def _warn(message: str) -> None:

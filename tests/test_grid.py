@@ -20,8 +20,8 @@ from conftest import make_tiny, save_tiny_dir
 
 from effdepth_core import cache
 from effdepth_core.book import grid
+from effdepth_core.book.cost import Calibration
 from effdepth_core.cli import main
-from effdepth_core.cost import Calibration
 
 COMMON = """profiles:
   quick:
@@ -216,7 +216,7 @@ def test_a_cell_another_process_holds_is_left_to_it(tmp_path, models, local, cap
 
 
 def test_the_cost_model_is_calibrated_by_the_cache(tmp_path, models, monkeypatch):
-    from effdepth_core.cost import estimate, task_lengths
+    from effdepth_core.book.cost import estimate, task_lengths
 
     root = _root(tmp_path, models)
     assert _grid(root) == 0

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import EffdepthError
-from .grid import AnyCell, Cell, Outcome, run_unit
+from .grid import AnyCell, Cell, GridPlan, Outcome, hours, run_local, run_unit
 
 MAX_RETRIES = 3  # a worker killed (node lost, out of memory) is retried this often
 
@@ -36,7 +36,7 @@ def resources(unit: Sequence[AnyCell], cpus: int, calibration, gpus_in_cluster: 
     when the cluster has GPUs); memory for the largest model's weights in float32 three times over
     plus 1 GiB (activations, the tokenizer), or ``memory_gb`` (required when a model's shape is
     unknown: a hub model whose config is not cached here)."""
-    from ..cost import shape_of
+    from .cost import shape_of
 
     devices = {_device(c) for c in unit}
     cuda = any(d.startswith("cuda") for d in devices) or ("auto" in devices and gpus_in_cluster > 0)
@@ -168,4 +168,58 @@ def run_ray(
     return outcomes
 
 
-__all__ = ["MAX_RETRIES", "resources", "run_ray"]
+__all__ = ["MAX_RETRIES", "compute_plan", "resources", "run_ray"]
+
+
+def compute_plan(
+    plan: GridPlan,
+    root: Path,
+    executor: str = "local",
+    address: str | None = None,
+    cpus_per_cell: int = 1,
+    memory_per_cell: float | None = None,
+    progress: bool = True,
+) -> list[Outcome]:
+    """Compute what the plan has left, here or on Ray, under one bar whose ETA is the cost model's
+    scaled by how the estimates fared so far."""
+    from tqdm import tqdm
+
+    todo, estimates = plan.todo, plan.estimates
+    total = plan.n_todo
+    bar = tqdm(total=total, unit="cell", disable=not progress, dynamic_ncols=True)
+    state = {
+        "estimated": 0.0,
+        "measured": 0.0,
+        "left": sum(estimates[id(c)].cpu_seconds or 0.0 for u in todo for c in u),
+    }
+    # units computed side by side: on Ray as many as the tasks in flight (at most the units), here one
+    parallel = len(todo) if executor == "ray" else 1
+
+    def advance(outcome: Outcome) -> None:
+        estimated = estimates[id(outcome.cell)].cpu_seconds
+        state["left"] -= estimated or 0.0
+        if outcome.status == "done" and estimated:  # cells of unknown cost do not skew the correction
+            state["estimated"] += estimated
+            state["measured"] += outcome.seconds
+        scale = state["measured"] / state["estimated"] if state["estimated"] else 1.0
+        eta = max(state["left"], 0.0) * scale / max(1, min(parallel, total - bar.n))
+        bar.set_postfix_str(f"ETA {hours(eta)} (cost model)")
+        bar.update(1)
+
+    def log(text: str) -> None:
+        (tqdm.write if progress else print)(text)
+
+    try:
+        if executor == "ray":
+
+            def report(outcome: Outcome) -> None:
+                log(f"{outcome.cell.name}\n{outcome.line()}")
+                advance(outcome)
+
+            return run_ray(todo, root, address, cpus_per_cell, plan.calibration, report, memory_per_cell)
+        for unit in todo:
+            for cell in unit:
+                cell.quiet()
+        return run_local(todo, log=log, progress=advance)
+    finally:
+        bar.close()

@@ -1,5 +1,5 @@
 """The book's grid of runs as a plan: every (page, model, task spec) cell of a params profile, its
-state in the cache and its estimated cost (``cost.py``), and its computation — here one cell after
+state in the cache and its estimated cost (``book/cost.py``), and its computation — here one cell after
 another (``run_local``), a slice of it (``shard``: one job of a Slurm array), or spread over a Ray
 cluster (``executors.run_ray``). The cells are the runs the notebooks make (``sections.plans``), so
 the pages then render from the cache without model work.
@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cost import NOTHING, Calibration, Estimate, estimate, shape_of, task_lengths
 from ..errors import EffdepthError
 from ..precision import Precision, walk_plan
 from ..results import _peak_rss_mb
 from ..rundir import DirectoryBusyError, is_complete, read_metadata
 from ..settings import RunSettings, check_settings, default_out_dir, run_name, slug
+from .cost import GPU_OPS_PER_SECOND, NOTHING, Calibration, Estimate, estimate, shape_of, task_lengths
 from .runner import SECTIONS, parameter_sets
 from .sections import defaults, plans
 from .study import ModelLoader, RunRecord, compute_record, map_settings, outdated_probes, record_of
@@ -175,7 +175,6 @@ class MapCell:
         pairs = (small.n_layers + 1) * (big.n_layers + 1)
         work = (small.forward + big.forward) * tokens + pairs * 2 * tokens * small.d_model * big.d_model
         rate, source = calibration.rate("map", "map", small.n_params)
-        from ..cost import GPU_OPS_PER_SECOND
 
         return Estimate(None if rate is None else work * rate, work / GPU_OPS_PER_SECOND, f"map {source}")
 
@@ -317,13 +316,85 @@ def run_local(groups: Sequence[Sequence[AnyCell]], log: Callable[[str], None] = 
     return done
 
 
+# --- a plan of the grid, its cost, its computation with one progress bar ---------------------------
+
+
+def hours(seconds: float | None) -> str:
+    """A duration as the grid prints it (s, min or h)."""
+    if seconds is None:
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds / 60:.1f} min"
+
+
+@dataclass
+class GridPlan:
+    """The cells of a profile (or of one shard), each with its state and estimated cost, and the
+    units still to compute."""
+
+    rows: list[tuple[str, Estimate, AnyCell]]  # (state, cost, cell) in plan order
+    todo: list[list[AnyCell]]
+    estimates: dict[int, Estimate]  # id(cell) → its cost
+    calibration: Calibration
+    n_units: int
+
+    @property
+    def n_cells(self) -> int:
+        return len(self.rows)
+
+    @property
+    def n_todo(self) -> int:
+        return sum(len(u) for u in self.todo)
+
+    def cost_line(self) -> str:
+        """The estimated cost of the cells to compute, and what the estimate rests on."""
+        costs = [self.estimates[id(c)] for u in self.todo for c in u]
+        cpu = [c.cpu_seconds for c in costs if c.cpu_seconds is not None]
+        gpu = [c.gpu_seconds for c in costs if c.gpu_seconds is not None]
+        unknown = len(costs) - len(cpu)
+        models = len({m.model for m in self.calibration.measurements})
+        return (
+            f"effdepth grid: estimated {sum(cpu) / 3600:.2f} CPU hours (rates measured on this machine's cached "
+            f"runs of {models} model(s)); on a GPU at least {hours(sum(gpu))} (its operations at an assumed "
+            f"{GPU_OPS_PER_SECOND:.1e}/s, not measured)" + (f"; {unknown} cell(s) of unknown cost" if unknown else "")
+        )
+
+
+def plan_grid(
+    root: Path, profile: str = "full", sections: Sequence[str] | None = None, slice_: tuple[int, int] | None = None
+) -> GridPlan:
+    """The grid's cells (of one shard with ``slice_``), their states and costs, and what is left."""
+    plan = cells(root, profile, sections)
+    groups = units(plan)
+    n_units = len(groups)
+    if slice_ is not None:
+        groups = shard(groups, *slice_)
+    calibration = Calibration.from_cache(sorted({c.results_dir for unit in groups for c in unit}))
+    rows, todo, estimates = [], [], {}
+    for unit in groups:
+        kept = []
+        for cell in unit:
+            state, cost = cell.state(), cell.estimate(calibration)
+            estimates[id(cell)] = cost
+            rows.append((state, cost, cell))
+            if state != "cached":
+                kept.append(cell)
+        if kept:
+            todo.append(kept)
+    return GridPlan(rows, todo, estimates, calibration, n_units)
+
+
 __all__ = [
     "Cell",
+    "GridPlan",
     "MapCell",
     "Outcome",
     "Precision",
     "cells",
+    "hours",
     "parse_shard",
+    "plan_grid",
     "run_local",
     "run_unit",
     "shard",

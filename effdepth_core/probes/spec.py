@@ -152,7 +152,7 @@ Frames = Any  # pl.DataFrame, or (per-example frame, {extra frame name: frame})
 
 @dataclass(frozen=True)
 class Shape:
-    """A model's size as the cost model sees it (``cost.py``)."""
+    """A model's size as the cost model sees it (``book/cost.py``)."""
 
     n_layers: int
     d_model: int
@@ -226,7 +226,7 @@ class ProbeSpec:
     revision: int = 1  # bump when the same settings give other numbers: enters the probe's own key
     description: str = ""
     # (shape, settings, prompt lengths in tokens) → its operations, up to a constant the cost model
-    # measures per model (``cost.py``): what must scale with layers, vocabulary and settings
+    # measures per model (``book/cost.py``): what must scale with layers, vocabulary and settings
     work: Callable[[Shape, Any, Sequence[int]], float] = forward_work
 
     @property
