@@ -10,7 +10,7 @@ import json
 import polars as pl
 import pytest
 
-from effdepth_core.book import findings, plots, reference, tables
+from effdepth_core.book import findings, findings_beyond, findings_long_cot, plots, reference, tables
 
 
 def _summary(rows: list[tuple]) -> pl.DataFrame:
@@ -248,7 +248,7 @@ def test_long_cot_finding_uses_ours_when_measured_and_says_so_when_not():
     paper = reference.paper_table1()
     empty = pl.DataFrame(schema=_difficulty_summary().schema)
     error = "cannot load model 'x': the Hugging Face hub cannot be reached from this machine. Offline aliases: a, b"
-    offline = findings.long_cot_finding(empty, pairs, {"Qwen/Qwen2.5-Math-1.5B": error}, paper)
+    offline = findings_long_cot.long_cot_finding(empty, pairs, {"Qwen/Qwen2.5-Math-1.5B": error}, paper)
     assert "we cannot tell" in offline and "the Hugging Face hub cannot be reached from this machine." in offline
     assert "Offline aliases" not in offline  # the gist of the error, once
     assert "lens KL ±0/−21*/+1" in offline and "artefact" in offline and "at most 1 layer" in offline
@@ -258,7 +258,7 @@ def test_long_cot_finding_uses_ours_when_measured_and_says_so_when_not():
             for m, e in (("Qwen/Qwen2.5-Math-1.5B", 16), ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 19))
         ]
     )
-    measured = findings.long_cot_finding(ours, pairs, {}, paper)
+    measured = findings_long_cot.long_cot_finding(ours, pairs, {}, paper)
     assert "Ours, deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B − Qwen/Qwen2.5-Math-1.5B" in measured
     assert "cosine +3" in measured and "we cannot tell" not in measured
 
@@ -368,22 +368,24 @@ def _lenses(differences: list[tuple[float, float, float]], excluded: list[str | 
 
 def test_lens_finding_verdict_follows_the_intervals():
     summary = _summary([("m", 30, "gsm8k", "lens KL", 20, 19, 21)])
-    assert "**no**" in findings.lens_finding(summary, None, _lenses([(0, -1, 1), (0.5, -0.5, 1.0)]))
-    assert "**yes**" in findings.lens_finding(summary, None, _lenses([(-8, -9, -7), (6, 5, 7)]))
-    said = findings.lens_finding(summary, None, _lenses([(0, -1, 1), (-8, -9, -7)]))
+    assert "**no**" in findings_beyond.lens_finding(summary, None, _lenses([(0, -1, 1), (0.5, -0.5, 1.0)]))
+    assert "**yes**" in findings_beyond.lens_finding(summary, None, _lenses([(-8, -9, -7), (6, 5, 7)]))
+    said = findings_beyond.lens_finding(summary, None, _lenses([(0, -1, 1), (-8, -9, -7)]))
     assert "**in part**: 1 of 2 usable EDs move" in said
     # an interval that straddles the ±1 band decides nothing: the answer is qualified, never mixed
-    said = findings.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (-8, -9, -7)]))
+    said = findings_beyond.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (-8, -9, -7)]))
     assert "**yes, where the intervals can tell**: 1 of 2 usable EDs move" in said
     assert "1 cannot tell (an interval across ±1 layer, or a robustness check failed)" in said
-    said = findings.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (0, -1, 1)]))
+    said = findings_beyond.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (0, -1, 1)]))
     assert "**no, where the intervals can tell**: 1 of 2 usable EDs stay" in said
-    said = findings.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (1, 0.5, 3)]))
+    said = findings_beyond.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (1, 0.5, 3)]))
     assert "**we cannot tell**: all 2 intervals reach across ±1 layer" in said
     # a degenerate or small cell never counts, and is named
-    kept = findings.lens_finding(summary, None, _lenses([(0, -1, 1), (-8, -9, -7)], [None, "m gsm8k: degenerate"]))
+    kept = findings_beyond.lens_finding(
+        summary, None, _lenses([(0, -1, 1), (-8, -9, -7)], [None, "m gsm8k: degenerate"])
+    )
     assert "**no**" in kept and "Not counted" in kept
-    assert "cannot tell" in findings.lens_finding(summary, None, None)
+    assert "cannot tell" in findings_beyond.lens_finding(summary, None, None)
     fit = pl.DataFrame(
         {
             "model": ["m"] * 4,
@@ -392,13 +394,15 @@ def test_lens_finding_verdict_follows_the_intervals():
             "value": [5.0, 2.0, 1.0, 1.5],
         }
     )
-    assert "m at 1 of 2 layers (mean 3.00 → 1.75 nats)" in findings.lens_finding(summary, fit, _lenses([(0, -1, 1)]))
+    assert "m at 1 of 2 layers (mean 3.00 → 1.75 nats)" in findings_beyond.lens_finding(
+        summary, fit, _lenses([(0, -1, 1)])
+    )
 
 
 def test_early_exit_costs_read_the_layer_after_the_counted_ed():
     from types import SimpleNamespace
 
-    from effdepth_core.book.evidence import early_exit_costs
+    from effdepth_core.book.evidence_beyond import early_exit_costs
     from effdepth_core.book.study import RunRecord, Study
 
     rows = []
@@ -415,10 +419,10 @@ def test_early_exit_costs_read_the_layer_after_the_counted_ed():
     expected = sum((2.0 + 0.1 * e) * t for e, t in enumerate(tokens)) / sum(tokens)
     assert row["cost"] == pytest.approx(expected, rel=1e-12) and row["kept"] == pytest.approx(0.75)
     assert row["saved"] == 0.5 and row["cost_low"] > 0 and row["positive"] and row["counted"]
-    said = findings.early_exit_finding(costs)
+    said = findings_beyond.early_exit_finding(costs)
     assert "**the layers after ED are not idle**: exiting there raises the answer NLL in all 1 counted run" in said
     assert "saves 50%, 75% [75%, 75%] of tokens keep their final top-1" in said
-    assert "cannot tell" in findings.early_exit_finding(costs.head(0))
+    assert "cannot tell" in findings_beyond.early_exit_finding(costs.head(0))
 
 
 def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 1.0, error=None) -> pl.DataFrame:
@@ -445,21 +449,23 @@ def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 
 
 
 def test_map_finding_verdict_follows_the_numbers():
-    from effdepth_core.book.evidence import map_statistic
+    from effdepth_core.book.evidence_beyond import map_statistic
 
     stretched = _map([0, 2, 4, 6, 8])
-    said = findings.map_finding(stretched, "small", "big", map_statistic(stretched))
+    said = findings_beyond.map_finding(stretched, "small", "big", map_statistic(stretched))
     assert "**yes**" in said and "For 100% [100%, 100%] of the 3 inner layers" in said
     # chance: equal depth 2, 4, 6 of big layers 0..8, slack 1 layer: 3 of the 9 layers each
     assert "a best layer drawn at random would do so for 33%" in said
     assert "shuffled pairs give 1.00–1.00" in said and "at most 0.0e+00 on the diagonal beyond layer 0" in said
     squashed = _map([0, 8, 8, 8, 8])
-    assert "**no**" in findings.map_finding(squashed, "small", "big", map_statistic(squashed))
+    assert "**no**" in findings_beyond.map_finding(squashed, "small", "big", map_statistic(squashed))
     blind = _map([0, 2, 4, 6, 8], baseline=0.1)  # the shuffled maps are as good: nothing is measured
-    assert "no better than maps fitted on shuffled token pairs" in findings.map_finding(
+    assert "no better than maps fitted on shuffled token pairs" in findings_beyond.map_finding(
         blind, "small", "big", map_statistic(blind)
     )
-    assert "cannot tell" in findings.map_finding(pl.DataFrame({"metric": []}, schema={"metric": pl.String}), "a", "b")
+    assert "cannot tell" in findings_beyond.map_finding(
+        pl.DataFrame({"metric": []}, schema={"metric": pl.String}), "a", "b"
+    )
     shrunk = stretched.with_columns(  # a self-map off the identity (a ridge, a broken solver): the fit is in doubt
         pl.when(
             (pl.col("metric") == "self_error")
@@ -470,7 +476,7 @@ def test_map_finding_verdict_follows_the_numbers():
         .otherwise(pl.col("value"))
         .alias("value")
     )
-    said = findings.map_finding(shrunk, "small", "big", map_statistic(shrunk))
+    said = findings_beyond.map_finding(shrunk, "small", "big", map_statistic(shrunk))
     assert "**we cannot tell**: mapped onto itself the small model does not give the identity" in said
     assert "at most 1.0e-01 on the diagonal beyond layer 0: not the identity" in said
     embeddings = stretched.with_columns(  # layer 0 alone off the identity: unseen tokens' embeddings, said as such
@@ -479,7 +485,7 @@ def test_map_finding_verdict_follows_the_numbers():
         .otherwise(pl.col("value"))
         .alias("value")
     )
-    said = findings.map_finding(embeddings, "small", "big", map_statistic(embeddings))
+    said = findings_beyond.map_finding(embeddings, "small", "big", map_statistic(embeddings))
     assert "**yes**" in said and "at layer 0, the token embeddings, 0.04" in said
 
 
@@ -487,13 +493,13 @@ def test_a_column_bias_alone_cannot_decide_the_map():
     """The diagonal is there (a slope of 0.01 per layer away from 2m), but the last big layers are
     easier to predict from any small layer (0.06 per layer lower): every raw best layer is the last
     one ("no"); removing each big layer's mean error finds the diagonal ("yes"): cannot tell."""
-    from effdepth_core.book.evidence import map_statistic
+    from effdepth_core.book.evidence_beyond import map_statistic
 
     biased = _map([0, 2, 4, 6, 8], error=lambda m, b: 0.6 + abs(b - 2 * m) / 100 - 0.06 * b)
     statistic = map_statistic(biased)
     assert statistic["share"] == 0.0 and statistic["centred_share"] == 1.0  # raw: all at 8, 2 from m=3's 6
     assert statistic["easiest_big_layer"] == 8
-    said = findings.map_finding(biased, "small", "big", statistic)
+    said = findings_beyond.map_finding(biased, "small", "big", statistic)
     assert "**we cannot tell**: with each big layer's mean error removed (the column-bias check)" in said
 
 
@@ -541,7 +547,7 @@ def _prune_study(after: list[float], angular: list[float], influence: list[float
 
 
 def test_pruning_costs_against_hand_computed_means():
-    from effdepth_core.book.evidence import pruning_costs
+    from effdepth_core.book.evidence_beyond import pruning_costs
 
     tokens = [3, 5, 2, 4, 6, 1, 3, 2, 5, 4]
     after = [0.4 + 0.02 * e for e in range(10)]
@@ -565,20 +571,20 @@ def test_pruning_costs_against_hand_computed_means():
 
 
 def test_pruning_finding_verdict_follows_the_intervals():
-    from effdepth_core.book.evidence import pruning_costs
+    from effdepth_core.book.evidence_beyond import pruning_costs
 
     tokens = [1] * 10
     cheaper = pruning_costs(_prune_study([0.5] * 10, [2.0] * 10, [1.0] * 10, tokens))
-    said = findings.pruning_finding(cheaper)
+    said = findings_beyond.pruning_finding(cheaper)
     assert "The block after ED: **yes**: cheaper in the one budget." in said
     assert "0.5× [0.5, 0.5] the best alternative's ΔNLL (block influence +1.00 nats)" in said
     costlier = pruning_costs(_prune_study([3.0] * 10, [2.0] * 10, [1.0] * 10, tokens))
-    assert "**no**: costlier in 1 of 1 budgets" in findings.pruning_finding(costlier)
+    assert "**no**: costlier in 1 of 1 budgets" in findings_beyond.pruning_finding(costlier)
     mixed = pruning_costs(_prune_study([0.0, 2.0] * 5, [2.0] * 10, [1.0] * 10, tokens))
-    assert "**we cannot tell**: 1 of 1 budgets have an interval across zero" in findings.pruning_finding(mixed)
+    assert "**we cannot tell**: 1 of 1 budgets have an interval across zero" in findings_beyond.pruning_finding(mixed)
     few = pruning_costs(_prune_study([0.5] * 4, [2.0] * 4, [1.0] * 4, [1] * 4))
-    assert "Only runs of fewer than 10 prompts (n = 4)" in findings.pruning_finding(few)
-    assert "cannot tell" in findings.pruning_finding(pl.DataFrame())
+    assert "Only runs of fewer than 10 prompts (n = 4)" in findings_beyond.pruning_finding(few)
+    assert "cannot tell" in findings_beyond.pruning_finding(pl.DataFrame())
 
 
 def test_a_page_names_the_probes_that_did_not_run_and_why_instead_of_an_empty_chart():

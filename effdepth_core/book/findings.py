@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
-from ..probes.pruning import FINAL_KEPT
 from .reference import COMPARABLE, RULE_LABELS
 from .stats import ALPHA, artefact, interval_verdict, robust
 
@@ -40,11 +39,11 @@ MINUS = "−"
 WORDS = {"agree": "we agree", "disagree": "we disagree", "cannot tell": "we cannot tell"}
 
 
-def _name(task: str) -> str:
+def task_name(task: str) -> str:
     return TASK_NAMES.get(task, task)
 
 
-def _signed(value: float, digits: int = 0) -> str:
+def signed(value: float, digits: int = 0) -> str:
     text = f"{abs(value):.{digits}f}"
     return f"+{text}" if value > 0 else f"{MINUS}{text}" if value < 0 else f"±{text}"
 
@@ -54,14 +53,14 @@ def _spread(tolerance: float) -> str:
     return f"(no change within the paper's own spread, ±{tolerance:.2f})"
 
 
-def _count(n: int, noun: str) -> str:
+def count_of(n: int, noun: str) -> str:
     """``1 model``, ``3 models``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _rho(value: float) -> str:
     """A correlation with its sign (the typographic minus), 0 unsigned."""
-    return _signed(value, 2).replace("±", "")
+    return signed(value, 2).replace("±", "")
 
 
 def _range(low: float, high: float, digits: int = 2) -> str:
@@ -70,13 +69,13 @@ def _range(low: float, high: float, digits: int = 2) -> str:
     return a if a == b else f"{a}–{b}"
 
 
-def _interval(row: Mapping, digits: int = 2) -> str:
+def interval_text(row: Mapping, digits: int = 2) -> str:
     """``+0.03 [−0.02, +0.08]``."""
     if row.get("point") is None:
         return "undefined"
     if row.get("low") is None:
-        return f"{_signed(row['point'], digits)} (no interval)"
-    return f"{_signed(row['point'], digits)} [{_signed(row['low'], digits)}, {_signed(row['high'], digits)}]"
+        return f"{signed(row['point'], digits)} (no interval)"
+    return f"{signed(row['point'], digits)} [{signed(row['low'], digits)}, {signed(row['high'], digits)}]"
 
 
 def _is_artefact(frame: pl.DataFrame, ed: str = "ed", n_layers: str = "n_layers") -> pl.Series:
@@ -102,18 +101,18 @@ def decide(rows: pl.DataFrame, judge: Callable[[Mapping], str]) -> tuple[str, st
     return verdict, why, ordered[0]
 
 
-def _own(frame: pl.DataFrame) -> pl.DataFrame:
+def own_cells(frame: pl.DataFrame) -> pl.DataFrame:
     """The rows at the book's own threshold and seed."""
     return frame.filter(pl.col("variant") == "") if "variant" in frame.columns else frame
 
 
-def _defined(summary: pl.DataFrame) -> pl.DataFrame:
+def defined_cells(summary: pl.DataFrame) -> pl.DataFrame:
     return summary.filter(pl.col("ed").is_not_null())
 
 
 def _usable(summary: pl.DataFrame) -> pl.DataFrame:
     """Defined, not degenerate (when the summary says which are)."""
-    rows = _defined(summary)
+    rows = defined_cells(summary)
     return rows.filter(pl.col("degenerate").is_null()) if "degenerate" in rows.columns else rows
 
 
@@ -145,7 +144,9 @@ def degenerate_sentence(summary: pl.DataFrame) -> str | None:
     rows = summary.filter(pl.col("degenerate").is_not_null())
     if not rows.height:
         return None
-    cells = "; ".join(f"{r['model']} {_name(r['task'])} {r['rule']} ED {r['ed']}" for r in rows.iter_rows(named=True))
+    cells = "; ".join(
+        f"{r['model']} {task_name(r['task'])} {r['rule']} ED {r['ed']}" for r in rows.iter_rows(named=True)
+    )
     return f"Degenerate (see the methods page) and left out of the verdicts: {cells}."
 
 
@@ -187,7 +188,7 @@ def _within_verdict(within: pl.DataFrame, paper: pl.DataFrame | None) -> tuple[s
         verdicts.append(verdict)
         ratio = {"point": own["r_point"], "low": own["r_low"], "high": own["r_high"]}
         evidence.append(
-            f"{rule}: ED {_interval(own, 1)} layers, ratio {_interval(ratio)} {_spread(tolerance)}"
+            f"{rule}: ED {interval_text(own, 1)} layers, ratio {interval_text(ratio)} {_spread(tolerance)}"
             + (f"; cannot tell: {why}" if why else "")
         )
     return _combine(verdicts), evidence
@@ -221,12 +222,12 @@ def scale_finding(
     if within is not None and within.height:
         small, big = within["small"][0], within["big"][0]
         verdict, evidence = _within_verdict(within, paper)
-        per_task = _own(within).filter(pl.col("task") != "all", pl.col("measure") == "ed")
+        per_task = own_cells(within).filter(pl.col("task") != "all", pl.col("measure") == "ed")
         pooled = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t, pl.col("excluded").is_null()).height]
         left = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t).height and t not in pooled]
-        over = f", pooled over {' and '.join(_name(t) for t in pooled)}" if pooled else ""
+        over = f", pooled over {' and '.join(task_name(t) for t in pooled)}" if pooled else ""
         if left:
-            over += f" ({', '.join(_name(t) for t in left)} not counted: too few prompts or degenerate)"
+            over += f" ({', '.join(task_name(t) for t in left)} not counted: too few prompts or degenerate)"
         text.append(
             f"Within one family, {small} → {big} on the same prompts{over}: **{WORDS[verdict]}**."
             if evidence
@@ -353,7 +354,7 @@ def difficulty_finding(
                     continue
                 verdicts.append(step["verdict"])
                 why = f" (cannot tell: {step['why']})" if step["why"] else ""
-                steps.append(f"{step['pair']} {_interval(step['own'])}{why}")
+                steps.append(f"{step['pair']} {interval_text(step['own'])}{why}")
             if steps:
                 evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(decided[0]['tolerances'][rule])}")
         verdict = _combine(verdicts)
@@ -374,11 +375,11 @@ def difficulty_finding(
 def _models_and_n(summary: pl.DataFrame) -> str:
     n = summary["n_examples"] if summary.height else None
     models = summary["model"].n_unique() if summary.height else 0
-    return f"{_count(models, 'model')}, n {int(n.min())}–{int(n.max())}" if n is not None else "none"
+    return f"{count_of(models, 'model')}, n {int(n.min())}–{int(n.max())}" if n is not None else "none"
 
 
 def _ratio_cell(row: Mapping) -> str:
-    return _interval(row) if row else "—"
+    return interval_text(row) if row else "—"
 
 
 def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl.DataFrame | None) -> dict:
@@ -386,11 +387,11 @@ def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl
     verdict, effect, tolerance = "cannot tell", "—", "—"
     if within is not None and within.height:
         verdict, _ = _within_verdict(within, paper)
-        own = _own(within).filter(rule=RULE_LABELS["cosine"], task="all", measure="ratio")
+        own = own_cells(within).filter(rule=RULE_LABELS["cosine"], task="all", measure="ratio")
         big = within["big"][0]
         depth = summary.filter(pl.col("model") == big)["n_layers"]
         if own.height:
-            effect = f"cosine ratio {within['small'][0]} → {big}: {_interval(own.row(0, named=True))}"
+            effect = f"cosine ratio {within['small'][0]} → {big}: {interval_text(own.row(0, named=True))}"
         if paper is not None and depth.len():
             spread = paper_spread(paper, RULE_LABELS["cosine"], "model")
             tolerance = f"±{spread:.2f} ratio ≈ ±{spread * int(depth[0]):.1f} layers of {big}"
@@ -398,7 +399,7 @@ def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl
         "question": "Model scale",
         "claim": "ED grows with size, the ratio stays",
         "verdict": WORDS[verdict],
-        "models": _models_and_n(_defined(summary)),
+        "models": _models_and_n(defined_cells(summary)),
         "effect": effect,
         "tolerance": tolerance,
         "caveat": "one within-family pair, quantized differently; 4 models cannot reach p < 0.05 in a rank test",
@@ -409,10 +410,10 @@ def difficulty_headline(summary: pl.DataFrame, between: pl.DataFrame | None, pap
     """The intro table's row of the difficulty question."""
     effect, tolerance = "—", "—"
     if between is not None and between.height:
-        steps = _own(between).filter(rule=RULE_LABELS["cosine"], first="hellaswag", second="gsm8k")
+        steps = own_cells(between).filter(rule=RULE_LABELS["cosine"], first="hellaswag", second="gsm8k")
         points = [p for p in steps["point"].to_list() if p is not None]
         if points:
-            effect = f"cosine ratio HellaSwag→GSM8K {_signed(min(points), 2)} to {_signed(max(points), 2)} over models"
+            effect = f"cosine ratio HellaSwag→GSM8K {signed(min(points), 2)} to {signed(max(points), 2)} over models"
     if paper is not None:
         spread = paper_spread(paper, RULE_LABELS["cosine"], "task")
         depth = summary["n_layers"] if summary.height else None
@@ -422,23 +423,10 @@ def difficulty_headline(summary: pl.DataFrame, between: pl.DataFrame | None, pap
         "question": "Task difficulty",
         "claim": "ED stays consistent from HellaSwag to GSM8K to AIME24",
         "verdict": WORDS[difficulty_verdict(between, paper)],
-        "models": _models_and_n(_defined(summary)),
+        "models": _models_and_n(defined_cells(summary)),
         "effect": effect,
         "tolerance": tolerance,
         "caveat": "AIME24 at ≤ 400 tokens has 3–4 prompts (shown, not counted); a ≤ 1000-token cap on one model",
-    }
-
-
-def long_cot_headline(pairs: Sequence[Mapping], paper_pairs: pl.DataFrame | None) -> dict:
-    """The intro table's row of the long-CoT question (no pair runs offline)."""
-    return {
-        "question": "Long-CoT training",
-        "claim": "no increase in ED over the base model",
-        "verdict": WORDS["cannot tell"],
-        "models": f"{_count(len(pairs), 'pair')} (hub models, not offline)",
-        "effect": "— (the paper's own deltas are on its page)",
-        "tolerance": "—",
-        "caveat": "no base / R1-distilled pair can be loaded without internet",
     }
 
 
@@ -475,8 +463,8 @@ def _task_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dic
             for (first, second), checks in between.filter(model=model, rule=rule).group_by(
                 ["first", "second"], maintain_order=True
             ):
-                step = {"rule": rule, "pair": f"{_name(first)}→{_name(second)}", "tolerances": tolerances}
-                own = _own(checks).row(0, named=True)
+                step = {"rule": rule, "pair": f"{task_name(first)}→{task_name(second)}", "tolerances": tolerances}
+                own = own_cells(checks).row(0, named=True)
                 if own["excluded"]:
                     steps.append({**step, "excluded": own["excluded"], "verdict": None, "why": None, "own": own})
                     continue
@@ -523,372 +511,8 @@ def _like_for_like(ours: pl.DataFrame, paper: pl.DataFrame, model: str, twin: st
             parts.append(f"{rule} {'/'.join(mine)} against {'/'.join(theirs)}")
     if not parts:
         return ""
-    order = "/".join(_name(t) for t in TASK_ORDER)
+    order = "/".join(task_name(t) for t in TASK_ORDER)
     return (
         f"**Like for like:** beside the paper's {twin} (bf16; same architecture and depth), our {model} "
-        f"(4-bit, coder-tuned) gives EDs ({order}) within {_count(max(gaps), 'layer')} of its: {'; '.join(parts)}."
+        f"(4-bit, coder-tuned) gives EDs ({order}) within {count_of(max(gaps), 'layer')} of its: {'; '.join(parts)}."
     )
-
-
-def _reason(text: str) -> str:
-    """The gist of a load error: its first clause after the model name."""
-    core = text.split(": ", 1)[-1] if text.startswith("cannot load model") else text
-    return core.split(". ")[0].rstrip(".")
-
-
-def long_cot_finding(
-    summary: pl.DataFrame,
-    pairs: Sequence[Mapping],
-    unavailable: Mapping[str, str] | None = None,
-    paper: pl.DataFrame | None = None,
-) -> str:
-    """ED(long-CoT) − ED(base) per pair, rule and data set: ours where measured, the paper's always."""
-    text = [f"**Long-CoT training.** The paper finds that {CLAIMS['long_cot']}."]
-    unavailable = dict(unavailable or {})
-    rows = _defined(summary)
-    measured_any = False
-    not_measured: dict[str, list[str]] = {}  # reason → models
-    order = " / ".join(_name(t) for t in TASK_ORDER)
-    for pair in pairs:
-        base, long_cot = str(pair["base"]), str(pair["long_cot"])
-        missing = [m for m in (base, long_cot) if m in unavailable or rows.filter(pl.col("model") == m).is_empty()]
-        for m in missing:
-            models = not_measured.setdefault(_reason(unavailable.get(m, "no results")), [])
-            models += [m] if m not in models else []
-        if missing:
-            continue
-        measured_any = True
-        parts = []
-        for rule in RULE_LABELS.values():
-            deltas = []
-            for task in TASK_ORDER:
-                b = rows.filter(pl.col("model") == base, pl.col("rule") == rule, pl.col("task") == task)
-                c = rows.filter(pl.col("model") == long_cot, pl.col("rule") == rule, pl.col("task") == task)
-                if b.height and c.height:
-                    deltas.append(_signed(c.row(0, named=True)["ed"] - b.row(0, named=True)["ed"]))
-            if deltas:
-                parts.append(f"{rule} {'/'.join(deltas)}")
-        text.append(f"Ours, {long_cot} − {base} ({order}): " + "; ".join(parts) + ".")
-    for reason, models in not_measured.items():
-        text.append(f"Not measured here: {_count(len(models), 'model')}, {reason}.")
-    largest = None
-    if paper is not None and pairs:
-        from .reference import pair_deltas
-
-        depth = {str(m).rsplit("/", 1)[-1]: n for m, n in paper.select("model", "n_layers").unique().iter_rows()}
-        deltas = pair_deltas(paper, list(pairs))
-        deltas = deltas.with_columns(
-            pl.Series(
-                [
-                    artefact(min(a, b), depth.get(base, 0)) is not None
-                    for a, b, base in zip(deltas["ed_base"], deltas["ed_long_cot"], deltas["base"], strict=True)
-                ],
-                dtype=pl.Boolean,
-            ).alias("artefact")
-        )
-        if deltas.height:
-            by_pair = []
-            for (base, long_cot), frame in deltas.group_by("base", "long_cot", maintain_order=True):
-                values = []
-                for rule in RULE_LABELS.values():
-                    cells = {r["task"]: r for r in frame.filter(pl.col("rule") == rule).iter_rows(named=True)}
-                    marks = [
-                        _signed(cells[t]["delta"]) + ("*" if cells[t]["artefact"] else "")
-                        for t in TASK_ORDER
-                        if t in cells
-                    ]
-                    values.append(f"{rule} {'/'.join(marks)}")
-                by_pair.append(f"{long_cot} − {base}: {'; '.join(values)}")
-            clean = deltas.filter(~pl.col("artefact"))
-            largest = int(clean["delta"].abs().max()) if clean.height else None
-            star = (
-                " (* an ED in the first layers: a rule artefact by the test applied to every cell, left out)"
-                if deltas.height > clean.height
-                else ""
-            )
-            text.append(f"The paper's deltas ({order}): " + " | ".join(by_pair) + star + ".")
-    if not measured_any:
-        tail = "" if largest is None else f"; apart from artefacts its changes are at most {_count(largest, 'layer')}"
-        text.append(f"With no pair measured here, **we cannot tell**: the verdict rests on the paper alone{tail}.")
-    return " ".join(text)
-
-
-# --- beyond the paper (method.md §7–§7b) ----------------------------------------------------------
-# A pruning choice *wins* when its ΔNLL is the least of the three rules (the fourth section).
-
-
-def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses: pl.DataFrame | None = None) -> str:
-    """Is ED an artefact of the logit lens? The paired difference ED(tuned) − ED(logit) per model,
-    task and lens rule (``lenses``: ``evidence.between_lenses``): no when every usable difference
-    lies within ±1 layer, yes when every one lies beyond it, in part when some provably move and some
-    provably stay, a qualified yes or no when the others' intervals reach across ±1, else cannot tell;
-    degenerate EDs and
-    intervals from fewer than 20 prompts never count. And how well the translators fit."""
-    question = "**Is ED an artefact of the logit lens?**"
-    if lenses is None or not lenses.height:
-        return f"{question} No tuned lens was run on this page: **we cannot tell**."
-    usable = lenses.filter(pl.col("excluded").is_null())
-    decided = []  # (verdict, why, the book's own row) per model, task and lens rule
-    for _, checks in usable.group_by(["model", "task", "lens_rule"], maintain_order=True):
-        if _own(checks)["low"][0] is not None:
-            decided.append(decide(checks, lambda r: interval_verdict(r["low"], r["high"], 1.0)))
-    verdicts = [verdict for verdict, _, _ in decided]
-    if not verdicts:
-        answer = "**we cannot tell**: no usable pair of EDs"
-    elif all(v == "agree" for v in verdicts):
-        answer = "**no**: the tuned lens puts every usable ED within a layer of the logit lens's"
-    elif all(v == "disagree" for v in verdicts):
-        answer = "**yes**: every usable tuned-lens ED moves by more than a layer"
-    else:
-        moved = sum(v == "disagree" for v in verdicts)
-        stayed = sum(v == "agree" for v in verdicts)
-        unclear = len(verdicts) - moved - stayed  # intervals that reach across ±1 layer
-        of = f"of {len(verdicts)} usable EDs"
-        tail = f"; {unclear} cannot tell (an interval across ±1 layer, or a robustness check failed)" if unclear else ""
-        if moved and stayed:  # some EDs provably move, some provably stay: a mixed answer
-            stay = "stays" if stayed == 1 else "stay"
-            answer = f"**in part**: {moved} {of} move by more than a layer, {stayed} {stay}{tail}"
-        elif moved:  # the rest cannot be told apart from ±1: a yes as far as the intervals can tell
-            answer = f"**yes, where the intervals can tell**: {moved} {of} move by more than a layer{tail}"
-        elif stayed:
-            answer = f"**no, where the intervals can tell**: {stayed} {of} stay within a layer{tail}"
-        else:
-            answer = f"**we cannot tell**: all {len(verdicts)} intervals reach across ±1 layer"
-    text = [f"{question} {answer}."]
-    for model in dict.fromkeys(own["model"] for _, _, own in decided):
-        cells = [
-            f"{_name(own['task'])} {own['lens_rule']} {_interval(own, 1)}" + (f" (cannot tell: {why})" if why else "")
-            for _, why, own in decided
-            if own["model"] == model
-        ]
-        text.append(f"{model}, tuned − logit in layers: {'; '.join(cells)}.")
-    excluded = _own(lenses).filter(pl.col("excluded").is_not_null())
-    if excluded.height:
-        cells = [f"{r['model']} {_name(r['task'])} {r['lens_rule']}" for r in excluded.iter_rows(named=True)]
-        text.append(f"Not counted (degenerate, or fewer than 20 prompts): {'; '.join(cells)}.")
-    if fit is not None and fit.height:
-        sentences = []
-        for model in lenses["model"].unique(maintain_order=True):
-            wide = (
-                fit.filter(model=model)
-                .unique(["layer", "metric"])
-                .pivot(on="metric", index="layer", values="value")
-                .sort("layer")
-            )
-            if not wide.height:
-                continue
-            better = int((wide["heldout_kl_tuned"] < wide["heldout_kl_logit"]).sum())
-            sentences.append(
-                f"{model} at {better} of {wide.height} layers (mean {wide['heldout_kl_logit'].mean():.2f} → "
-                f"{wide['heldout_kl_tuned'].mean():.2f} nats)"
-            )
-        if sentences:
-            text.append(
-                "The translators lower the held-out KL to the final distribution: " + "; ".join(sentences) + "."
-            )
-    return " ".join(text)
-
-
-def _prune_verdict(rows: pl.DataFrame) -> str:
-    """The verdict over a variant's counted budgets (``evidence.pruning_costs`` rows)."""
-    counts = {v: rows.filter(verdict=v).height for v in ("cheaper", "costlier", "unclear", "tie")}
-    total = rows.height
-    ties = f", {_count(counts['tie'], 'tie')} (the same layers)" if counts["tie"] else ""
-    if counts["cheaper"] == total:
-        return f"**yes**: cheaper in {'the one budget' if total == 1 else f'all {total} budgets'}"
-    if counts["cheaper"] and counts["costlier"]:
-        return (
-            f"**sometimes**: cheaper in {counts['cheaper']} and costlier in {counts['costlier']} of {total} "
-            f"budgets{ties}"
-        )
-    if counts["costlier"] and not counts["cheaper"] and not counts["unclear"]:
-        return f"**no**: costlier in {counts['costlier']} of {total} budgets{ties}"
-    if counts["tie"] == total:
-        return "**a tie**: every rule picks the same layers"
-    return (
-        f"**we cannot tell**: {counts['unclear']} of {total} budgets have an interval across zero or change with the "
-        f"bootstrap seed (cheaper in {counts['cheaper']}, costlier in {counts['costlier']}{ties})"
-    )
-
-
-def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
-    """Is the block right after ED (of ``ed_rule``, one rule so that the verdict is not the best of
-    several tries) cheaper to cut than the layers angular distance or block influence choose, budget
-    by budget, with intervals over prompts? ``costs``: ``evidence.pruning_costs`` rows. The plain
-    block and the one that keeps the final layer each get a verdict; runs with fewer prompts than
-    ``evidence.MIN_PRUNE_N`` are named, never counted."""
-    from .evidence import MIN_PRUNE_N
-
-    question = (
-        f"**Is the block right after ED ({ed_rule}) cheaper to cut than the layers angular distance or block "
-        "influence choose?**"
-    )
-    if not costs.height:
-        return f"{question} Not measured here: **we cannot tell**."
-    counted = costs.filter("counted")
-    if not counted.height:
-        return (
-            f"{question} Only runs of fewer than {MIN_PRUNE_N} prompts (n = {costs['n'].max()}), too few to resample: "
-            "**we cannot tell**."
-        )
-    text = [question]
-    for variant, name in (("", "The block after ED"), (FINAL_KEPT, "Kept off the final layer, it")):
-        rows = counted.filter(variant=variant)
-        if rows.height:
-            text.append(f"{name}: {_prune_verdict(rows)}.")
-    cells = []
-    for (model, task), group in counted.filter(variant="").group_by(["model", "task"], maintain_order=True):
-        largest = group.filter(k=group["k"].max()).row(0, named=True)
-        kept = counted.filter(model=model, task=task, k=largest["k"], variant=FINAL_KEPT)
-
-        def multiple(row: dict) -> str:
-            if row["ratio"] is None:
-                return f"{row['difference']:+.2f} nats [{row['low']:+.2f}, {row['high']:+.2f}] over it"
-            spread = f" [{row['ratio_low']:.1f}, {row['ratio_high']:.1f}]" if row["ratio_low"] is not None else " [—]"
-            return f"{row['ratio']:.1f}×{spread}"
-
-        cell = (
-            f"{model} {_name(task)}, {largest['k']} layers ({largest['removed']}): {multiple(largest)} the best "
-            f"alternative's ΔNLL ({largest['best_alternative']} {largest['best_delta_nll']:+.2f} nats)"
-        )
-        if kept.height:
-            cell += f", kept off the final layer ({kept['removed'][0]}) {multiple(kept.row(0, named=True))}"
-        cells.append(cell + f", n = {largest['n']}")
-    text.append(f"At the largest budget: {'; '.join(cells)} (95 % intervals over prompts).")
-    plain = counted.filter(variant="")
-    holding = plain.filter("holds_final").height
-    if holding:
-        text.append(
-            f"Caveat: in {holding} of {plain.height} budgets the block after ED removes the final layer (it is "
-            "moved back to end there when ED + k passes it); the kept-off variant ends one layer earlier."
-        )
-    few = costs.filter(~pl.col("counted")).select("model", "task", "n").unique(maintain_order=True)
-    if few.height:
-        named = ", ".join(f"{r['model']} {_name(r['task'])} (n = {r['n']})" for r in few.iter_rows(named=True))
-        text.append(f"Shown, not counted (fewer than {MIN_PRUNE_N} prompts): {named}.")
-    return " ".join(text)
-
-
-def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
-    """What exiting right after ED buys (layers saved) and costs (tokens whose top-1 changes, the
-    answer NLL), with intervals over prompts, and what it says of the layers after ED: if exiting
-    there costs answer likelihood in every counted run, they are not idle. ``costs``:
-    ``evidence.early_exit_costs`` rows."""
-    from .evidence import MIN_PRUNE_N
-
-    question = f"**What does exiting at ED (the {rule} rule) cost?**"
-    if not costs.height:
-        return f"{question} The early-exit probe was not run here, or no usable ED to exit at: **we cannot tell**."
-    counted = costs.filter("counted")
-    cells = [
-        f"{r['model']} {_name(r['task'])} ({r['lens']} lens, exit after layer {r['exit_layer'] - 1} of "
-        f"{r['n_layers']}): "
-        f"saves {r['saved']:.0%}, {r['kept']:.0%} [{r['kept_low']:.0%}, {r['kept_high']:.0%}] of tokens keep their "
-        f"final top-1, answer NLL {r['cost']:+.2f} [{r['cost_low']:+.2f}, {r['cost_high']:+.2f}] nats, n = {r['n']}"
-        + ("" if r["counted"] else " (not counted)")
-        for r in costs.iter_rows(named=True)
-    ]
-    if not counted.height:
-        verdict = f"only runs of fewer than {MIN_PRUNE_N} prompts: **we cannot tell**"
-    elif counted["positive"].all():
-        verdict = (
-            f"**the layers after ED are not idle**: exiting there raises the answer NLL in all "
-            f"{_count(counted.height, 'counted run')}, every interval above zero under three bootstrap seeds"
-        )
-    else:
-        verdict = (
-            f"**we cannot tell** whether the layers after ED matter: in {counted.filter(~pl.col('positive')).height} "
-            f"of {counted.height} counted runs the cost's interval reaches zero (or does under another seed)"
-        )
-    return f"{question} {verdict}. " + "; ".join(cells) + " (95 % intervals over prompts)."
-
-
-def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping | None = None) -> str:
-    """Does the big model stretch the small one? The share of the small model's inner layers whose
-    best-predicted big layer lies within ``evidence.STRETCH_SLACK`` of equal relative depth, with its bootstrap
-    interval over test prompts (``statistic``: ``evidence.map_statistic``), against the shuffled-pairing
-    baseline and the self-map check."""
-    question = f"**Does {big} stretch the computation of {small}?**"
-    if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns) or statistic is None:
-        return f"{question} The map was not computed: **we cannot tell**."
-    share, low, high = statistic["share"], statistic["low"], statistic["high"]
-    exact = statistic["self_max"] < 1e-3  # float64 normal equations: the identity to many digits
-
-    def follows(low_: float, high_: float) -> str | None:
-        return "yes" if low_ >= 2 / 3 else "no" if high_ <= 1 / 3 else None
-
-    raw = follows(low, high)
-    column_free = follows(statistic["centred_low"], statistic["centred_high"])
-    if not exact:
-        verdict = "**we cannot tell**: mapped onto itself the small model does not give the identity"
-    elif statistic["beats_baseline"] < 0.5:
-        verdict = "**we cannot tell**: the maps are no better than maps fitted on shuffled token pairs"
-    elif raw is not None and raw != column_free:
-        verdict = (
-            "**we cannot tell**: with each big layer's mean error removed (the column-bias check) it does not hold"
-        )
-    elif raw == "yes":
-        verdict = "**yes**: the best layers follow equal relative depth"
-    elif raw == "no":
-        verdict = "**no**: the best layers do not follow equal relative depth"
-    else:
-        verdict = "**we cannot tell**: the interval straddles both thresholds (⅓ and ⅔ of the layers)"
-    text = [f"{question} {verdict}."]
-    text.append(
-        f"For {share:.0%} [{low:.0%}, {high:.0%}] of the {statistic['inner']} inner layers of {small} the best "
-        f"{big} layer lies within {statistic['slack']:.1f} layers of equal relative depth; a best layer drawn "
-        f"at random would do so for {statistic['chance']:.0%}."
-    )
-    text.append(
-        f"Column bias: {big}'s layer {statistic['easiest_big_layer']} is the easiest to predict (mean error over "
-        f"the small layers {statistic['column_low']:.2f}, the hardest {statistic['column_high']:.2f}); with each big "
-        f"layer's mean removed the share is {statistic['centred_share']:.0%} "
-        f"[{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}]."
-    )
-    text.append(
-        f"Best-layer errors are {statistic['best_low']:.2f}–{statistic['best_high']:.2f}; shuffled pairs give "
-        f"{statistic['baseline_low']:.2f}–{statistic['baseline_high']:.2f} there."
-    )
-    layer0 = statistic.get("self_layer0")
-    embeddings = (
-        f"; at layer 0, the token embeddings, {layer0:.2f}: test tokens the training prompts never held"
-        if layer0 is not None and layer0 >= 1e-3
-        else ""
-    )
-    text.append(
-        f"Mapped onto itself by the same fit (ridge chosen per map), {small} gives at most "
-        f"{statistic['self_max']:.1e} on the diagonal "
-        "beyond layer 0"
-        + (f" (the identity, as it must{embeddings})." if exact else ": not the identity, so the fit is in doubt.")
-    )
-    ratio = statistic["train_tokens"] / statistic["width"]
-    text.append(
-        f"The maps fit on {statistic['train_tokens']:.0f} tokens ({ratio:.0f}× the width of {small}), each map's ridge "
-        f"chosen on held-out prompts; {statistic['test_prompts']:.0f} test prompts."
-    )
-    return " ".join(text)
-
-
-def beyond_finding(
-    summary: pl.DataFrame,
-    fit: pl.DataFrame,
-    costs: pl.DataFrame,
-    exits: pl.DataFrame,
-    mapped: pl.DataFrame | None = None,
-    pair: Mapping | None = None,
-    lenses: pl.DataFrame | None = None,
-    statistic: Mapping | None = None,
-) -> str:
-    """The paragraphs of a "beyond the paper" page: the map's, or the lens, pruning and early-exit ones
-    (``costs``: ``evidence.pruning_costs``; ``exits``: ``evidence.early_exit_costs``)."""
-    paragraphs = []
-    if pair:
-        mapped = mapped if mapped is not None else pl.DataFrame()
-        paragraphs.append(map_finding(mapped, pair["small"], pair["big"], statistic))
-    if summary.height:
-        paragraphs += [
-            lens_finding(summary, fit, lenses),
-            pruning_finding(costs),
-            early_exit_finding(exits),
-        ]
-    return "\n\n".join(paragraphs) or "Nothing was measured on this page."

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from .. import registry
-from . import evidence, findings, plots, reference, tables
+from . import evidence, evidence_beyond, findings, findings_beyond, findings_long_cot, plots, reference, tables
 from .sections import defaults as shared_defaults
 from .study import Study, difficulty_specs, map_study, pruning_comparison, run_study, task_label
 
@@ -333,12 +333,12 @@ class LongCotPage(Page):
         return self.paper.filter(pl.col("model").is_in(names))
 
     def findings(self) -> str:
-        return findings.long_cot_finding(
+        return findings_long_cot.long_cot_finding(
             self.summary, self.p.get("pairs") or [], self.runs.unavailable(), self.paper_pairs
         )
 
     def headline(self) -> dict:
-        return findings.long_cot_headline(self.p.get("pairs") or [], self.paper_pairs)
+        return findings_long_cot.long_cot_headline(self.p.get("pairs") or [], self.paper_pairs)
 
     def status_table(self):
         return tables.status(self.models, self.runs.unavailable())
@@ -377,15 +377,15 @@ class BeyondPage(Page):
         return {
             "summary": self.summary,
             "fit": self.runs.frame("tuned_lens_fit"),
-            "costs": evidence.pruning_costs(self.runs, seed=self.bootstrap_seed),
-            "exits": evidence.early_exit_costs(self.runs, self.summary, seed=self.bootstrap_seed),
+            "costs": evidence_beyond.pruning_costs(self.runs, seed=self.bootstrap_seed),
+            "exits": evidence_beyond.early_exit_costs(self.runs, self.summary, seed=self.bootstrap_seed),
             "lenses": evidence.between_lenses(self.runs),
         }
 
     def findings(self) -> str:
         f = self.frames()
-        statistic = evidence.map_statistic(self.mapped) if self.mapped.height else None
-        return findings.beyond_finding(
+        statistic = evidence_beyond.map_statistic(self.mapped) if self.mapped.height else None
+        return findings_beyond.beyond_finding(
             f["summary"],
             f["fit"],
             f["costs"],

@@ -1,0 +1,292 @@
+"""The findings of the pages beyond the paper, as sentences from evidence: is ED a lens artefact
+(tuned − logit lens), what cutting the layers after ED costs against other choices, what exiting
+there costs, and whether a deeper model stretches a shallower one (the cross-model map). Each
+verdict is decided here from numbers with intervals; the shared wording is ``findings``'."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import polars as pl
+
+from ..probes.pruning import FINAL_KEPT
+from .findings import count_of, decide, interval_text, own_cells, task_name
+from .stats import interval_verdict
+
+
+def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses: pl.DataFrame | None = None) -> str:
+    """Is ED an artefact of the logit lens? The paired difference ED(tuned) − ED(logit) per model,
+    task and lens rule (``lenses``: ``evidence_beyond.between_lenses``): no when every usable difference
+    lies within ±1 layer, yes when every one lies beyond it, in part when some provably move and some
+    provably stay, a qualified yes or no when the others' intervals reach across ±1, else cannot tell;
+    degenerate EDs and
+    intervals from fewer than 20 prompts never count. And how well the translators fit."""
+    question = "**Is ED an artefact of the logit lens?**"
+    if lenses is None or not lenses.height:
+        return f"{question} No tuned lens was run on this page: **we cannot tell**."
+    usable = lenses.filter(pl.col("excluded").is_null())
+    decided = []  # (verdict, why, the book's own row) per model, task and lens rule
+    for _, checks in usable.group_by(["model", "task", "lens_rule"], maintain_order=True):
+        if own_cells(checks)["low"][0] is not None:
+            decided.append(decide(checks, lambda r: interval_verdict(r["low"], r["high"], 1.0)))
+    verdicts = [verdict for verdict, _, _ in decided]
+    if not verdicts:
+        answer = "**we cannot tell**: no usable pair of EDs"
+    elif all(v == "agree" for v in verdicts):
+        answer = "**no**: the tuned lens puts every usable ED within a layer of the logit lens's"
+    elif all(v == "disagree" for v in verdicts):
+        answer = "**yes**: every usable tuned-lens ED moves by more than a layer"
+    else:
+        moved = sum(v == "disagree" for v in verdicts)
+        stayed = sum(v == "agree" for v in verdicts)
+        unclear = len(verdicts) - moved - stayed  # intervals that reach across ±1 layer
+        of = f"of {len(verdicts)} usable EDs"
+        tail = f"; {unclear} cannot tell (an interval across ±1 layer, or a robustness check failed)" if unclear else ""
+        if moved and stayed:  # some EDs provably move, some provably stay: a mixed answer
+            stay = "stays" if stayed == 1 else "stay"
+            answer = f"**in part**: {moved} {of} move by more than a layer, {stayed} {stay}{tail}"
+        elif moved:  # the rest cannot be told apart from ±1: a yes as far as the intervals can tell
+            answer = f"**yes, where the intervals can tell**: {moved} {of} move by more than a layer{tail}"
+        elif stayed:
+            answer = f"**no, where the intervals can tell**: {stayed} {of} stay within a layer{tail}"
+        else:
+            answer = f"**we cannot tell**: all {len(verdicts)} intervals reach across ±1 layer"
+    text = [f"{question} {answer}."]
+    for model in dict.fromkeys(own["model"] for _, _, own in decided):
+        cells = [
+            f"{task_name(own['task'])} {own['lens_rule']} {interval_text(own, 1)}"
+            + (f" (cannot tell: {why})" if why else "")
+            for _, why, own in decided
+            if own["model"] == model
+        ]
+        text.append(f"{model}, tuned − logit in layers: {'; '.join(cells)}.")
+    excluded = own_cells(lenses).filter(pl.col("excluded").is_not_null())
+    if excluded.height:
+        cells = [f"{r['model']} {task_name(r['task'])} {r['lens_rule']}" for r in excluded.iter_rows(named=True)]
+        text.append(f"Not counted (degenerate, or fewer than 20 prompts): {'; '.join(cells)}.")
+    if fit is not None and fit.height:
+        sentences = []
+        for model in lenses["model"].unique(maintain_order=True):
+            wide = (
+                fit.filter(model=model)
+                .unique(["layer", "metric"])
+                .pivot(on="metric", index="layer", values="value")
+                .sort("layer")
+            )
+            if not wide.height:
+                continue
+            better = int((wide["heldout_kl_tuned"] < wide["heldout_kl_logit"]).sum())
+            sentences.append(
+                f"{model} at {better} of {wide.height} layers (mean {wide['heldout_kl_logit'].mean():.2f} → "
+                f"{wide['heldout_kl_tuned'].mean():.2f} nats)"
+            )
+        if sentences:
+            text.append(
+                "The translators lower the held-out KL to the final distribution: " + "; ".join(sentences) + "."
+            )
+    return " ".join(text)
+
+
+def _prune_verdict(rows: pl.DataFrame) -> str:
+    """The verdict over a variant's counted budgets (``evidence_beyond.pruning_costs`` rows)."""
+    counts = {v: rows.filter(verdict=v).height for v in ("cheaper", "costlier", "unclear", "tie")}
+    total = rows.height
+    ties = f", {count_of(counts['tie'], 'tie')} (the same layers)" if counts["tie"] else ""
+    if counts["cheaper"] == total:
+        return f"**yes**: cheaper in {'the one budget' if total == 1 else f'all {total} budgets'}"
+    if counts["cheaper"] and counts["costlier"]:
+        return (
+            f"**sometimes**: cheaper in {counts['cheaper']} and costlier in {counts['costlier']} of {total} "
+            f"budgets{ties}"
+        )
+    if counts["costlier"] and not counts["cheaper"] and not counts["unclear"]:
+        return f"**no**: costlier in {counts['costlier']} of {total} budgets{ties}"
+    if counts["tie"] == total:
+        return "**a tie**: every rule picks the same layers"
+    return (
+        f"**we cannot tell**: {counts['unclear']} of {total} budgets have an interval across zero or change with the "
+        f"bootstrap seed (cheaper in {counts['cheaper']}, costlier in {counts['costlier']}{ties})"
+    )
+
+
+def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
+    """Is the block right after ED (of ``ed_rule``, one rule so that the verdict is not the best of
+    several tries) cheaper to cut than the layers angular distance or block influence choose, budget
+    by budget, with intervals over prompts? ``costs``: ``evidence_beyond.pruning_costs`` rows. The plain
+    block and the one that keeps the final layer each get a verdict; runs with fewer prompts than
+    ``evidence_beyond.MIN_PRUNE_N`` are named, never counted."""
+    from .evidence_beyond import MIN_PRUNE_N
+
+    question = (
+        f"**Is the block right after ED ({ed_rule}) cheaper to cut than the layers angular distance or block "
+        "influence choose?**"
+    )
+    if not costs.height:
+        return f"{question} Not measured here: **we cannot tell**."
+    counted = costs.filter("counted")
+    if not counted.height:
+        return (
+            f"{question} Only runs of fewer than {MIN_PRUNE_N} prompts (n = {costs['n'].max()}), too few to resample: "
+            "**we cannot tell**."
+        )
+    text = [question]
+    for variant, name in (("", "The block after ED"), (FINAL_KEPT, "Kept off the final layer, it")):
+        rows = counted.filter(variant=variant)
+        if rows.height:
+            text.append(f"{name}: {_prune_verdict(rows)}.")
+    cells = []
+    for (model, task), group in counted.filter(variant="").group_by(["model", "task"], maintain_order=True):
+        largest = group.filter(k=group["k"].max()).row(0, named=True)
+        kept = counted.filter(model=model, task=task, k=largest["k"], variant=FINAL_KEPT)
+
+        def multiple(row: dict) -> str:
+            if row["ratio"] is None:
+                return f"{row['difference']:+.2f} nats [{row['low']:+.2f}, {row['high']:+.2f}] over it"
+            spread = f" [{row['ratio_low']:.1f}, {row['ratio_high']:.1f}]" if row["ratio_low"] is not None else " [—]"
+            return f"{row['ratio']:.1f}×{spread}"
+
+        cell = (
+            f"{model} {task_name(task)}, {largest['k']} layers ({largest['removed']}): {multiple(largest)} the best "
+            f"alternative's ΔNLL ({largest['best_alternative']} {largest['best_delta_nll']:+.2f} nats)"
+        )
+        if kept.height:
+            cell += f", kept off the final layer ({kept['removed'][0]}) {multiple(kept.row(0, named=True))}"
+        cells.append(cell + f", n = {largest['n']}")
+    text.append(f"At the largest budget: {'; '.join(cells)} (95 % intervals over prompts).")
+    plain = counted.filter(variant="")
+    holding = plain.filter("holds_final").height
+    if holding:
+        text.append(
+            f"Caveat: in {holding} of {plain.height} budgets the block after ED removes the final layer (it is "
+            "moved back to end there when ED + k passes it); the kept-off variant ends one layer earlier."
+        )
+    few = costs.filter(~pl.col("counted")).select("model", "task", "n").unique(maintain_order=True)
+    if few.height:
+        named = ", ".join(f"{r['model']} {task_name(r['task'])} (n = {r['n']})" for r in few.iter_rows(named=True))
+        text.append(f"Shown, not counted (fewer than {MIN_PRUNE_N} prompts): {named}.")
+    return " ".join(text)
+
+
+def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
+    """What exiting right after ED buys (layers saved) and costs (tokens whose top-1 changes, the
+    answer NLL), with intervals over prompts, and what it says of the layers after ED: if exiting
+    there costs answer likelihood in every counted run, they are not idle. ``costs``:
+    ``evidence_beyond.early_exit_costs`` rows."""
+    from .evidence_beyond import MIN_PRUNE_N
+
+    question = f"**What does exiting at ED (the {rule} rule) cost?**"
+    if not costs.height:
+        return f"{question} The early-exit probe was not run here, or no usable ED to exit at: **we cannot tell**."
+    counted = costs.filter("counted")
+    cells = [
+        f"{r['model']} {task_name(r['task'])} ({r['lens']} lens, exit after layer {r['exit_layer'] - 1} of "
+        f"{r['n_layers']}): "
+        f"saves {r['saved']:.0%}, {r['kept']:.0%} [{r['kept_low']:.0%}, {r['kept_high']:.0%}] of tokens keep their "
+        f"final top-1, answer NLL {r['cost']:+.2f} [{r['cost_low']:+.2f}, {r['cost_high']:+.2f}] nats, n = {r['n']}"
+        + ("" if r["counted"] else " (not counted)")
+        for r in costs.iter_rows(named=True)
+    ]
+    if not counted.height:
+        verdict = f"only runs of fewer than {MIN_PRUNE_N} prompts: **we cannot tell**"
+    elif counted["positive"].all():
+        verdict = (
+            f"**the layers after ED are not idle**: exiting there raises the answer NLL in all "
+            f"{count_of(counted.height, 'counted run')}, every interval above zero under three bootstrap seeds"
+        )
+    else:
+        verdict = (
+            f"**we cannot tell** whether the layers after ED matter: in {counted.filter(~pl.col('positive')).height} "
+            f"of {counted.height} counted runs the cost's interval reaches zero (or does under another seed)"
+        )
+    return f"{question} {verdict}. " + "; ".join(cells) + " (95 % intervals over prompts)."
+
+
+def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping | None = None) -> str:
+    """Does the big model stretch the small one? The share of the small model's inner layers whose
+    best-predicted big layer lies within ``evidence_beyond.STRETCH_SLACK`` of equal relative depth, with its bootstrap
+    interval over test prompts (``statistic``: ``evidence_beyond.map_statistic``), against the shuffled-pairing
+    baseline and the self-map check."""
+    question = f"**Does {big} stretch the computation of {small}?**"
+    if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns) or statistic is None:
+        return f"{question} The map was not computed: **we cannot tell**."
+    share, low, high = statistic["share"], statistic["low"], statistic["high"]
+    exact = statistic["self_max"] < 1e-3  # float64 normal equations: the identity to many digits
+
+    def follows(low_: float, high_: float) -> str | None:
+        return "yes" if low_ >= 2 / 3 else "no" if high_ <= 1 / 3 else None
+
+    raw = follows(low, high)
+    column_free = follows(statistic["centred_low"], statistic["centred_high"])
+    if not exact:
+        verdict = "**we cannot tell**: mapped onto itself the small model does not give the identity"
+    elif statistic["beats_baseline"] < 0.5:
+        verdict = "**we cannot tell**: the maps are no better than maps fitted on shuffled token pairs"
+    elif raw is not None and raw != column_free:
+        verdict = (
+            "**we cannot tell**: with each big layer's mean error removed (the column-bias check) it does not hold"
+        )
+    elif raw == "yes":
+        verdict = "**yes**: the best layers follow equal relative depth"
+    elif raw == "no":
+        verdict = "**no**: the best layers do not follow equal relative depth"
+    else:
+        verdict = "**we cannot tell**: the interval straddles both thresholds (⅓ and ⅔ of the layers)"
+    text = [f"{question} {verdict}."]
+    text.append(
+        f"For {share:.0%} [{low:.0%}, {high:.0%}] of the {statistic['inner']} inner layers of {small} the best "
+        f"{big} layer lies within {statistic['slack']:.1f} layers of equal relative depth; a best layer drawn "
+        f"at random would do so for {statistic['chance']:.0%}."
+    )
+    text.append(
+        f"Column bias: {big}'s layer {statistic['easiest_big_layer']} is the easiest to predict (mean error over "
+        f"the small layers {statistic['column_low']:.2f}, the hardest {statistic['column_high']:.2f}); with each big "
+        f"layer's mean removed the share is {statistic['centred_share']:.0%} "
+        f"[{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}]."
+    )
+    text.append(
+        f"Best-layer errors are {statistic['best_low']:.2f}–{statistic['best_high']:.2f}; shuffled pairs give "
+        f"{statistic['baseline_low']:.2f}–{statistic['baseline_high']:.2f} there."
+    )
+    layer0 = statistic.get("self_layer0")
+    embeddings = (
+        f"; at layer 0, the token embeddings, {layer0:.2f}: test tokens the training prompts never held"
+        if layer0 is not None and layer0 >= 1e-3
+        else ""
+    )
+    text.append(
+        f"Mapped onto itself by the same fit (ridge chosen per map), {small} gives at most "
+        f"{statistic['self_max']:.1e} on the diagonal "
+        "beyond layer 0"
+        + (f" (the identity, as it must{embeddings})." if exact else ": not the identity, so the fit is in doubt.")
+    )
+    ratio = statistic["train_tokens"] / statistic["width"]
+    text.append(
+        f"The maps fit on {statistic['train_tokens']:.0f} tokens ({ratio:.0f}× the width of {small}), each map's ridge "
+        f"chosen on held-out prompts; {statistic['test_prompts']:.0f} test prompts."
+    )
+    return " ".join(text)
+
+
+def beyond_finding(
+    summary: pl.DataFrame,
+    fit: pl.DataFrame,
+    costs: pl.DataFrame,
+    exits: pl.DataFrame,
+    mapped: pl.DataFrame | None = None,
+    pair: Mapping | None = None,
+    lenses: pl.DataFrame | None = None,
+    statistic: Mapping | None = None,
+) -> str:
+    """The paragraphs of a "beyond the paper" page: the map's, or the lens, pruning and early-exit ones
+    (``costs``: ``evidence_beyond.pruning_costs``; ``exits``: ``evidence_beyond.early_exit_costs``)."""
+    paragraphs = []
+    if pair:
+        mapped = mapped if mapped is not None else pl.DataFrame()
+        paragraphs.append(map_finding(mapped, pair["small"], pair["big"], statistic))
+    if summary.height:
+        paragraphs += [
+            lens_finding(summary, fit, lenses),
+            pruning_finding(costs),
+            early_exit_finding(exits),
+        ]
+    return "\n\n".join(paragraphs) or "Nothing was measured on this page."
