@@ -412,8 +412,8 @@ def _cmd_map(args: argparse.Namespace) -> int:
     if out is not None and (out.suffix != ".parquet" or out.exists() or out.is_symlink() or not out.parent.is_dir()):
         raise EffdepthError(f"--out {out} must be a new .parquet file in an existing directory")
     from .display import format_map
+    from .map_run import run_map
     from .models import quiet_libraries
-    from .results import run_map
     from .settings import MapSettings
 
     settings = MapSettings(

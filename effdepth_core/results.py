@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -40,7 +40,6 @@ from .rundir import (
     verified_files,
 )
 from .settings import (
-    MAX_GENERATED,
     MapSettings,
     RunSettings,
     check_settings,
@@ -61,7 +60,6 @@ __all__ = [
     "names_of",
     "parse_probes",
     "run",
-    "run_map",
     "slug",
 ]
 
@@ -299,7 +297,7 @@ def _checked_output(spec: ProbeSpec, computed: object) -> tuple[pl.DataFrame, di
     return per_example, extra
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     """The process's peak resident memory so far, in MB."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
@@ -363,70 +361,87 @@ def run(
     described = {**settings.numbers(), **settings.key_fields()}  # what a refusal compares, named
     directory = RunDirectory.open(plan.out, plan.key, described, registry.frames(), overwrite)
     try:
-        damaged = directory.damaged(registry.names())
-        if damaged and not (overwrite and set(damaged) - {"examples"} <= set(plan.names)):
-            name, what = next(iter(damaged.items()))
-            extra = [p for p in damaged if p != "examples" and p not in plan.names]
-            fix = "--overwrite" + (f" --probes {','.join([*plan.names, *extra])}" if extra else "")
-            raise OutputDirectoryError(
-                f"the cached {'examples are' if name == 'examples' else name + ' results are'} damaged in "
-                f"{directory.path} ({what}); rerun with the same options and {fix} to compute them again"
-            )
-        if damaged:
-            directory.forget(p for p in damaged if p != "examples")
-        missing = [p for p in plan.names if not directory.has_probe(p)]
-        behind = _outdated_cached(directory, [p for p in plan.names if p not in missing], settings, not renew_outdated)
-        if renew_outdated:
-            missing += behind
-        foreign = directory.foreign_files_for(missing)
-        if foreign:
-            raise OutputDirectoryError(
-                f"--out {directory.path} holds {', '.join(foreign)}, which no effdepth run there wrote; effdepth "
-                "does not overwrite them: move them away or choose another --out"
-            )
+        missing = _to_compute(directory, plan, settings, overwrite, renew_outdated)
         if missing or not directory.has_examples():
             loaded, examples = _load(settings, plan.names, loaded, plan.examples)
-            started_run = False
-            for name in missing or [None]:
-                record, frames = {}, {}
-                if name is not None:
-                    spec = registry.get(name)
-                    cuda = loaded.input_device.type == "cuda"
-                    if cuda:
-                        torch.cuda.reset_peak_memory_stats(loaded.input_device)
-                    started = time.perf_counter()
-                    context = Context(settings)
-                    identity = spec.identity(loaded, context) if spec.identity else {}
-                    key = settings.probe_key(spec, identity)
-                    donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from)
-                    frames = _compute(spec, loaded, examples, settings, donor)
-                    record = {
-                        "seconds": round(time.perf_counter() - started, 4),
-                        "peak_rss_mb": _peak_rss_mb(),  # the process's peak so far (it only grows)
-                        **(
-                            {"peak_gpu_mb": round(torch.cuda.max_memory_allocated(loaded.input_device) / 2**20, 1)}
-                            if cuda
-                            else {}
-                        ),
-                        "host": socket.gethostname(),  # where the time was measured (the cost model's rates)
-                        "threads": torch.get_num_threads(),
-                        "key": key,
-                        "revision": spec.revision,
-                        **({"answer_format": ANSWER_FORMAT} if spec.needs_answers else {}),
-                        **({"identity": identity} if identity else {}),
-                        **({"reused": {"from": str(donor.path), "examples": donor.count}} if donor else {}),
-                    }
-                if not started_run:  # only once the first probe succeeded: --overwrite replaces a run here
+            started = False
+            for name in missing:
+                frames, record = _measure(registry.get(name), loaded, examples, settings, plan.out, reuse_from)
+                if not started:  # only once the first probe succeeded: --overwrite replaces a run here
                     directory.start(_new_metadata(settings, plan.key, loaded, examples), examples)
-                    started_run = True
-                if name is not None:
-                    directory.save_probe(name, frames, record)
+                    started = True
+                directory.save_probe(name, frames, record)
+            if not started:  # every probe cached, the examples not yet written
+                directory.start(_new_metadata(settings, plan.key, loaded, examples), examples)
         return _summarize(settings, directory, n_bootstrap)
     except BaseException:
         directory.discard_if_empty()  # a new run that produced nothing leaves nothing
         raise
     finally:
         directory.release()
+
+
+def _to_compute(
+    directory: RunDirectory, plan: _Plan, settings: RunSettings, overwrite: bool, renew_outdated: bool
+) -> list[str]:
+    """The probes of the plan that this run directory lacks (damaged ones forgotten, with
+    ``overwrite``; outdated ones with ``renew_outdated``); refuses damage it may not repair and
+    files no effdepth run wrote."""
+    damaged = directory.damaged(registry.names())
+    if damaged and not (overwrite and set(damaged) - {"examples"} <= set(plan.names)):
+        name, what = next(iter(damaged.items()))
+        extra = [p for p in damaged if p != "examples" and p not in plan.names]
+        fix = "--overwrite" + (f" --probes {','.join([*plan.names, *extra])}" if extra else "")
+        raise OutputDirectoryError(
+            f"the cached {'examples are' if name == 'examples' else name + ' results are'} damaged in "
+            f"{directory.path} ({what}); rerun with the same options and {fix} to compute them again"
+        )
+    if damaged:
+        directory.forget(p for p in damaged if p != "examples")
+    missing = [p for p in plan.names if not directory.has_probe(p)]
+    behind = _outdated_cached(directory, [p for p in plan.names if p not in missing], settings, not renew_outdated)
+    if renew_outdated:
+        missing += behind
+    foreign = directory.foreign_files_for(missing)
+    if foreign:
+        raise OutputDirectoryError(
+            f"--out {directory.path} holds {', '.join(foreign)}, which no effdepth run there wrote; effdepth "
+            "does not overwrite them: move them away or choose another --out"
+        )
+    return missing
+
+
+def _measure(
+    spec: ProbeSpec,
+    loaded: LoadedModel,
+    examples: list[Example],
+    settings: RunSettings,
+    out: Path,
+    reuse_from: Sequence[Path | str],
+) -> tuple[dict[str, pl.DataFrame], dict]:
+    """One probe's frames (an earlier run's rows of the same examples reused) and its record in
+    ``metadata.json``: time, memory, where it ran, its key and revision."""
+    cuda = loaded.input_device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(loaded.input_device)
+    started = time.perf_counter()
+    identity = spec.identity(loaded, Context(settings)) if spec.identity else {}
+    key = settings.probe_key(spec, identity)
+    donor = _find_donor(spec, key, examples, out, settings, reuse_from)
+    frames = _compute(spec, loaded, examples, settings, donor)
+    record = {
+        "seconds": round(time.perf_counter() - started, 4),
+        "peak_rss_mb": peak_rss_mb(),  # the process's peak so far (it only grows)
+        **({"peak_gpu_mb": round(torch.cuda.max_memory_allocated(loaded.input_device) / 2**20, 1)} if cuda else {}),
+        "host": socket.gethostname(),  # where the time was measured (the cost model's rates)
+        "threads": torch.get_num_threads(),
+        "key": key,
+        "revision": spec.revision,
+        **({"answer_format": ANSWER_FORMAT} if spec.needs_answers else {}),
+        **({"identity": identity} if identity else {}),
+        **({"reused": {"from": str(donor.path), "examples": donor.count}} if donor else {}),
+    }
+    return frames, record
 
 
 def _new_metadata(settings: RunSettings, key: str, loaded: LoadedModel, examples: list[Example]) -> dict:
@@ -515,119 +530,3 @@ def _summarize(settings: RunSettings, directory: RunDirectory, n_bootstrap: int)
         ) from exc
     directory.write_summary(summary)
     return RunResult(directory.path, saved, per_example, depth, summary, metadata)
-
-
-# --- the cross-model linear map ----------------------------------------------------------------
-
-
-MAP_FRAMES = {"map": ("map", "map_by_example")}  # the map's run directory: its frames (per test prompt: by_example)
-
-
-def _map_examples(settings: MapSettings, small: LoadedModel) -> tuple[list[Example], int, int]:
-    """Test, validation and training examples in the task's sampling order: the first ``n`` test,
-    the next ``n_validation`` validate, and then training prompts until they hold
-    ``tokens_per_width`` × the small model's width tokens. Returns the examples, the number of
-    training prompts and their tokens."""
-
-    def count(text: str) -> int:
-        return int(small.encode(text).numel())
-
-    if settings.ridge is not None:  # the map before the measurement: halves of n, no validation
-        examples = load_task(settings.task, count_tokens=count, **settings.task_options())
-        return examples, len(examples) // 2, sum(count(e.prompt) for e in examples[: len(examples) // 2])
-    held = settings.n + settings.n_validation
-    wanted, examples = settings.tokens_per_width * small.d_model, []
-    size = settings.pool_size() or MAX_GENERATED  # n never asks for more prompts than the task has
-    n = min(held + 16, size)
-    while True:
-        examples = load_task(settings.task, count_tokens=count, **settings.task_options(n))
-        tokens = [count(e.prompt) for e in examples[held:]]
-        total = sum(tokens)
-        if total >= wanted or len(examples) < n or n == size:
-            break
-        n = min(held + int(len(tokens) * wanted / max(total, 1) * 1.2) + 1, size)
-    if total < wanted:
-        raise EffdepthError(
-            f"{settings.task} has {total} training tokens after the {held} held-out prompts, below "
-            f"{settings.tokens_per_width} × {small.d_model} (the small model's width): lower --tokens-per-width"
-        )
-    kept, running = [], 0
-    for example, tokens in zip(examples[held:], [count(e.prompt) for e in examples[held:]], strict=True):
-        if running >= wanted:
-            break
-        kept.append(example)
-        running += tokens
-    return examples[:held] + kept, len(kept), running
-
-
-def run_map(settings: MapSettings, out_dir: Path | str | None = None, overwrite: bool = False) -> pl.DataFrame:
-    """The map's long frame (``map_measurement``; with a fixed ridge, ``cross_model_map``) plus its
-    counts (``n_train_prompts``, ``n_train_tokens``, ``n_validation_prompts``, ``n_test_prompts``,
-    ``small_width``); with ``out_dir``, kept in a run directory as ``run`` keeps a probe's results:
-    read (verified) when there, else computed and written under the lock."""
-    from .probes.linear_map import cross_model_map, map_measurement
-
-    settings.check()
-    key = settings.key()
-    directory = None
-    if out_dir is not None:
-        described = {k: v for k, v in asdict(settings).items() if k not in ("device", "progress")}
-        directory = RunDirectory.open(Path(out_dir).expanduser(), key, described, MAP_FRAMES, overwrite)
-    try:
-        if directory is not None and directory.has_probe("map"):
-            metadata = directory.read_metadata_or_fail()
-            per_prompt, saved = directory.read_probes(metadata)
-            return pl.concat([saved["map"], per_prompt["map"]], how="diagonal_relaxed")
-        small = load_model(settings.small, device=settings.device, dtype=settings.dtype, progress=settings.progress)
-        big = load_model(settings.big, device=settings.device, dtype=settings.dtype, progress=settings.progress)
-        examples, n_train, train_tokens = _map_examples(settings, small)
-        prompts = [e.prompt for e in examples]
-        started = time.perf_counter()
-        if settings.ridge is not None:
-            train, test, validation = prompts[:n_train], prompts[n_train:], []
-            frame = cross_model_map(small, big, train, test, ridge=settings.ridge, progress=settings.progress)
-        else:
-            test, validation = prompts[: settings.n], prompts[settings.n : settings.n + settings.n_validation]
-            train = prompts[settings.n + settings.n_validation :]
-            frame = map_measurement(small, big, train, validation, test, seed=settings.seed, progress=settings.progress)
-        counts = {
-            "n_train_prompts": len(train),
-            "n_train_tokens": train_tokens,
-            "n_validation_prompts": len(validation),
-            "n_test_prompts": len(test),
-            "small_width": small.d_model,
-        }
-        frame = pl.concat(
-            [frame, pl.DataFrame({"metric": list(counts), "value": [float(v) for v in counts.values()]})],
-            how="diagonal_relaxed",
-        )
-        require_finite_frame(frame, "linear map")
-        if directory is not None:
-            metadata = {
-                "format": FORMAT,
-                "key": key,
-                "settings": {k: v for k, v in asdict(settings).items() if k != "progress"},
-                "effdepth_version": __version__,
-                "model_name": f"{small.name} → {big.name}",
-                "n_layers": small.n_layers,
-                "n_examples": len(test),
-                "n_asked": settings.n,
-                "n_lines": len(examples),  # test, validation and training prompts
-                "probes": {},
-            }
-            from .provenance import environment
-
-            metadata["environment"] = environment()
-            directory.start(metadata, examples)
-            by_prompt = frame.filter(pl.col("prompt").is_not_null()) if "prompt" in frame.columns else frame.head(0)
-            rest = frame.filter(pl.col("prompt").is_null()) if "prompt" in frame.columns else frame
-            record = {"seconds": round(time.perf_counter() - started, 4), "peak_rss_mb": _peak_rss_mb(), "key": key}
-            directory.save_probe("map", {"map_by_example": by_prompt, "map": rest}, record)
-        return frame
-    except BaseException:
-        if directory is not None:
-            directory.discard_if_empty()
-        raise
-    finally:
-        if directory is not None:
-            directory.release()

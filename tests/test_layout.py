@@ -30,7 +30,7 @@ LAYERS = {
     "display": 6,
     "results": 6,
     "precision": 6,
-    "cost": 6,
+    "map_run": 6,  # the map as a run (beside results, whose helpers it shares)
     "cli": 7,
     "book": 7,
 }

@@ -119,15 +119,15 @@ def test_a_model_measured_onto_itself(tmp_path, monkeypatch):
 
 
 def test_the_map_run_directory_is_read_back_without_models(tiny_dir, tmp_path, monkeypatch):
-    from effdepth_core import results
+    from effdepth_core import map_run
     from effdepth_core.settings import MapSettings
 
     settings = MapSettings(str(tiny_dir), str(tiny_dir), task="addition", digits=3, n=3, n_validation=2, progress=False)
     out = tmp_path / "map"
-    first = results.run_map(settings, out)
+    first = map_run.run_map(settings, out)
     assert first.filter(metric="n_train_tokens")["value"][0] >= 10 * 32  # ten times the tiny width
-    monkeypatch.setattr(results, "load_model", lambda *a, **k: pytest.fail("the map was computed again"))
-    again = results.run_map(settings, out)
+    monkeypatch.setattr(map_run, "load_model", lambda *a, **k: pytest.fail("the map was computed again"))
+    again = map_run.run_map(settings, out)
     assert again.sort(again.columns, nulls_last=True).equals(first.sort(first.columns, nulls_last=True))
     # the book's cached-only reading and the grid's plan see it as finished too (a map has no ED summary)
     from effdepth_core.book import grid, study

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import EffdepthError
 from ..precision import Precision, walk_plan
-from ..results import _peak_rss_mb
+from ..results import peak_rss_mb
 from ..rundir import DirectoryBusyError, is_complete, read_metadata
 from ..settings import RunSettings, check_settings, default_out_dir, run_name, slug
 from .cost import GPU_OPS_PER_SECOND, NOTHING, Calibration, Estimate, estimate, shape_of, task_lengths
@@ -287,7 +287,7 @@ def run_unit(unit: Sequence[AnyCell], log: Callable[[Outcome], None] = lambda ou
         started = time.perf_counter()
         try:
             detail, loader = cell.compute(loader)
-            outcome = Outcome(cell, "done", detail, time.perf_counter() - started, _peak_rss_mb())
+            outcome = Outcome(cell, "done", detail, time.perf_counter() - started, peak_rss_mb())
         except Unavailable as exc:
             outcome = Outcome(cell, "unavailable", str(exc))
         except DirectoryBusyError:

@@ -16,10 +16,11 @@ import polars as pl
 
 from .. import registry
 from ..errors import EffdepthError
+from ..map_run import run_map
 from ..models import LoadedModel, load_model, needs_download, quiet_libraries
 from ..precision import PreciseRun, Precision, precise_run
 from ..probes import rule_comparison
-from ..results import RunResult, run, run_map
+from ..results import RunResult, run
 from ..rundir import is_complete
 from ..settings import MapSettings, RunSettings, default_out_dir, parse_probes, setting_names
 from .reference import RULE_LABELS, TUNED_RULE_LABELS
