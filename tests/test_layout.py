@@ -32,6 +32,7 @@ LAYERS = {
     "precision": 6,
     "map_run": 6,  # the map as a run (beside results, whose helpers it shares)
     "cli": 7,
+    "cli_args": 7,
     "book": 7,
 }
 # The doors from the core to the book layer: `effdepth book` (the papermill runner), `effdepth plot`

@@ -1,0 +1,237 @@
+"""The ``effdepth`` command line's arguments: every command's options, each probe's flags from its
+spec (loaded only for the commands that run probes, so ``effdepth --help`` starts without torch),
+and the help layout. ``cli`` runs the commands."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+TABLE_FORMATS = ("text", "csv", "markdown", "json")
+HEAVY_COMMANDS = ("run", "plot", "grid")  # commands whose options come from the probe specs
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _option_type(option):
+    """An argparse type that reads and checks one probe option (one-line error when invalid)."""
+
+    def parse(text: str):
+        try:
+            return option.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = option.name
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), like every other user error of effdepth."""
+
+    def error(self, message: str):
+        self.exit(2, f"effdepth: error: {message} (see `{self.prog} --help`)\n")
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default (where it has one worth showing)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, "", argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _add_probe_options(parser: argparse.ArgumentParser) -> None:
+    """One argument group per probe with options, generated from the specs."""
+    from . import registry
+
+    seen: set[str] = set()
+    for name, spec in registry.specs().items():
+        options = [o for o in spec.options if o.name not in seen]
+        if not options:
+            continue
+        group = parser.add_argument_group(f"{name} options", spec.description or None)
+        for option in options:
+            seen.add(option.name)
+            kwargs = {"default": option.default, "help": option.help.replace("%", "%%")}
+            if option.choices is not None:
+                kwargs["choices"] = option.choices
+            else:
+                kwargs["type"] = _option_type(option)
+            group.add_argument(option.cli_flag, dest=option.name, **kwargs)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line. Nothing heavy is imported (no torch) unless ``command`` is one whose
+    options come from the probe specs (run, plot, grid): then their flags and choices are added."""
+    from . import __version__
+    from .registry import DEFAULT, names
+    from .tasks import TASKS
+    from .zoo import DEFAULT_MODEL
+
+    parser = _Parser(prog="effdepth", description="Measure the effective depth of causal LMs.", formatter_class=_Help)
+    parser.add_argument("--version", action="version", version=f"effdepth {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors (also after a command)")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    debug_anywhere = _Parser(add_help=False)  # `effdepth run --debug` works too
+    debug_anywhere.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common = {"parents": [debug_anywhere], "formatter_class": _Help}
+
+    run = commands.add_parser("run", help="probe a model on a task and compute its effective depth", **common)
+    run.add_argument("--model", default=DEFAULT_MODEL, help="offline alias, local dir, .gguf file or hub id")
+    run.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file (prompt, answer)")
+    run.add_argument("--n", type=_positive, help="number of examples (default 10; a .jsonl file: all its lines)")
+    run.add_argument("--probes", default=",".join(DEFAULT), help=f"comma list of {', '.join(names())}")
+    run.add_argument(
+        "--out", type=Path, help="result directory (default results/<model>/<task>-n<N>-seed<S>-<settings hash>)"
+    )
+    run.add_argument(
+        "--overwrite", action="store_true", help="replace the effdepth files of a run with other settings in --out"
+    )
+    run.add_argument(
+        "--reuse-from",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="results folders whose runs may lend their first examples' rows (besides --out's neighbours)",
+    )
+    run.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    run.add_argument("--device-map", default=None, help="'auto' to spread a large model over devices")
+    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--source", default="local", choices=["local", "hub"], help="vendored data or the HF hub")
+    run.add_argument("--level", type=int, help="MATH difficulty level 1..5 (math only)")
+    run.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
+    run.add_argument("--max-tokens", type=_positive, help="drop prompts longer than this (aime24: 400 by default)")
+    run.add_argument("--batch-size", type=_positive, default=4)
+    run.add_argument("--slow", action="store_true", help="one forward pass per intervention (the oracle; same numbers)")
+    run.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    if command == "run":
+        _add_probe_options(run)
+
+    models = commands.add_parser("models", help="list the offline model aliases and the state of their cache", **common)
+    models.add_argument("--verify", action="store_true", help="re-hash every cached model in full")
+    models.add_argument("--info", action="store_true", help="provenance: upstream model, licence, packages, sha256")
+    models.add_argument(
+        "--refetch",
+        metavar="ALIAS",
+        help="fetch a model again (the cached file is replaced once the new one verified) and drop its dequantized "
+        "weights",
+    )
+    models.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    book = commands.add_parser("book", help="execute the book's notebooks (papermill) from params/", **common)
+    book.add_argument(
+        "--section", choices=["scale", "difficulty", "long_cot", "beyond"], help="one section (default: all)"
+    )
+    book.add_argument("--params", type=Path, help="a section's parameter file (default params/<section>.yml)")
+    book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")
+    book.add_argument("--only", help="only the parameter set with this name")
+    book.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout")
+    book.add_argument("--toc-only", action="store_true", help="only regenerate _toc.yml from params/")
+    book.add_argument(
+        "--print-params", metavar="SECTION/NAME", help="print a page's resolved parameters as YAML (for papermill -f)"
+    )
+    book.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 naming each generated file (_toc.yml, book/_findings.md, the executed pages) that no longer "
+        "matches the code, params/ and the committed results; no model work",
+    )
+    book.add_argument(
+        "--findings", action="store_true", help="print the findings Markdown from the cached results (no model work)"
+    )
+    book.add_argument("--findings-only", action="store_true", help="only regenerate book/_findings.md (no model work)")
+    book.add_argument(
+        "--bootstrap-seed", type=int, help="with --findings: the seed of every bootstrap interval (default: params/)"
+    )
+    book.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    linear = commands.add_parser(
+        "map", help="cross-model linear map: how well each small-model layer predicts each big-model layer", **common
+    )
+    linear.add_argument("--small", required=True, help="the shallower model (alias, dir, .gguf or hub id)")
+    linear.add_argument("--big", required=True, help="the deeper model; must share the small one's tokenizer")
+    linear.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file")
+    linear.add_argument(
+        "--n", type=_positive, default=20, help="test prompts (the map's interval: a bootstrap over them)"
+    )
+    linear.add_argument("--n-validation", type=_positive, default=10, help="prompts that choose each map's ridge")
+    linear.add_argument(
+        "--tokens-per-width",
+        type=_positive,
+        default=10,
+        help="training tokens per dimension of the small model's residual (10: ten times its width)",
+    )
+    linear.add_argument(
+        "--ridge",
+        type=float,
+        default=None,
+        help="a fixed ridge penalty instead of one chosen on validation prompts (then n is split half/half)",
+    )
+    linear.add_argument("--map-dir", type=Path, help="a run directory for the map (resumed and verified like a run's)")
+    linear.add_argument("--max-tokens", type=_positive, help="drop longer prompts (data-set tasks)")
+    linear.add_argument("--seed", type=int, default=0)
+    linear.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
+    linear.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    linear.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    linear.add_argument("--out", type=Path, help="write the long frame to this new .parquet file")
+    linear.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    plot = commands.add_parser("plot", help="save a chart of a run directory as SVG or PNG", **common)
+    plot.add_argument("run_dir", type=Path, help="a run directory (effdepth run --out, or results/...)")
+    charts = None
+    if command == "plot":
+        from . import registry
+
+        charts = [chart.name for spec in registry.specs().values() for chart in spec.charts]
+    plot.add_argument("--chart", required=True, choices=charts, help="which chart (one per probe's chart)")
+    plot.add_argument("--out", type=Path, required=True, help="the image to write: .svg or .png")
+
+    grid = commands.add_parser(
+        "grid",
+        help="the book's runs as a plan: every cell of a params profile, its state, and its computation",
+        **common,
+    )
+    grid.add_argument("profile", nargs="?", default="full", choices=["quick", "full"], help="params profile")
+    grid.add_argument(
+        "--section", action="append", choices=["scale", "difficulty", "long_cot", "beyond"], help="only these sections"
+    )
+    grid.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout")
+    grid.add_argument("--dry-run", action="store_true", help="print the plan with its estimated cost; compute nothing")
+    grid.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local: one cell after another here; ray: a cluster",
+    )
+    grid.add_argument("--address", help="the Ray cluster (auto, ray://host:10001; default: start a local one)")
+    grid.add_argument(
+        "--cpus-per-cell", type=_positive, default=None, help="CPUs (and torch threads) of each Ray task (default 1)"
+    )
+    grid.add_argument(
+        "--memory-per-cell",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="memory of each Ray task (default: from the model)",
+    )
+    grid.add_argument(
+        "--shard", metavar="I/N", help="compute only slice I of N (one job of a Slurm or Kubernetes array)"
+    )
+    grid.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
+    table.add_argument("dirs", nargs="+", type=Path, help="run directories or folders of them")
+    table.add_argument("--format", default="text", choices=TABLE_FORMATS, help="output format")
+    return parser
