@@ -112,16 +112,8 @@ def _check_used(args: argparse.Namespace, settings, probes: list[str]) -> None:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .zoo import (
-        ZOO,
-        cache_dir,
-        cache_state,
-        check_cache_dir,
-        corrupted_message,
-        dequantized_folders,
-        format_provenance,
-        refetch,
-    )
+    from .acquire import dequantized_folders, refetch
+    from .zoo import ZOO, cache_dir, cache_state, check_cache_dir, corrupted_message, format_provenance
 
     check_cache_dir()
     if args.refetch is not None:

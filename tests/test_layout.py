@@ -17,6 +17,7 @@ LAYERS = {
     "cache": 0,
     "terminal": 0,
     "zoo": 1,
+    "acquire": 1,
     "tasks": 1,
     "models": 2,
     "trace": 3,

@@ -131,8 +131,9 @@ def test_pruning_and_early_exit_on_the_real_model(smollm2):
 def test_dequantized_weights_equal_the_gguf_parse(smollm2):
     """The second load reads the cached safetensors: the same weights, tokens and logits as parsing
     and dequantizing the GGUF again."""
-    from effdepth_core.models import dequantized_dir, load_model
-    from effdepth_core.zoo import dequantized_ready, gguf_mismatch, model_path
+    from effdepth_core.acquire import dequantized_dir, dequantized_ready, gguf_mismatch
+    from effdepth_core.models import load_model
+    from effdepth_core.zoo import model_path
 
     folder, sha256 = dequantized_dir("smollm2-135m", model_path("smollm2-135m"), torch.float32)
     assert dequantized_ready(folder, "torch.float32", sha256)  # the fixture's load wrote it (or read it)
@@ -157,3 +158,25 @@ def test_arithmetic_answer_tokens_are_the_digits(smollm2):
         split = answer_split(smollm2, example)
         digits = [smollm2.tokenizer.decode([t]) for t in split.targets.tolist()]
         assert "".join(digits) == example.answer and all(d.isdigit() for d in digits), digits
+
+
+def test_loading_an_alias_resolves_it_once(smollm2, monkeypatch):
+    """Acquisition is one step: ``load_model`` asks ``acquire.resolve_model`` once, which fetches or
+    verifies the GGUF once (then the verified dequantized folder is read)."""
+    from effdepth_core import acquire, models
+
+    calls = {"resolve": 0, "ensure": 0}
+    resolve, ensure = acquire.resolve_model, acquire.ensure_model
+
+    def counted_resolve(*args, **kwargs):
+        calls["resolve"] += 1
+        return resolve(*args, **kwargs)
+
+    def counted_ensure(*args, **kwargs):
+        calls["ensure"] += 1
+        return ensure(*args, **kwargs)
+
+    monkeypatch.setattr(models, "resolve_model", counted_resolve)
+    monkeypatch.setattr(acquire, "ensure_model", counted_ensure)
+    loaded = models.load_model("smollm2-135m", device="cpu", dtype="float32", progress=False)
+    assert calls == {"resolve": 1, "ensure": 1} and loaded.n_layers == 30

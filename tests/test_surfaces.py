@@ -21,7 +21,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from effdepth_core import cache, registry, zoo
+from effdepth_core import acquire, cache, registry, zoo
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
 
@@ -82,21 +82,21 @@ def test_refetch_deletes_only_the_files_effdepth_recorded(tmp_path, monkeypatch)
     import torch
     from conftest import char_tokenizer, make_tiny
 
-    from effdepth_core.models import _save_dequantized
+    from effdepth_core.acquire import save_dequantized
 
     alias_dir = tmp_path / "models" / "smollm2-135m"
     alias_dir.mkdir(parents=True)
     gguf = alias_dir / "model.gguf"
     gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr(zoo, "ensure_model", lambda alias, progress=True, refetch=False: gguf)
+    monkeypatch.setattr(acquire, "ensure_model", lambda alias, progress=True, refetch=False: gguf)
     foreign = alias_dir / "dequantized-float16"
     foreign.mkdir()
     (foreign / "weights.bin").write_text("a user's own folder")
     ours = alias_dir / "dequantized-float32"
-    _save_dequantized(make_tiny("llama").model, char_tokenizer(), ours, torch.float32, "ab" * 32)
+    save_dequantized(make_tiny("llama").model, char_tokenizer(), ours, torch.float32, "ab" * 32)
     (ours / "notes.txt").write_text("a user's file inside effdepth's folder")
     with pytest.warns(UserWarning):
-        zoo.refetch("smollm2-135m", progress=False)
+        acquire.refetch("smollm2-135m", progress=False)
     assert (foreign / "weights.bin").read_text() == "a user's own folder"  # main: rmtree'd
     assert sorted(p.name for p in ours.iterdir()) == ["notes.txt"]  # effdepth's files went, the user's stayed
 
@@ -111,7 +111,7 @@ def test_a_fifo_where_a_record_belongs_never_blocks(tmp_path, monkeypatch, reade
 
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
     fifo = {
-        "marker": tmp_path / zoo.DEQUANTIZED_MARKER,
+        "marker": tmp_path / acquire.DEQUANTIZED_MARKER,
         "verified": zoo._fingerprint_path("smollm2-135m"),
         "lens": tmp_path / "lens.safetensors.json",
         "metadata": tmp_path / "metadata.json",
@@ -121,7 +121,7 @@ def test_a_fifo_where_a_record_belongs_never_blocks(tmp_path, monkeypatch, reade
     os.mkfifo(fifo)
     with _deadline(10):
         if reader == "marker":
-            assert zoo.dequantized_marker(tmp_path) is None
+            assert acquire.dequantized_marker(tmp_path) is None
         elif reader == "verified":
             zoo.model_path("smollm2-135m").write_bytes(b"GGUF")
             assert zoo.cache_state("smollm2-135m") == "unverified"
@@ -161,12 +161,12 @@ def test_the_dequantized_folder_is_checked_against_the_gguf_not_its_own_marker(t
     import torch
     from conftest import char_tokenizer, make_tiny
 
-    from effdepth_core.models import _save_dequantized
+    from effdepth_core.acquire import save_dequantized
 
     tiny = make_tiny("llama")
     folder = tmp_path / "dequantized-float32"
     tokenizer = char_tokenizer()
-    _save_dequantized(tiny.model, tokenizer, folder, torch.float32, "ab" * 32)
+    save_dequantized(tiny.model, tokenizer, folder, torch.float32, "ab" * 32)
     config = json.loads((folder / "config.json").read_text())
     vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
     tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
@@ -175,26 +175,26 @@ def test_the_dequantized_folder_is_checked_against_the_gguf_not_its_own_marker(t
     rope_theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta"))
     assert rope_theta is not None
     _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], tokens, rope_theta)
-    assert zoo.gguf_mismatch(folder, gguf) is None  # every mapped value found, nested or not
+    assert acquire.gguf_mismatch(folder, gguf) is None  # every mapped value found, nested or not
     _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], tokens, rope_theta * 2)
-    zoo._REFERENCES.clear()
-    assert "rope_theta" in zoo.gguf_mismatch(folder, gguf)
+    acquire._REFERENCES.clear()
+    assert "rope_theta" in acquire.gguf_mismatch(folder, gguf)
     _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], tokens, rope_theta)
-    zoo._REFERENCES.clear()
-    assert zoo.dequantized_state(folder, "torch.float32", "ab" * 32, gguf=gguf) == "ready"
+    acquire._REFERENCES.clear()
+    assert acquire.dequantized_state(folder, "torch.float32", "ab" * 32, gguf=gguf) == "ready"
     # the attack of the issue: a changed config and the new sha256 in the marker; the marker agrees
     (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 0.5}))
-    marker = json.loads((folder / zoo.DEQUANTIZED_MARKER).read_text())
+    marker = json.loads((folder / acquire.DEQUANTIZED_MARKER).read_text())
     marker["files"]["config.json"] = cache.file_record(folder / "config.json")
-    (folder / zoo.DEQUANTIZED_MARKER).write_text(json.dumps(marker))
-    assert zoo.dequantized_state(folder, "torch.float32", "ab" * 32) == "ready"  # the marker alone is fooled
-    assert zoo.dequantized_state(folder, "torch.float32", "ab" * 32, gguf=gguf) == "damaged"
-    assert "rms_norm_eps" in zoo.gguf_mismatch(folder, gguf)
+    (folder / acquire.DEQUANTIZED_MARKER).write_text(json.dumps(marker))
+    assert acquire.dequantized_state(folder, "torch.float32", "ab" * 32) == "ready"  # the marker alone is fooled
+    assert acquire.dequantized_state(folder, "torch.float32", "ab" * 32, gguf=gguf) == "damaged"
+    assert "rms_norm_eps" in acquire.gguf_mismatch(folder, gguf)
     # the same for the vocabulary: one token swapped
     (folder / "config.json").write_text(json.dumps(config))
     _write_gguf(gguf, config["num_hidden_layers"], config["rms_norm_eps"], [*tokens[:-1], "other"], rope_theta)
-    zoo._REFERENCES.clear()
-    assert "token(s) differ" in zoo.gguf_mismatch(folder, gguf)
+    acquire._REFERENCES.clear()
+    assert "token(s) differ" in acquire.gguf_mismatch(folder, gguf)
 
 
 def test_a_cache_folder_others_can_write_is_refused(tmp_path, monkeypatch):

@@ -217,18 +217,17 @@ def test_dequantized_cache_is_written_atomically_and_never_over_a_foreign_folder
     from conftest import char_tokenizer, make_tiny
     from transformers import AutoModelForCausalLM
 
-    from effdepth_core.models import _save_dequantized
-    from effdepth_core.zoo import DEQUANTIZED_MARKER, dequantized_ready
+    from effdepth_core.acquire import DEQUANTIZED_MARKER, dequantized_ready, save_dequantized
 
     tiny = make_tiny("qwen2")
     folder = tmp_path / "dequantized-float32"
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
-    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, "ab" * 32)
+    save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, "ab" * 32)
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]  # not effdepth's: untouched
     (folder / "notes.txt").unlink()
     (folder / DEQUANTIZED_MARKER).write_text('{"format": 0}')  # effdepth's own, stale
-    _save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, "ab" * 32)
+    save_dequantized(tiny.model, char_tokenizer(), folder, torch.float32, "ab" * 32)
     assert dequantized_ready(folder, "torch.float32", "ab" * 32)
     assert not dequantized_ready(folder, "torch.float32", "cd" * 32)  # another GGUF: not reused
     assert not [p for p in tmp_path.iterdir() if "effdepth-tmp" in p.name]

@@ -15,9 +15,10 @@ from pathlib import Path
 import polars as pl
 
 from .. import registry
+from ..acquire import needs_download
 from ..errors import EffdepthError
 from ..map_run import run_map
-from ..models import LoadedModel, load_model, needs_download, quiet_libraries
+from ..models import LoadedModel, load_model, quiet_libraries
 from ..precision import PreciseRun, Precision, precise_run
 from ..probes import rule_comparison
 from ..results import RunResult, run

@@ -28,9 +28,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..acquire import model_files_digest
 from ..cache import NotARegularFile, atomic_write_bytes, atomic_write_json, check_file, file_record, read_json
 from ..errors import EffdepthError
-from ..models import LoadedModel, model_files_digest
+from ..models import LoadedModel
 from ..trace import residual_states, tokenize
 from ..zoo import ZOO, cache_dir
 from .lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
