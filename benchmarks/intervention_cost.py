@@ -38,7 +38,7 @@ from measure import PeakRSS, WorkCounter
 
 from effdepth_core.models import load_model
 from effdepth_core.probes import erasure_map, integrated_gradients, skip_effects
-from effdepth_core.probes.answers import answer_split
+from effdepth_core.probes.shared.answers import answer_split
 from effdepth_core.probes.skip import sample_positions
 from effdepth_core.tasks import load_task
 

@@ -63,7 +63,7 @@ def run_map(settings: MapSettings, out_dir: Path | str | None = None, overwrite:
     counts (``n_train_prompts``, ``n_train_tokens``, ``n_validation_prompts``, ``n_test_prompts``,
     ``small_width``); with ``out_dir``, kept in a run directory as ``run`` keeps a probe's results:
     read (verified) when there, else computed and written under the lock."""
-    from .probes.linear_map import cross_model_map, map_measurement
+    from .linear_map import cross_model_map, map_measurement
 
     settings.check()
     key = settings.key()

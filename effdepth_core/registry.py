@@ -27,13 +27,13 @@ ENTRY_POINT_GROUP = "effdepth.probes"
 
 # name → "module:attribute" of its ProbeSpec; the order is the order of tables and of a run
 BUILTIN: dict[str, str] = {
-    "cosine": "effdepth_core.probes.residual:SPEC",
+    "cosine": "effdepth_core.probes.cosine:SPEC",
     "logit_lens": "effdepth_core.probes.logit_lens:SPEC",
     "skip": "effdepth_core.probes.skip:SPEC",
     "erasure": "effdepth_core.probes.erasure:SPEC",
     "igrad": "effdepth_core.probes.igrad:SPEC",
     "tuned_lens": "effdepth_core.probes.tuned_lens:SPEC",
-    "prune": "effdepth_core.probes.pruning:SPEC",
+    "prune": "effdepth_core.probes.prune:SPEC",
     "early_exit": "effdepth_core.probes.early_exit:SPEC",
     "norm": "effdepth_core.probes.norm:SPEC",
 }

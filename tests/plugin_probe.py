@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from effdepth_core.probes.reduce import token_weighted_mean
+from effdepth_core.probes.shared.reduce import token_weighted_mean
 from effdepth_core.probes.spec import Chart, Option, ProbeSpec, Rule
 from effdepth_core.replay import clean_run
 

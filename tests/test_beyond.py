@@ -12,7 +12,7 @@ from conftest import make_tiny, random_prompts
 
 from effdepth_core.probes import logit_lens
 from effdepth_core.probes.early_exit import early_exit
-from effdepth_core.probes.pruning import (
+from effdepth_core.probes.prune import (
     after_ed_block,
     layer_pruning,
     prune_summary,

@@ -16,9 +16,9 @@ from effdepth_core import replay
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
 from effdepth_core.probes import depth_score, depth_scores, erasure_map, integrated_gradients, skip_effects
-from effdepth_core.probes.answers import AnswerSplit, answer_split
 from effdepth_core.probes.erasure import _map_fast
 from effdepth_core.probes.igrad import make_baseline, quadrature_rule
+from effdepth_core.probes.shared.answers import AnswerSplit, answer_split
 from effdepth_core.probes.skip import Intervention, _effects_fast, sample_positions
 from effdepth_core.replay import clean_run, run_suffix_layer
 from effdepth_core.tasks import Example

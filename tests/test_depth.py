@@ -7,8 +7,8 @@ import polars as pl
 import pytest
 
 from effdepth_core.probes import effective_depth
-from effdepth_core.probes.lens import ed_kl, ed_overlap
-from effdepth_core.probes.residual import ed_cosine
+from effdepth_core.probes.cosine import ed_cosine
+from effdepth_core.probes.shared.lens import ed_kl, ed_overlap
 
 
 def test_cosine_takes_the_last_negative_to_nonnegative_crossing():

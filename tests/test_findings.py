@@ -165,7 +165,7 @@ def test_the_cosine_rule_moves_with_its_zero_level():
     import numpy as np
 
     from effdepth_core.book import stats
-    from effdepth_core.probes.residual import COSINE_PARTS, SPEC
+    from effdepth_core.probes.cosine import COSINE_PARTS, SPEC
 
     rule = SPEC.rules[0]
     curve = np.array([0.05, -0.05, -0.01, 0.01, 0.015, 0.03, 0.04])

@@ -18,8 +18,8 @@ from effdepth_core import registry
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
 from effdepth_core.probes import integrated_gradients
-from effdepth_core.probes.answers import AnswerSplit
 from effdepth_core.probes.igrad import LayerPath
+from effdepth_core.probes.shared.answers import AnswerSplit
 from effdepth_core.results import EffdepthWarning, RunSettings, check_settings
 from effdepth_core.trace import Hook, intervene
 

@@ -23,6 +23,7 @@ LAYERS = {
     "trace": 3,
     "replay": 4,
     "probes": 5,
+    "linear_map": 5,  # the cross-model map: a measurement of two models, not a registered probe
     "registry": 5,
     "depth": 5,
     "provenance": 5,
@@ -186,3 +187,16 @@ def test_within_a_layer_imports_form_no_cycle():
     for module in sorted(graph):
         if module not in done:
             visit(module, ())
+
+
+def test_the_probes_api_names_stay_functions_after_every_probe_module_loaded():
+    # a probe module named like a function the package exports (logit_lens) replaces that name on
+    # the package when it is first imported, unless the package imported it before binding the name
+    import types
+
+    import effdepth_core.probes as probes
+    from effdepth_core import registry
+
+    registry.specs()  # imports every probe module
+    for name in probes.__all__:
+        assert not isinstance(getattr(probes, name), types.ModuleType), f"effdepth_core.probes.{name} is a module"

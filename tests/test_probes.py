@@ -10,7 +10,7 @@ import torch
 from conftest import make_tiny, random_prompts
 
 from effdepth_core.probes import logit_lens, residual_cosine, token_weighted_mean
-from effdepth_core.probes.residual import RESIDUAL_METRICS
+from effdepth_core.probes.cosine import RESIDUAL_METRICS
 
 LENGTHS = [7, 12, 3, 10]
 

@@ -101,7 +101,7 @@ def test_cli_run_on_the_default_model(tmp_path, capsys):
 def test_pruning_and_early_exit_on_the_real_model(smollm2):
     """Removing layers equals the skip probe's all-token skip in a full forward; exiting at L is the model."""
     from effdepth_core.probes.early_exit import early_exit
-    from effdepth_core.probes.pruning import pruned_final
+    from effdepth_core.probes.prune import pruned_final
     from effdepth_core.probes.skip import skip_hooks
     from effdepth_core.probes.tuned_lens import TunedLens
     from effdepth_core.replay import clean_run
@@ -152,7 +152,7 @@ def test_dequantized_weights_equal_the_gguf_parse(smollm2):
 
 def test_arithmetic_answer_tokens_are_the_digits(smollm2):
     # as the published code measures them: the space before the result belongs to the question
-    from effdepth_core.probes.answers import answer_split
+    from effdepth_core.probes.shared.answers import answer_split
 
     for example in load_task("addition", n=4, digits=6):
         split = answer_split(smollm2, example)

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from ..depth import resample_weights
-from ..probes.pruning import FINAL_KEPT
+from ..probes.prune import FINAL_KEPT
 from .stats import N_BOOTSTRAP, interval
 from .study import Study, pruning_comparison
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import polars as pl
 
-from ..probes.pruning import FINAL_KEPT
+from ..probes.prune import FINAL_KEPT
 from .findings import count_of, decide, interval_text, own_cells, task_name
 from .stats import interval_verdict
 

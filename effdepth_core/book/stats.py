@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from ..depth import ed_samples, n_examples, resample_weights
-from ..probes.reduce import token_weighted_mean
+from ..probes.shared.reduce import token_weighted_mean
 from ..probes.spec import Rule
 
 EARLY_SHARE = 0.1  # "the first layers": the first tenth of the depth (at least 2 layers)

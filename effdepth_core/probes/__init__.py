@@ -1,16 +1,16 @@
 """Probes: each a function (LoadedModel, prompts or examples, ...) -> long-format Polars frame,
 declared with its spec (``spec.ProbeSpec``) in the same module; ``effdepth_core.registry`` collects them."""
 
-from .depth_score import depth_score, depth_scores
+from ..linear_map import cross_model_map
+from .cosine import residual_cosine
 from .early_exit import early_exit, early_exit_summary
-from .effective import effective_depth
 from .erasure import erasure_map, residual_means
 from .igrad import integrated_gradients
-from .lens import logit_lens
-from .linear_map import cross_model_map
-from .pruning import layer_pruning, prune_summary, rule_comparison
-from .reduce import token_weighted_mean
-from .residual import residual_cosine
+from .logit_lens import logit_lens  # the submodule first, so this name stays the function
+from .prune import layer_pruning, prune_summary, rule_comparison
+from .shared.depth_score import depth_score, depth_scores
+from .shared.effective import effective_depth
+from .shared.reduce import token_weighted_mean
 from .skip import skip_effects, skip_summary
 from .tuned_lens import LensTraining, TunedLens, cached_tuned_lens, train_tuned_lens
 

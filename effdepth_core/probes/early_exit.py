@@ -14,9 +14,9 @@ from tqdm import tqdm
 from ..models import LoadedModel
 from ..replay import clean_run
 from ..trace import require_finite
-from .answers import AnswerInput, answer_splits
-from .lens import LENS, Translator
-from .reduce import token_weighted_mean
+from .shared.answers import AnswerInput, answer_splits
+from .shared.lens import LENS, Translator
+from .shared.reduce import token_weighted_mean
 from .spec import Context, ProbeSpec, Shape
 from .tuned_lens import LENS_STEPS, LENS_TOKENS, check_lens_cache, lens_identity, run_tuned_lens
 

@@ -28,8 +28,8 @@ from ..trace import (
     tokenize,
     trace_layers,
 )
-from .answers import AnswerInput, AnswerSplit, answer_splits
-from .output_change import head_buffer, output_change
+from .shared.answers import AnswerInput, AnswerSplit, answer_splits
+from .shared.output_change import head_buffer, output_change
 from .spec import Chart, Context, ProbeSpec, Shape
 
 

@@ -39,7 +39,7 @@ from ..errors import EffdepthError, EffdepthWarning
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layers
 from ..trace import Hook, intervene, require_finite
-from .answers import AnswerInput, AnswerSplit, answer_splits
+from .shared.answers import AnswerInput, AnswerSplit, answer_splits
 from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape
 
 BASELINES = ("position-mean", "hidden-mean")

@@ -3,8 +3,8 @@ and head (``lens.logit_lens``), its KL to the output and top-k overlap; ED by th
 
 from __future__ import annotations
 
-from .lens import KL_FRACTION_OPTION, LENS, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
-from .reduce import token_weighted_mean
+from .shared.lens import KL_FRACTION_OPTION, LENS, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
+from .shared.reduce import token_weighted_mean
 from .spec import Chart, ProbeSpec, Shape, on_prompts
 
 

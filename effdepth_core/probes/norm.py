@@ -12,8 +12,8 @@ import torch
 
 from ..models import LoadedModel
 from ..trace import LayerTrace, require_finite
-from .activations import each_batch, per_token_means
-from .reduce import token_weighted_mean
+from .shared.activations import each_batch, per_token_means
+from .shared.reduce import token_weighted_mean
 from .spec import Chart, Option, ProbeSpec, Rule, on_prompts
 
 

@@ -23,8 +23,8 @@ from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffix_layer
 from ..trace import Hook, intervene, replace_positions, require_finite, tokenize
-from .depth_score import depth_scores
-from .output_change import head_buffer, output_change
+from .shared.depth_score import depth_scores
+from .shared.output_change import head_buffer, output_change
 from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape, prompts_of
 
 SKIP_PARTS = ("layer", "attn", "mlp")

@@ -34,8 +34,8 @@ from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..trace import residual_states, tokenize
 from ..zoo import ZOO, cache_dir
-from .lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
-from .reduce import token_weighted_mean
+from .shared.lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
+from .shared.reduce import token_weighted_mean
 from .spec import Context, Option, ProbeSpec, Shape, prompts_of
 
 LENS_FORMAT = 1  # bump when training changes, so older cached lenses are not reused

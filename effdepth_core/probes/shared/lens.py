@@ -12,11 +12,11 @@ import numpy as np
 import polars as pl
 import torch
 
-from ..errors import EffdepthError
-from ..models import LoadedModel
-from ..trace import Batch, LayerTrace, forward, require_finite, trace_layers
+from ...errors import EffdepthError
+from ...models import LoadedModel
+from ...trace import Batch, LayerTrace, forward, require_finite, trace_layers
+from ..spec import KEY_ALWAYS, KEY_NEVER, Option, Rule
 from .activations import LayerMeasure, per_token_means
-from .spec import KEY_ALWAYS, KEY_NEVER, Option, Rule
 
 
 class Translator(Protocol):

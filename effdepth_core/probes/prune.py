@@ -27,8 +27,8 @@ from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layer
 from ..trace import require_finite, tokenize
-from .answers import AnswerInput, AnswerSplit, answer_splits
-from .reduce import token_weighted_mean
+from .shared.answers import AnswerInput, AnswerSplit, answer_splits
+from .shared.reduce import token_weighted_mean
 from .spec import Context, Option, ProbeSpec, Shape
 
 PRUNE_METRICS = ("answer_nll", "answer_accuracy")

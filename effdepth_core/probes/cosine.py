@@ -10,8 +10,8 @@ import torch
 
 from ..models import LoadedModel
 from ..trace import LayerTrace, require_finite
-from .activations import each_batch, per_token_means
-from .reduce import token_weighted_mean
+from .shared.activations import each_batch, per_token_means
+from .shared.reduce import token_weighted_mean
 from .spec import Chart, ProbeSpec, Rule, on_prompts
 
 RESIDUAL_METRICS = ("cos_attn", "cos_mlp", "cos_layer", "rel_attn", "rel_mlp", "rel_layer")

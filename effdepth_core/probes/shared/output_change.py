@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models import LoadedModel
+from ...models import LoadedModel
 
 HEAD_TOKENS = 512  # tokens per head matmul
 

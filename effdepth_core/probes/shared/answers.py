@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..errors import EffdepthError
-from ..models import LoadedModel
-from ..tasks import Example
+from ...errors import EffdepthError
+from ...models import LoadedModel
+from ...tasks import Example
 
 
 class AnswerSplit(NamedTuple):

@@ -11,8 +11,8 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
-from ..models import LoadedModel
-from ..trace import Batch, LayerTrace, forward, iter_batches, tokenize, trace_layers
+from ...models import LoadedModel
+from ...trace import Batch, LayerTrace, forward, iter_batches, tokenize, trace_layers
 from .reduce import per_example_frame
 
 # per traced layer: (its row in the output's layer axis, the measurement per token), the

@@ -25,9 +25,9 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
-from ..errors import EffdepthError
-from ..models import LoadedModel
-from ..trace import residual_states, tokenize
+from .errors import EffdepthError
+from .models import LoadedModel
+from .trace import residual_states, tokenize
 
 StateStream = Callable[[], Iterable[torch.Tensor]]  # each call: batches of [token, layer 0..L, d] float32
 

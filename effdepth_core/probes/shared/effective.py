@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import polars as pl
 
-from ..depth import DepthResult, effective_depths
-from ..registry import get
+from ...depth import DepthResult, effective_depths
+from ...registry import get
 from .lens import KL_FRACTION, OVERLAP_THRESHOLD
 
 
