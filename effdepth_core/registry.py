@@ -75,9 +75,13 @@ def _entry_points() -> dict[str, object]:
 
 
 def names() -> tuple[str, ...]:
-    """Every probe's name (built-in first): plugins whose names are valid, without importing any
-    probe (``get`` says why one that then fails to load is missing)."""
-    return (*BUILTIN, *(n for n in _entry_points() if n not in BUILTIN), *(n for n in _EXTRA if n not in BUILTIN))
+    """Every probe's name (built-in first), as ``get`` knows them once the probes are loaded; before,
+    without importing any probe, the plugins whose names are valid and not yet left out (``get`` then
+    says in one line why one that fails to load is missing)."""
+    if _all.cache_info().currsize:
+        return tuple(_all())
+    plugins = (n for n in _entry_points() if n not in BUILTIN and n not in _LEFT_OUT)
+    return (*BUILTIN, *plugins, *(n for n in _EXTRA if n not in BUILTIN))
 
 
 def _load(name: str, target: str) -> ProbeSpec:

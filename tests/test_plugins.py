@@ -11,6 +11,7 @@ import pytest
 
 from effdepth_core import registry
 from effdepth_core.cli import main
+from effdepth_core.errors import EffdepthError
 from effdepth_core.settings import RunSettings
 
 
@@ -72,9 +73,13 @@ def test_a_broken_plugin_is_left_out_with_a_warning(monkeypatch):
     )
     registry.reload()
     try:
+        assert "broken" in registry.names()  # before loading: its name is valid
         with pytest.warns(UserWarning, match="the probe plugin 'broken'"):
             specs = registry.specs()
         assert "broken" not in specs and "cosine" in specs
+        assert registry.names() == tuple(specs)  # once loaded, names and get agree
+        with pytest.raises(EffdepthError, match="the probe plugin 'broken' was left out .*ModuleNotFoundError"):
+            registry.get("broken")
     finally:
         monkeypatch.undo()
         registry.reload()

@@ -203,28 +203,31 @@ class ProbeSpec:
     saved ``<name>.parquet`` (None: the per-example frame is saved as such); ``derived`` frames are
     computed from the per-example frame and the examples (None: not applicable to this run)."""
 
+    # --- the science: what it measures, on what, and how an ED is read from it
     name: str
     title: str  # what progress bars and messages call it
     compute: Callable[..., Frames]
     options: tuple[Option, ...] = ()
     aggregate: Callable[[Any], Any] | None = None
+    rules: tuple[Rule, ...] = ()
+    needs_answers: bool = False  # examples need a question/answer split
+    min_tokens: int = 2  # shortest prompt its definition is meaningful for
+    description: str = ""
+    # --- what it saves and shows besides (most probes need none of these)
     derived: Mapping[str, Callable[[Any, Sequence[Any]], Any]] = field(default_factory=dict)
     extra_frames: tuple[str, ...] = ()  # extra frames ``compute`` returns (per run, not per example)
-    rules: tuple[Rule, ...] = ()
     summarize: Callable[[Mapping[str, Any]], dict] | None = None  # saved frames → keys of effective_depth.json
     cell: Callable[[Mapping[str, Any], Mapping[str, Any]], str] | None = None  # (summary, saved frames) → text
     cell_label: str | None = None  # its column in the end-of-run table (default: ``title``)
     charts: tuple[Chart, ...] = ()
     unit: str = "prompt"  # what its progress bar counts
-    needs_answers: bool = False  # examples need a question/answer split
-    min_tokens: int = 2  # shortest prompt its definition is meaningful for
+    # --- caching, checks and scheduling (the defaults fit a probe of the prompts alone)
     reusable: bool = False  # an example's rows depend on that example alone: reused when n grows
+    revision: int = 1  # bump when the same settings give other numbers: enters the probe's own key
     check: Callable[[Any, Mapping[str, Any]], None] | None = None  # (settings, model facts) → raise on a bad mix
     expand: Callable[[Any], tuple[str, ...]] | None = None  # settings → the probes asking for this one runs
     identity: Callable[[Any, Any], dict] | None = None  # (loaded, context) → what else pins its numbers
     outdated: Callable[[Mapping[str, Any], Any], str | None] | None = None  # (cached record, settings) → warning
-    revision: int = 1  # bump when the same settings give other numbers: enters the probe's own key
-    description: str = ""
     # (shape, settings, prompt lengths in tokens) → its operations, up to a constant the cost model
     # measures per model (``book/cost.py``): what must scale with layers, vocabulary and settings
     work: Callable[[Shape, Any, Sequence[int]], float] = forward_work
