@@ -194,3 +194,25 @@ def _symlog(values: pl.Series, title: str) -> alt.Y:
         scale=alt.Scale(type="symlog", constant=0.1, domain=[low, high], nice=False),
         axis=alt.Axis(values=ticks, format="~g"),
     )
+
+
+def ratio_with_interval(base: alt.Chart, field: str, scale: alt.Scale, title: str, size: int = 60) -> list[alt.Chart]:
+    """The ED ratio of each cell as a point (hollow when degenerate, pale when uncounted) on its
+    bootstrap interval's bar, coloured by ``field``: the layers of every ED-by-task chart."""
+    points = base.mark_point(filled=True, size=size).encode(
+        y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
+        **_hollow_when_degenerate(field, scale, title),
+        tooltip=[
+            "status:N",
+            "model:N",
+            "task:N",
+            field,
+            "ed:Q",
+            alt.Tooltip("ratio:Q", format=".2f"),
+            "ci_low:Q",
+            "ci_high:Q",
+            "n_examples:Q",
+        ],
+    )
+    bars = base.mark_rule(strokeWidth=2 if size > 60 else 1).encode(y="ratio_low:Q", y2="ratio_high:Q")
+    return [bars, points]

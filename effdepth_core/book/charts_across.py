@@ -20,6 +20,7 @@ from .chart_parts import (
     _picker_params,
     _rounded,
     _rule_scale,
+    ratio_with_interval,
 )
 from .render import (
     CONTENT_WIDTH,
@@ -164,23 +165,7 @@ def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt
         color=alt.Color("rule:N", scale=rules, title="ED rule"),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)),
     )
-    points = base.mark_point(filled=True, size=60).encode(
-        y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        **_hollow_when_degenerate("rule:N", rules, "ED rule"),
-        tooltip=[
-            "status:N",
-            "model:N",
-            "task:N",
-            "rule:N",
-            "ed:Q",
-            alt.Tooltip("ratio:Q", format=".2f"),
-            "ci_low:Q",
-            "ci_high:Q",
-            "n_examples:Q",
-        ],
-    )
-    bars = base.mark_rule().encode(y="ratio_low:Q", y2="ratio_high:Q")
-    chart = alt.layer(bars, points).add_params(pick)
+    chart = alt.layer(*ratio_with_interval(base, "rule:N", rules, "ED rule")).add_params(pick)
     return chart.properties(width=520, height=240, title=alt.Title(DEGENERATE_NOTE, **NOTE_TITLE))
 
 

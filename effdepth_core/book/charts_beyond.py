@@ -9,7 +9,6 @@ import polars as pl
 from .chart_parts import (
     DEGENERATE_NOTE,
     NOTE_TITLE,
-    _hollow_when_degenerate,
     _lens_scale,
     _marked,
     _needs_data,
@@ -18,6 +17,7 @@ from .chart_parts import (
     _pickers,
     _rounded,
     _symlog,
+    ratio_with_interval,
 )
 from .render import (
     CONTENT_WIDTH,
@@ -44,22 +44,8 @@ def lens_ed_comparison(summary: pl.DataFrame) -> alt.Chart:
         xOffset=alt.XOffset("lens:N", sort=lens_scale.domain),
         color=alt.Color("lens:N", scale=lens_scale, title="lens"),
     )
-    points = base.mark_point(filled=True, size=70).encode(
-        y=alt.Y("ratio:Q", title="(ED + 1) / L", scale=alt.Scale(domain=[0, 1])),
-        **_hollow_when_degenerate("lens:N", lens_scale, "lens"),
-        tooltip=[
-            "model:N",
-            "task:N",
-            "lens:N",
-            "status:N",
-            "ed:Q",
-            alt.Tooltip("ratio:Q", format=".2f"),
-            "ci_low:Q",
-            "ci_high:Q",
-        ],
-    )
-    bars = base.mark_rule(strokeWidth=2).encode(y="ratio_low:Q", y2="ratio_high:Q")
-    chart = alt.layer(bars, points, data=frame).properties(width=270, height=200)
+    chart = alt.layer(*ratio_with_interval(base, "lens:N", lens_scale, "lens", size=70), data=frame)
+    chart = chart.properties(width=270, height=200)
     faceted = chart.facet(column=alt.Column("panel:N", title=None)).properties(
         title=alt.Title(DEGENERATE_NOTE, **NOTE_TITLE)
     )
