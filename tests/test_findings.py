@@ -318,10 +318,10 @@ def test_effdepth_plot_saves_a_chart_and_never_overwrites(tiny_dir, tmp_path, ca
     argv = ["run", "--model", str(tiny_dir), "--task", "addition", "--n", "2", "--out", str(run), "--no-progress"]
     assert main(argv) == 0
     svg = tmp_path / "lens.svg"
-    assert main(["plot", str(run), "--chart", "lens", "--out", str(svg)]) == 0
+    assert main(["plot", str(run), "--chart", "logit_lens", "--out", str(svg)]) == 0
     assert svg.read_text().startswith("<svg") and "layer whose input is decoded" in svg.read_text()
     capsys.readouterr()
-    assert main(["plot", str(run), "--chart", "lens", "--out", str(svg)]) == 2  # exists: refused
+    assert main(["plot", str(run), "--chart", "logit_lens", "--out", str(svg)]) == 2  # exists: refused
     assert main(["plot", str(run), "--chart", "erasure", "--out", str(tmp_path / "e.png")]) == 2  # not run
     assert "no erasure results" in capsys.readouterr().err
 

@@ -125,10 +125,10 @@ def test_plot_refuses_frames_that_fail_their_record(finished, tmp_path, capsys):
     run = _copy(finished, tmp_path)
     lens = pl.read_parquet(run / "logit_lens.parquet")
     lens.with_columns(pl.col("value") * 1000).write_parquet(run / "logit_lens.parquet")  # valid, other numbers
-    code, err = _cli(capsys, "plot", str(run), "--chart", "lens", "--out", str(tmp_path / "lens.svg"))
+    code, err = _cli(capsys, "plot", str(run), "--chart", "logit_lens", "--out", str(tmp_path / "lens.svg"))
     assert code == 2 and "logit_lens.parquet is damaged" in err and not (tmp_path / "lens.svg").exists()
     (run / "logit_lens.parquet").unlink()
-    code, err = _cli(capsys, "plot", str(run), "--chart", "lens", "--out", str(tmp_path / "lens.svg"))
+    code, err = _cli(capsys, "plot", str(run), "--chart", "logit_lens", "--out", str(tmp_path / "lens.svg"))
     assert code == 2 and ("is missing" in err or "has no logit_lens results" in err)
 
 
