@@ -1,7 +1,17 @@
 """effdepth: measure how much of its depth a large language model really uses.
 
-The public names load on first use, so ``import effdepth_core`` (and the command line's ``--help``)
-does not import torch."""
+The public names below load on first use, so ``import effdepth_core`` (and the command line's
+``--help``) does not import torch; ``dir(effdepth_core)``, tab completion and ``help`` list them.
+
+- models: ``load_model`` (an offline alias, a folder, a GGUF, a hub id), ``wrap_model`` (a model
+  already in memory), ``LoadedModel``
+- data: ``load_task``, ``Example``
+- probes, each a function of a model and prompts to a long Polars frame: ``residual_cosine``,
+  ``logit_lens``, ``residual_norm``, ``skip_effects``, ``erasure_map``, ``integrated_gradients``,
+  ``layer_pruning``, ``early_exit``, ``train_tuned_lens`` / ``TunedLens``, ``cross_model_map``
+- effective depth: ``effective_depth``, ``DepthResult``, ``token_weighted_mean``
+- cached runs: ``run``, ``RunSettings`` (what ``effdepth run`` does, from Python)
+"""
 
 from __future__ import annotations
 
@@ -12,16 +22,27 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "DepthResult": "depth",
-    "effective_depth": "probes",
     "EffdepthError": "errors",
+    "Example": "tasks",
     "LoadedModel": "models",
+    "RunSettings": "settings",
+    "TunedLens": "probes",
+    "cross_model_map": "probes",
+    "early_exit": "probes",
+    "effective_depth": "probes",
+    "erasure_map": "probes",
+    "integrated_gradients": "probes",
+    "layer_pruning": "probes",
     "load_model": "models",
-    "wrap_model": "models",
+    "load_task": "tasks",
     "logit_lens": "probes",
     "residual_cosine": "probes",
+    "residual_norm": "probes.norm",
+    "run": "results",
+    "skip_effects": "probes",
     "token_weighted_mean": "probes",
-    "Example": "tasks",
-    "load_task": "tasks",
+    "train_tuned_lens": "probes",
+    "wrap_model": "models",
 }
 
 __all__ = [
@@ -29,21 +50,48 @@ __all__ = [
     "EffdepthError",
     "Example",
     "LoadedModel",
+    "RunSettings",
+    "TunedLens",
+    "cross_model_map",
+    "early_exit",
     "effective_depth",
+    "erasure_map",
+    "integrated_gradients",
+    "layer_pruning",
     "load_model",
     "load_task",
     "logit_lens",
     "residual_cosine",
+    "residual_norm",
+    "run",
+    "skip_effects",
     "token_weighted_mean",
+    "train_tuned_lens",
     "wrap_model",
 ]
-assert sorted(__all__) == sorted(_EXPORTS)
+assert __all__ == sorted(_EXPORTS)  # one list, checked at import
 
 if TYPE_CHECKING:
     from .depth import DepthResult
     from .errors import EffdepthError
     from .models import LoadedModel, load_model, wrap_model
-    from .probes import effective_depth, logit_lens, residual_cosine, token_weighted_mean
+    from .probes import (
+        TunedLens,
+        cross_model_map,
+        early_exit,
+        effective_depth,
+        erasure_map,
+        integrated_gradients,
+        layer_pruning,
+        logit_lens,
+        residual_cosine,
+        skip_effects,
+        token_weighted_mean,
+        train_tuned_lens,
+    )
+    from .probes.norm import residual_norm
+    from .results import run
+    from .settings import RunSettings
     from .tasks import Example, load_task
 
 
@@ -51,3 +99,8 @@ def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module 'effdepth_core' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names too, though they load on first use (completion and ``help`` list them)."""
+    return sorted({*globals(), *__all__})

@@ -55,3 +55,18 @@ def test_the_cache_keyword_follows_the_installed_transformers():
     base = loaded.base_model()
     expected = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
     assert cache_keyword(base) == expected
+
+
+def test_a_newer_torch_is_never_asked_to_downgrade():
+    """The torch requirement has a floor (the lowest tested) and no cap: a user's torch 2.14 or 2.15
+    satisfies it, so installing effdepth beside it changes nothing (the cap was CI's limit)."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's; CI runs 3.11")
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    (torch_req,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "torch"]
+    assert all(torch_req.specifier.contains(v) for v in ("2.13.0", "2.14.0", "2.15.1", "3.0.0"))
+    assert not torch_req.specifier.contains("2.12.1")  # the floor stays the lowest tested

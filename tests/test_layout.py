@@ -200,3 +200,15 @@ def test_the_probes_api_names_stay_functions_after_every_probe_module_loaded():
     registry.specs()  # imports every probe module
     for name in probes.__all__:
         assert not isinstance(getattr(probes, name), types.ModuleType), f"effdepth_core.probes.{name} is a module"
+
+
+def test_the_public_api_is_discoverable_and_typed():
+    import pydoc
+
+    import effdepth_core
+
+    assert set(effdepth_core.__all__) <= set(dir(effdepth_core))  # tab completion sees the lazy names
+    for name in effdepth_core.__all__:
+        assert getattr(effdepth_core, name) is not None
+    assert "integrated_gradients" in pydoc.render_doc(effdepth_core)
+    assert (PACKAGE / "py.typed").is_file()  # PEP 561: type checkers read the hints
