@@ -3,10 +3,10 @@ input or output (``intervene``) — plus tokenizing and batching prompts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -163,9 +163,61 @@ class Batch:
         return self.attention_mask.bool()
 
 
-def tokenize(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], truncate: bool = False) -> list[torch.Tensor]:
-    """Token ids for each prompt (text is encoded; id tensors pass through); checks lengths, or with
-    ``truncate`` cuts a prompt longer than the model's context to it (for corpus text)."""
+# what every probe of prompts takes (``as_prompts``): one prompt, or several
+Prompts = Any  # str | Example | Sequence[str | Example | Tensor | Sequence[int]] | Tensor | BatchEncoding | (ids, mask)
+
+
+def _masked_rows(ids: Any, mask: Any | None) -> list[torch.Tensor]:
+    """Each row of a ``[batch, token]`` id tensor, without the positions its attention mask leaves
+    out (padding on either side)."""
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2:
+        raise EffdepthError(f"token ids must be [token] or [batch, token], got shape {tuple(ids.shape)}")
+    if mask is None:
+        return list(ids)
+    mask = torch.as_tensor(mask).bool().reshape(ids.shape)
+    return [row[keep] for row, keep in zip(ids, mask, strict=True)]
+
+
+def as_prompts(prompts: Prompts) -> list[str | torch.Tensor]:
+    """One list of prompts (text or token ids) from what a probe is given: a string or an
+    ``Example`` (one prompt); a list of strings, ``Example``s (their prompt), id tensors or lists
+    of ids; a ``[batch, token]`` id tensor; a tokenizer's ``BatchEncoding`` (or a dict) or an
+    ``(input_ids, attention_mask)`` pair, whose mask is respected (padding is not a token)."""
+    if isinstance(prompts, str) or hasattr(prompts, "prompt"):
+        return [getattr(prompts, "prompt", prompts)]
+    if isinstance(prompts, Mapping):
+        if "input_ids" not in prompts:
+            raise EffdepthError("a dict of prompts needs input_ids (and attention_mask), as a tokenizer returns")
+        return _masked_rows(prompts["input_ids"], prompts.get("attention_mask"))
+    if torch.is_tensor(prompts):
+        return _masked_rows(prompts, None)
+    if isinstance(prompts, tuple) and len(prompts) == 2 and all(torch.is_tensor(p) for p in prompts):
+        return _masked_rows(*prompts)
+    items = list(prompts)
+    if items and all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+        return [torch.tensor(items, dtype=torch.long)]  # one prompt's ids
+    out: list[str | torch.Tensor] = []
+    for item in items:
+        item = getattr(item, "prompt", item)
+        if isinstance(item, str):
+            out.append(item)
+        elif torch.is_tensor(item) or isinstance(item, Sequence):
+            out.append(torch.as_tensor(item, dtype=torch.long).flatten())
+        else:
+            raise EffdepthError(
+                f"a prompt must be text, an Example, or token ids, got {type(item).__name__}; see as_prompts"
+            )
+    return out
+
+
+def tokenize(loaded: LoadedModel, prompts: Prompts, truncate: bool = False) -> list[torch.Tensor]:
+    """Token ids for each prompt (``as_prompts``: text is encoded, ids pass through, a mask is
+    respected); checks lengths, or with ``truncate`` cuts a prompt longer than the model's context
+    to it (for corpus text)."""
+    prompts = as_prompts(prompts)
     if len(prompts) == 0:
         raise EffdepthError("no prompts to probe: the task gave 0 examples")
     token_lists = []

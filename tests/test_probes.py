@@ -154,3 +154,43 @@ def test_top_k_is_a_parameter():
     got = _as_dict(logit_lens(loaded, prompts, top_k=1))
     for layer in range(loaded.n_layers + 1):
         assert got[(layer, "overlap")] == pytest.approx(expected[(layer, "overlap")], abs=1e-6)
+
+
+def test_every_prompt_probe_takes_one_input_contract():
+    """A string is one prompt; Examples are their prompts; ids as tensors, lists, a padded
+    [batch, token] tensor with its mask (a pair or a tokenizer's dict, padded left or right) give
+    the numbers of the plain texts — the padding is never averaged in."""
+    from conftest import char_tokenizer
+
+    from effdepth_core.errors import EffdepthError
+    from effdepth_core.models import wrap_model
+    from effdepth_core.probes.norm import residual_norm
+    from effdepth_core.tasks import Example
+
+    loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
+    texts = ["hello world", "abc"]
+    ids = [loaded.encode(t) for t in texts]
+    right = torch.zeros(2, 11, dtype=torch.long)
+    left = torch.zeros(2, 11, dtype=torch.long)
+    mask_right, mask_left = torch.zeros_like(right), torch.zeros_like(left)
+    for i, t in enumerate(ids):
+        right[i, : t.numel()], mask_right[i, : t.numel()] = t, 1
+        left[i, 11 - t.numel() :], mask_left[i, 11 - t.numel() :] = t, 1
+    for probe in (residual_cosine, residual_norm, lambda m, p: logit_lens(m, p, top_k=3)):
+        expected = probe(loaded, texts)
+        for given in (
+            [Example(t) for t in texts],
+            ids,
+            [t.tolist() for t in ids],
+            (right, mask_right),
+            {"input_ids": left, "attention_mask": mask_left},
+        ):
+            assert probe(loaded, given).equals(expected)
+        one = probe(loaded, "hello world")
+        alone = expected.filter(example=0)
+        assert one.select(pl.exclude("value")).equals(alone.select(pl.exclude("value")))  # one prompt, not 11
+        # alone vs in a padded batch of two: float32 matmuls round differently, ~1e-7 of the scale
+        assert (one["value"] - alone["value"]).abs().max() <= 1e-5 * max(1.0, alone["value"].abs().max())
+        assert one["n_tokens"].unique().to_list() == [ids[0].numel()]
+    with pytest.raises(EffdepthError, match="a prompt must be text, an Example, or token ids"):
+        residual_cosine(loaded, [3.5])

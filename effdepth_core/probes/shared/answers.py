@@ -54,6 +54,11 @@ def answer_split(loaded: LoadedModel, item: AnswerInput) -> AnswerSplit:
     """
     if isinstance(item, tuple):
         ids, n_answer = torch.as_tensor(item[0], dtype=torch.long).flatten(), int(item[1])
+    elif not hasattr(item, "answer"):
+        raise EffdepthError(
+            f"this probe measures the answer tokens, so a prompt must say where its answer starts: give "
+            f"Example(question, answer) or (token ids, number of answer tokens) pairs, not {type(item).__name__}"
+        )
     else:
         if not item.answer:
             raise EffdepthError(
@@ -77,7 +82,12 @@ def answer_split(loaded: LoadedModel, item: AnswerInput) -> AnswerSplit:
     return AnswerSplit(ids, n_answer)
 
 
-def answer_splits(loaded: LoadedModel, items: Sequence[AnswerInput]) -> list[AnswerSplit]:
+def answer_splits(loaded: LoadedModel, items: Sequence[AnswerInput] | AnswerInput) -> list[AnswerSplit]:
+    """The split of each item (one ``Example`` or pair is one item)."""
+    if hasattr(items, "answer") or (isinstance(items, tuple) and len(items) == 2 and isinstance(items[1], int)):
+        items = [items]
+    if isinstance(items, str):
+        items = [items]  # refused below, in one line
     if len(items) == 0:
         raise EffdepthError("no examples to probe: the task gave 0 examples")
     return [answer_split(loaded, item) for item in items]
