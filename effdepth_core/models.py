@@ -96,6 +96,7 @@ class LoadedModel:
     logit_softcap: float | None
     parallel_residual: bool
     max_positions: int | None
+    source: str | None = None  # the name load_model loaded it from (None: a model wrapped in memory)
 
     def __repr__(self) -> str:
         return (
@@ -390,4 +391,19 @@ def load_model(
         save_dequantized(model, tokenizer, folder, torch_dtype, sha256)
     if device_map is None:
         model = model.to(device)
-    return wrap_model(model, tokenizer, name=name)
+    loaded = wrap_model(model, tokenizer, name=name)
+    loaded.source = spec
+    return loaded
+
+
+def weights_fingerprint(loaded: LoadedModel) -> str:
+    """The sha256 of a model's parameters and buffers (names, dtypes, shapes and bytes): what keys a
+    run of a model given in memory, whose name says nothing of its weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in [*loaded.model.named_parameters(), *loaded.model.named_buffers()]:
+        data = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}:{data.dtype}:{tuple(data.shape)};".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()

@@ -10,6 +10,7 @@ summarize (ED per rule, each probe's summary and end-of-run cell).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import resource
 import socket
@@ -28,7 +29,7 @@ from .cache import read_regular
 from .depth import effective_depths
 from .display import RunResult
 from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError
-from .models import LoadedModel, load_model, preflight_model
+from .models import LoadedModel, load_model, preflight_model, weights_fingerprint
 from .probes.spec import Context, ProbeSpec
 from .rundir import (
     EXAMPLES,
@@ -127,12 +128,14 @@ class _Plan:
     out: Path
     key: str
     examples: list[Example] | None  # final unless a token-length filter needs the tokenizer
+    weights: str | None = None  # the sha256 of a model given in memory (``_run_key``)
 
 
 def _plan(settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, examples) -> _Plan:
     """Check the probes, task, model spec and options, and (where no tokenizer is needed) load the
     examples: every user error that can be found without the model is found here."""
     names = parse_probes(probes, settings)
+    given_examples = examples
     if loaded is None:
         facts = preflight_model(settings.model)
     else:
@@ -143,8 +146,26 @@ def _plan(settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, ex
         examples = None if loaded is None and _needs_tokenizer(settings) else preview
     if examples is not None:
         check_examples(examples, [registry.get(n) for n in names])
-    out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(settings)
-    return _Plan(names, out, settings.key(), examples)
+    weights = weights_fingerprint(loaded) if loaded is not None and loaded.source != settings.model else None
+    key = _run_key(settings, weights, given_examples)
+    out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(settings, key=key)
+    return _Plan(names, out, key, examples, weights)
+
+
+def _run_key(settings: RunSettings, weights: str | None, examples: list[Example] | None) -> str:
+    """The run's key: its settings' — and what the settings cannot name: the weights of a model
+    given in memory (not loaded from ``settings.model``), the text of examples given in place of the
+    task's. Two models wrapped under one name, or one's own prompts run under a task's name, never
+    share a cache entry with each other or with the task."""
+    extra = {}
+    if weights is not None:
+        extra["weights_sha256"] = weights
+    if examples is not None:
+        text = json.dumps([e.to_json() for e in examples], sort_keys=True)
+        extra["examples_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    if not extra:
+        return settings.key()
+    return hashlib.sha256(json.dumps({"settings": settings.key(), **extra}, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _load(settings: RunSettings, names: list[str], loaded: LoadedModel | None, examples) -> tuple:
@@ -366,7 +387,7 @@ def run(
             loaded, examples = _load(settings, plan.names, loaded, plan.examples)
             started = False
             for name in missing:
-                frames, record = _measure(registry.get(name), loaded, examples, settings, plan.out, reuse_from)
+                frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from)
                 if not started:  # only once the first probe succeeded: --overwrite replaces a run here
                     directory.start(_new_metadata(settings, plan.key, loaded, examples), examples)
                     started = True
@@ -416,7 +437,7 @@ def _measure(
     loaded: LoadedModel,
     examples: list[Example],
     settings: RunSettings,
-    out: Path,
+    plan: _Plan,
     reuse_from: Sequence[Path | str],
 ) -> tuple[dict[str, pl.DataFrame], dict]:
     """One probe's frames (an earlier run's rows of the same examples reused) and its record in
@@ -426,8 +447,10 @@ def _measure(
         torch.cuda.reset_peak_memory_stats(loaded.input_device)
     started = time.perf_counter()
     identity = spec.identity(loaded, Context(settings)) if spec.identity else {}
+    if plan.weights is not None:  # a model in memory: its rows are its weights', whatever its name
+        identity = {**identity, "weights_sha256": plan.weights}
     key = settings.probe_key(spec, identity)
-    donor = _find_donor(spec, key, examples, out, settings, reuse_from)
+    donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from)
     frames = _compute(spec, loaded, examples, settings, donor)
     record = {
         "seconds": round(time.perf_counter() - started, 4),

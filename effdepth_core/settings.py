@@ -288,13 +288,15 @@ def run_name(settings: RunSettings) -> str:
     return name
 
 
-def default_out_dir(settings: RunSettings, root: Path | str = "results", hashed: bool = True) -> Path:
+def default_out_dir(
+    settings: RunSettings, root: Path | str = "results", hashed: bool = True, key: str | None = None
+) -> Path:
     """``results/<model>/<task>-n<N>-seed<S>[-level<l>][-digits<d>]-<key>``: the short key hash makes
     the name differ whenever anything that changes the numbers differs (a task file's content, a
     model's files, ``--top-k``, ``--dtype``, ``--max-tokens``, …). ``hashed=False`` leaves it out
     (the book's results tree, whose parameters live in params/)."""
     name = run_name(settings)
-    return Path(root) / slug(settings.model) / (f"{name}-{settings.key()[:8]}" if hashed else name)
+    return Path(root) / slug(settings.model) / (f"{name}-{(key or settings.key())[:8]}" if hashed else name)
 
 
 # bump when the same map settings give other numbers (2: the self-map check fits without a ridge;

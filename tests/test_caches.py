@@ -125,3 +125,28 @@ def test_a_local_model_changed_in_place_is_another_model(tmp_path, capsys):
     assert main([*argv, "--overwrite"]) == 0
     assert (out / "cosine.parquet").read_bytes() != cosine_before  # recomputed on the new weights
     assert json.loads((out / "effective_depth.json").read_text())["model"] == before["model"]
+
+
+def test_a_run_is_keyed_by_the_weights_and_the_prompts_it_measured(tmp_path, monkeypatch):
+    """Two models wrapped under one name, and one's own prompts run under a task's name, never share
+    a run directory or rows: each run's numbers equal the probe computed directly on its model."""
+    from effdepth_core.models import wrap_model
+    from effdepth_core.probes import residual_cosine
+    from effdepth_core.results import run
+    from effdepth_core.settings import RunSettings
+    from effdepth_core.tasks import Example, load_task
+
+    monkeypatch.chdir(tmp_path)  # the default results folder
+    a = wrap_model(make_tiny("llama", seed=1).model, char_tokenizer(), name="tiny")
+    b = wrap_model(make_tiny("llama", seed=2).model, char_tokenizer(), name="tiny")
+    settings = RunSettings("tiny", "addition", n=2, digits=3, progress=False)
+    first, second = run(settings, ["cosine"], loaded=a), run(settings, ["cosine"], loaded=b)
+    assert first.out_dir != second.out_dir
+    prompts = [e.prompt for e in load_task("addition", n=2, digits=3)]
+    assert second.per_example["cosine"].equals(residual_cosine(b, prompts))  # B's numbers, not A's
+    mine = [Example("Hello world"), Example("Hello there")]
+    own = run(settings, ["cosine"], loaded=a, examples=mine)
+    assert own.out_dir not in (first.out_dir, second.out_dir)
+    assert own.per_example["cosine"].equals(residual_cosine(a, [e.prompt for e in mine]))
+    again = run(settings, ["cosine"], loaded=a)  # the task's run is still the task's
+    assert again.out_dir == first.out_dir and again.per_example["cosine"].equals(first.per_example["cosine"])
