@@ -42,6 +42,13 @@ ADAPTERS: dict[str, Adapter] = {
     "gemma2": _POST_SUBLAYER_NORMS,
     "gemma3_text": _POST_SUBLAYER_NORMS,
     "olmo2": _POST_SUBLAYER_NORMS,
+    # mixture-of-experts blocks: the MLP slot holds the router and experts; what it adds to the
+    # residual is its output, whatever the router chose
+    "mixtral": _LLAMA_LIKE,
+    "qwen2_moe": _LLAMA_LIKE,
+    "qwen3_moe": _LLAMA_LIKE,
+    "olmoe": _LLAMA_LIKE,
+    "gpt2": Adapter(layers="transformer.h", final_norm="transformer.ln_f", attn_out="attn", mlp_out="mlp"),
     "gpt_neox": Adapter(
         layers="gpt_neox.layers",
         final_norm="gpt_neox.final_layer_norm",
@@ -58,7 +65,6 @@ _REJECTED: dict[str, str] = {
     "distilbert": "an encoder (bidirectional, post-norm)",
     "t5": "an encoder-decoder",
     "bart": "an encoder-decoder (post-norm)",
-    "gpt2": "not in the adapter table yet (its attention/MLP are Conv1D modules)",
     "gemma3": "the multimodal Gemma 3 wrapper; load the text-only checkpoint (model_type gemma3_text)",
 }
 

@@ -3,6 +3,7 @@ input or output (``intervene``) — plus tokenizing and batching prompts."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,10 +57,21 @@ class Hook(NamedTuple):
     fn: HookFn
 
 
+def _named(module: nn.Module, args: tuple, kwargs: dict) -> dict:
+    """The call's arguments after the hidden state, all by name: some blocks (GPT-2's) are called
+    with their mask and cache positionally, and a replay passes them back by name."""
+    if len(args) <= 1:
+        return kwargs
+    names = list(inspect.signature(module.forward).parameters)[1 : len(args)]
+    if len(names) < len(args) - 1:
+        raise RuntimeError(f"{type(module).__name__} got {len(args)} positional arguments for {len(names) + 1} names")
+    return {**dict(zip(names, args[1:], strict=True)), **kwargs}
+
+
 def _input_hook(fn: HookFn):
     def hook(module, args, kwargs):
-        if len(args) > 1:
-            raise RuntimeError(f"{type(module).__name__} got {len(args)} positional arguments; effdepth expects 1")
+        kwargs = _named(module, args, kwargs)
+        args = args[:1]
         hidden = args[0] if args else kwargs["hidden_states"]
         new = fn(hidden, kwargs)
         if new is None:

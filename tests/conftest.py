@@ -35,6 +35,16 @@ ARCHS: dict[str, dict] = {
     "gemma3_text": {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 5.0, "query_pre_attn_scalar": 8},
     "olmo2": {},
     "gpt_neox": {"use_parallel_residual": True},
+    "gpt2": {"n_inner": 64, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0},  # Conv1D sublayers
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},  # a routed mixture of experts
+    "qwen3_moe": {
+        "head_dim": 8,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    },
     "gpt_neox_sequential": {"use_parallel_residual": False},
 }
 

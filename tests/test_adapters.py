@@ -31,6 +31,8 @@ def _manual_mlp(loaded, layer_index: int, h: torch.Tensor, attn: torch.Tensor) -
         return layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h + attn)))
     if kind == "olmo2":
         return layer.post_feedforward_layernorm(layer.mlp(h + attn))
+    if kind == "gpt2":
+        return layer.mlp(layer.ln_2(h + attn))
     if kind == "gpt_neox" and loaded.parallel_residual:
         return layer.mlp(layer.post_attention_layernorm(h))  # reads h_l, not h_l + a_l
     return layer.mlp(layer.post_attention_layernorm(h + attn))
