@@ -78,7 +78,7 @@ def test_a_broken_plugin_is_left_out_with_a_warning(monkeypatch):
             specs = registry.specs()
         assert "broken" not in specs and "cosine" in specs
         assert registry.names() == tuple(specs)  # once loaded, names and get agree
-        with pytest.raises(EffdepthError, match="the probe plugin 'broken' was left out .*ModuleNotFoundError"):
+        with pytest.raises(EffdepthError, match=r"the probe plugin 'broken' was left out .*ModuleNotFoundError"):
             registry.get("broken")
     finally:
         monkeypatch.undo()
