@@ -69,6 +69,103 @@ _REJECTED: dict[str, str] = {
 }
 
 
+# the layouts a model type outside the table is tried against, each verified on a probe input
+_LAYOUTS = {
+    "Llama-like": _LLAMA_LIKE,
+    "sublayer-norm (Gemma 2/3, OLMo 2)": _POST_SUBLAYER_NORMS,
+    "GPT-2-like": ADAPTERS["gpt2"],
+    "GPT-NeoX-like": ADAPTERS["gpt_neox"],
+}
+
+
+def _layout_gaps(model: nn.Module, adapter: Adapter) -> tuple[float, float]:
+    """On a short probe input: the largest |h_{l+1} − h_l − (attention's write + MLP's write)|
+    relative to |h_{l+1} − h_l| over the layers (0 up to rounding when the adapter names the modules
+    whose outputs each block adds to its residual), and how far the final norm and head applied to
+    the last residual are from the model's own logits (relative): the lens decodes that way."""
+    layers = _get(model, adapter.layers)
+    seen: dict[int, dict[str, torch.Tensor]] = {i: {} for i in range(len(layers))}
+    handles = []
+
+    def keep(index: int, key: str, output: bool):
+        def hook(module, args, kwargs, *out):
+            value = out[0] if output else (args[0] if args else kwargs["hidden_states"])
+            value = value[0] if isinstance(value, tuple) else value
+            seen[index][key] = value.detach().float()
+
+        return hook
+
+    for index, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(keep(index, "h_in", False), with_kwargs=True))
+        handles.append(layer.register_forward_hook(keep(index, "h_out", True), with_kwargs=True))
+        for key in ("attn_out", "mlp_out"):
+            module = _get(layer, getattr(adapter, key))
+            handles.append(module.register_forward_hook(keep(index, key, True), with_kwargs=True))
+    vocab = int(getattr(model.config, "vocab_size", 8) or 8)
+    try:
+        with torch.inference_mode():
+            ids = (torch.arange(9) % max(vocab - 1, 1) + 1)[None]  # 9 tokens of ids 1.., whatever they mean
+            logits = model(input_ids=ids.to(execution_device(model)), use_cache=False).logits.float()
+            last = seen[len(layers) - 1]["h_out"]
+            decoded = model.get_output_embeddings()(_get(model, adapter.final_norm)(last)).float()
+            cap = getattr(model.config, "final_logit_softcapping", None)
+            if cap:
+                decoded = cap * torch.tanh(decoded / cap)
+    finally:
+        for handle in handles:
+            handle.remove()
+    gaps = []
+    for parts in seen.values():
+        change = parts["h_out"] - parts["h_in"]
+        gap = (change - parts["attn_out"] - parts["mlp_out"]).norm() / change.norm().clamp_min(1e-12)
+        gaps.append(float(gap))
+    head = float((decoded - logits).norm() / logits.norm().clamp_min(1e-12))
+    return max(gaps), head
+
+
+def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
+    """The adapter of a model type outside the table: the first known layout whose modules exist
+    and whose attention and MLP writes add up to what each block adds to the residual, checked on
+    a probe input (a warning names it); else one line saying what did not add up."""
+    import warnings
+
+    from .errors import EffdepthWarning
+
+    tried = []
+    for label, adapter in _LAYOUTS.items():
+        try:
+            layers = _get(model, adapter.layers)
+            _get(model, adapter.final_norm)
+            _get(layers[0], adapter.attn_out), _get(layers[0], adapter.mlp_out)
+        except (AttributeError, IndexError, TypeError):
+            continue  # not this layout's module names
+        try:
+            gap, head = _layout_gaps(model, adapter)
+        except Exception as exc:  # a forward pass the hooks cannot read: not this layout
+            tried.append(f"{label} (its forward failed: {type(exc).__name__})")
+            continue
+        if gap <= 1e-4 and head > 1e-4:
+            tried.append(f"{label}: the writes add up, but the final norm and head miss its logits by {head:.1%}")
+            continue
+        if gap <= 1e-4:  # float32 sums of three tensors: rounding is ~1e-7 of the change
+            warnings.warn(
+                f"model {name!r} (model_type {model_type!r}) is not in the adapter table; its layout was "
+                f"inferred as {label} and verified on a probe input (the attention and MLP writes add up to "
+                f"each block's change within {gap:.1e})",
+                EffdepthWarning,
+                stacklevel=3,
+            )
+            return adapter
+        tried.append(f"{label} (off by {gap:.1%} of the change)")
+    found = "; ".join(tried) if tried else "no known layout's module names match"
+    raise UnsupportedModelError(
+        f"model {name!r} has model_type {model_type!r}, which is not in the adapter table, and no layout could be "
+        f"verified: the attention and MLP writes must add up to h_(l+1) − h_l and the final norm and head give its "
+        f"logits ({found}). Supported model types: "
+        f"{', '.join(supported_model_types())}; add a row to models.ADAPTERS"
+    )
+
+
 def supported_model_types() -> list[str]:
     return sorted(ADAPTERS)
 
@@ -200,9 +297,9 @@ def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | No
     config = model.config
     model_type = str(getattr(config, "model_type", "unknown"))
     name = name or str(getattr(config, "_name_or_path", "") or model_type)
-    if model_type not in ADAPTERS or getattr(config, "is_encoder_decoder", False):
+    if model_type in _REJECTED or getattr(config, "is_encoder_decoder", False):
         raise UnsupportedModelError(_unsupported_message(model_type, name))
-    adapter = ADAPTERS[model_type]
+    adapter = ADAPTERS.get(model_type) or infer_adapter(model, model_type, name)
     lm_head = model.get_output_embeddings()
     if lm_head is None:
         raise UnsupportedModelError(f"model {name!r} has no output head; load it as a causal LM")
@@ -285,7 +382,7 @@ def _check_config(source: str, name: str, **kwargs) -> None:
 
     config = AutoConfig.from_pretrained(source, **kwargs)
     model_type = str(getattr(config, "model_type", "unknown"))
-    if model_type not in ADAPTERS:
+    if model_type in _REJECTED or getattr(config, "is_encoder_decoder", False):
         raise UnsupportedModelError(_unsupported_message(model_type, name))
 
 
@@ -327,7 +424,7 @@ def preflight_model(spec: str) -> dict:
         if not isinstance(config, dict):
             raise ModelNotFoundError(f"{config_path} is not a JSON object; is {spec!r} a Hugging Face model folder?")
         model_type = str(config.get("model_type", "unknown"))
-        if model_type not in ADAPTERS or config.get("is_encoder_decoder"):
+        if model_type in _REJECTED or config.get("is_encoder_decoder"):  # others: inferred and verified at load
             raise UnsupportedModelError(_unsupported_message(model_type, spec))
         vocab, layers = config.get("vocab_size"), config.get("num_hidden_layers")
         return {

@@ -66,15 +66,16 @@ def test_head_reproduces_model_logits(tiny):
 
 
 def test_unsupported_architectures_fail_with_a_clear_message():
-    config = AutoConfig.for_model("gpt2", vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=32)
+    config = AutoConfig.for_model("bert", vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=32, is_decoder=True)  # fmt: skip
     model = AutoModelForCausalLM.from_config(config)
     with pytest.raises(UnsupportedModelError) as info:
         wrap_model(model)
     message = str(info.value)
-    assert "'gpt2'" in message and "llama" in message and "gemma3_text" in message
+    assert "'bert'" in message and "an encoder" in message and "llama" in message and "gemma3_text" in message
     assert len(message.splitlines()) == 1
     assert set(supported_model_types()) >= {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"}
-    assert set(supported_model_types()) >= {"olmo2", "phi3", "gpt_neox"}
+    assert set(supported_model_types()) >= {"olmo2", "phi3", "gpt_neox", "gpt2", "mixtral", "qwen3_moe", "olmoe"}
 
 
 def test_hooks_are_removed_even_on_error():
@@ -108,3 +109,37 @@ def test_truncated_copy_shares_weights_and_stops_early():
     with torch.no_grad():
         out = half.base_model()(input_ids=ids[None]).last_hidden_state
     torch.testing.assert_close(out, loaded.final_norm(records[1].h_out), atol=ATOL, rtol=1e-5)
+
+
+def _tiny_of(model_type: str, **extra):
+    from conftest import COMMON
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **{**COMMON, **extra})
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line():
+    """StarCoder2 is not in the table: its Llama-like layout is inferred, verified on a probe input
+    (the writes add up, the head gives the logits) and then the probes agree with the naive
+    computations as on any row. Granite scales its logits and Bloom names its modules otherwise:
+    each is refused in one line that says what did not add up."""
+    import pytest
+
+    from effdepth_core.errors import EffdepthWarning, UnsupportedModelError
+    from effdepth_core.models import wrap_model
+    from effdepth_core.probes import logit_lens
+
+    with pytest.warns(EffdepthWarning, match="inferred as Llama-like and verified"):
+        loaded = wrap_model(_tiny_of("starcoder2"), None, name="tiny-starcoder2")
+    ids = random_prompts([11])[0]
+    records = _trace(loaded, ids)
+    for record in records:  # what the adapter reads is what each block adds
+        torch.testing.assert_close(record.h_out - record.h_in, record.attn + record.mlp, atol=ATOL, rtol=1e-5)
+    final = logit_lens(loaded, [ids]).filter(layer=loaded.n_layers)
+    assert final.filter(metric="kl")["value"].abs().max() < 1e-5  # the head reproduces the logits
+    with pytest.raises(UnsupportedModelError, match=r"final norm and head miss its logits"):
+        wrap_model(_tiny_of("granite", logits_scaling=4.0), None, name="tiny-granite")
+    with pytest.raises(UnsupportedModelError, match="no known layout's module names match"):
+        wrap_model(_tiny_of("bloom", n_head=4), None, name="tiny-bloom")

@@ -113,10 +113,12 @@ def test_bad_models(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     message = _error(capsys, "run", "--model", "some-org/not-a-model", "--task", "addition")
     assert "some-org/not-a-model" in message and "smollm2-135m" in message  # names the offline aliases
-    gpt2 = tmp_path / "gpt2"
-    config = AutoConfig.for_model("gpt2", vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=32)
-    AutoModelForCausalLM.from_config(config).save_pretrained(gpt2)
-    assert "'gpt2'" in _error(capsys, "run", "--model", str(gpt2), "--task", "addition")
+    encoder = tmp_path / "bert"
+    config = AutoConfig.for_model("bert", vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=32, is_decoder=True)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(encoder)
+    said = _error(capsys, "run", "--model", str(encoder), "--task", "addition")
+    assert "'bert'" in said and "an encoder" in said  # refused before loading, in one line
 
 
 def test_bad_tasks_and_inputs(capsys, tiny_dir, tmp_path):
