@@ -10,6 +10,9 @@ The public names below load on first use, so ``import effdepth_core`` (and the c
   ``logit_lens``, ``residual_norm``, ``skip_effects``, ``erasure_map``, ``integrated_gradients``,
   ``layer_pruning``, ``early_exit``, ``train_tuned_lens`` / ``TunedLens``, ``cross_model_map``
 - effective depth: ``effective_depth``, ``DepthResult``, ``token_weighted_mean``
+- the model-first API: ``measure(model, prompts)`` — a model in memory or by name, a list of
+  prompts or a task — returns the result (curves, EDs with intervals, ``.plot()``), cached by
+  what was measured
 - cached runs: ``run``, ``RunSettings`` (what ``effdepth run`` does, from Python)
 """
 
@@ -36,6 +39,7 @@ _EXPORTS = {
     "load_model": "models",
     "load_task": "tasks",
     "logit_lens": "probes",
+    "measure": "api",
     "residual_cosine": "probes",
     "residual_norm": "probes.norm",
     "run": "results",
@@ -61,6 +65,7 @@ __all__ = [
     "load_model",
     "load_task",
     "logit_lens",
+    "measure",
     "residual_cosine",
     "residual_norm",
     "run",
@@ -72,6 +77,7 @@ __all__ = [
 assert __all__ == sorted(_EXPORTS)  # one list, checked at import
 
 if TYPE_CHECKING:
+    from .api import measure
     from .depth import DepthResult
     from .errors import EffdepthError
     from .models import LoadedModel, load_model, wrap_model

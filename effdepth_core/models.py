@@ -293,7 +293,10 @@ def execution_device(module: nn.Module) -> torch.device:
 
 
 def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | None = None) -> LoadedModel:
-    """Describe an already-built HF causal LM (checks that its architecture is supported)."""
+    """Describe an already-built HF causal LM (checks that its architecture is supported, or infers
+    and verifies its layout). The model is put in eval mode with its parameters' gradients off —
+    the probes differentiate activations, never parameters; ``measure`` restores the caller's state
+    afterwards, a direct caller of ``wrap_model`` may call ``model.train()`` again itself."""
     config = model.config
     model_type = str(getattr(config, "model_type", "unknown"))
     name = name or str(getattr(config, "_name_or_path", "") or model_type)
@@ -455,13 +458,18 @@ def load_model(
     cached_weights: bool = True,
     max_memory: dict[str | int, int | str] | None = None,
     offload_folder: str | Path | None = None,
+    tokenizer: object | None = None,
+    **from_pretrained: object,
 ) -> LoadedModel:
     """Load ``spec``: an offline alias (see ``effdepth models``), a local HF directory, a ``.gguf``
     file, or a Hugging Face hub id. ``device_map="auto"`` spreads a large model over devices (with
     ``max_memory`` per device and ``offload_folder`` for the layers that fit nowhere: accelerate).
     A GGUF model is parsed and dequantized once: its weights are cached as safetensors (per dtype,
     next to the GGUF; ``acquire.dequantized_dir``) and later loads read them (``cached_weights=False``
-    parses the GGUF again). Where the weights come from is ``acquire.resolve_model``'s to say."""
+    parses the GGUF again). Where the weights come from is ``acquire.resolve_model``'s to say.
+    ``tokenizer``: a tokenizer, or where to load one from (a folder without tokenizer files);
+    ``from_pretrained``: passed to transformers (``revision``, ``trust_remote_code``, ``token``,
+    ``attn_implementation``, ``quantization_config``…; the tokenizer gets the hub ones)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)
@@ -471,9 +479,10 @@ def load_model(
     path = Path(spec).expanduser()
     resolved = resolve_model(spec, torch_dtype, cached_weights and device_map is None, progress)
     source, kwargs = resolved.source, resolved.kwargs
+    hub = {k: v for k, v in from_pretrained.items() if k in ("revision", "trust_remote_code", "token", "cache_dir")}
     try:
-        _check_config(source, name, **kwargs)
-        load_kwargs = dict(kwargs, dtype=torch_dtype)
+        _check_config(source, name, **kwargs, **hub)
+        load_kwargs = dict(kwargs, dtype=torch_dtype, **from_pretrained)
         if device_map is not None:
             load_kwargs["device_map"] = device_map
             if max_memory is not None:
@@ -481,7 +490,15 @@ def load_model(
             if offload_folder is not None:
                 load_kwargs["offload_folder"] = str(offload_folder)
         model = AutoModelForCausalLM.from_pretrained(source, **load_kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        if tokenizer is None or isinstance(tokenizer, str | Path):
+            where = str(tokenizer) if tokenizer is not None else source
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(where, **(kwargs if tokenizer is None else {}), **hub)
+            except Exception as exc:  # a folder without tokenizer files: one line, and the way out
+                raise ModelNotFoundError(
+                    f"cannot load a tokenizer for {spec!r} from {where} ({type(exc).__name__}); pass "
+                    "tokenizer= (a tokenizer, or the folder or hub id to load one from)"
+                ) from exc
     except (UnsupportedModelError, ModelNotFoundError):
         raise
     except Exception as exc:  # loaders raise many types for a broken file; all mean "not loadable"

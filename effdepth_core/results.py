@@ -131,7 +131,9 @@ class _Plan:
     weights: str | None = None  # the sha256 of a model given in memory (``_run_key``)
 
 
-def _plan(settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, examples) -> _Plan:
+def _plan(
+    settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, examples, results_root: Path | str = "results"
+) -> _Plan:
     """Check the probes, task, model spec and options, and (where no tokenizer is needed) load the
     examples: every user error that can be found without the model is found here."""
     names = parse_probes(probes, settings)
@@ -148,7 +150,7 @@ def _plan(settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, ex
         check_examples(examples, [registry.get(n) for n in names])
     weights = weights_fingerprint(loaded) if loaded is not None and loaded.source != settings.model else None
     key = _run_key(settings, weights, given_examples)
-    out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(settings, key=key)
+    out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(settings, results_root, key=key)
     return _Plan(names, out, key, examples, weights)
 
 
@@ -367,6 +369,7 @@ def run(
     overwrite: bool = False,
     reuse_from: Sequence[Path | str] = (),
     renew_outdated: bool = False,
+    results_root: Path | str = "results",
 ) -> RunResult:
     """Run ``probes`` for the settings' model and task, reusing any finished results in ``out_dir``.
 
@@ -377,8 +380,9 @@ def run(
     the same probe key — a run directory beside ``out_dir`` or under ``reuse_from`` (results roots,
     searched at ``<root>/<model>/``) whose examples begin as this run's do — and computes the rest.
     Cached results a revision behind are kept with a warning, or computed again with ``renew_outdated``.
+    Without ``out_dir`` the run directory is named under ``results_root`` by the run's key.
     """
-    plan = _plan(settings, probes, out_dir, loaded, examples)
+    plan = _plan(settings, probes, out_dir, loaded, examples, results_root)
     described = {**settings.numbers(), **settings.key_fields()}  # what a refusal compares, named
     directory = RunDirectory.open(plan.out, plan.key, described, registry.frames(), overwrite)
     try:

@@ -35,6 +35,7 @@ LAYERS = {
     "map_run": 6,  # the map as a run (beside results, whose helpers it shares)
     "cli": 7,
     "cli_args": 7,
+    "api": 7,  # measure(): the model-first Python API, over results.run
     "book": 7,
 }
 # The doors from the core to the book layer: `effdepth book` (the papermill runner), `effdepth plot`
@@ -44,6 +45,7 @@ BOOK_ENTRIES = {
     ("effdepth_core.cli", "effdepth_core.book"),
     ("effdepth_core.cli", "effdepth_core.book.grid"),  # `effdepth grid`: the book's cells from params/
     ("effdepth_core.cli", "effdepth_core.book.executors"),  # `effdepth grid --executor ray`
+    ("effdepth_core.display", "effdepth_core.book"),  # RunResult.plot(): a chart in a notebook
 }
 
 

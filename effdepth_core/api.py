@@ -1,0 +1,100 @@
+"""The model-first Python API: ``measure(model, prompts)`` — a model already in memory (a
+transformers model and its tokenizer, or a ``LoadedModel``) or a name ``load_model`` knows, and a
+list of prompts or a task — returns the run's result (curves, per-example frames, EDs with
+intervals, ``.plot()``, a table in a notebook), cached under effdepth's cache or ``out``, keyed by
+what was measured: the weights of a model in memory, the text of the prompts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import registry
+from .cache import atomic_write_bytes
+from .display import RunResult
+from .errors import EffdepthError
+from .models import LoadedModel, wrap_model
+from .results import run
+from .settings import RunSettings
+from .tasks import TASKS, Example
+from .zoo import cache_dir
+
+
+def interactive() -> bool:
+    """Whether a person is watching (a terminal or a notebook): progress bars on by default then."""
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
+
+
+def _prompts_task(prompts: Any) -> tuple[str, int | None]:
+    """A task name or file as it is; prompts (text or ``Example``s) written once to a task file in
+    effdepth's cache named by their content, so that the run is keyed by their text."""
+    if isinstance(prompts, str) and (prompts in TASKS or Path(prompts).expanduser().is_file()):
+        return prompts, None
+    items = [prompts] if isinstance(prompts, str | Example) else list(prompts)
+    if not items:
+        raise EffdepthError("no prompts to measure: give a list of texts, Examples or a task name")
+    rows = []
+    for item in items:
+        if isinstance(item, Example):
+            rows.append({"prompt": item.question, **({"answer": item.answer} if item.answer else {})})
+        elif isinstance(item, str) and item:
+            rows.append({"prompt": item})
+        else:
+            raise EffdepthError(
+                f"measure takes text or Examples (it keeps results by their text), got {type(item).__name__}; "
+                "for token ids call the probe functions directly (residual_cosine(model, ids))"
+            )
+    text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows).encode()
+    path = cache_dir() / "prompts" / f"{hashlib.sha256(text).hexdigest()[:32]}.jsonl"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, text)
+    return str(path), len(rows)
+
+
+def measure(
+    model: Any,
+    prompts: Any,
+    probes: str | Sequence[str] = registry.DEFAULT,
+    tokenizer: Any = None,
+    out: str | Path | None = None,
+    progress: bool | None = None,
+    **settings: Any,
+) -> RunResult:
+    """Run ``probes`` on ``model`` over ``prompts`` and return the result.
+
+    ``model``: a name ``load_model`` takes (an offline alias, a folder, a GGUF, a hub id), a
+    ``LoadedModel``, or a transformers causal LM (with ``tokenizer``; its train/eval mode and
+    ``requires_grad`` flags are restored afterwards). ``prompts``: a task name or task file, one
+    prompt, or a list of prompts (text or ``Example``s; the answer probes need Examples with an
+    answer). ``settings``: any ``RunSettings`` field or probe option (``n``, ``seed``, ``top_k``…).
+    Results are kept in ``out`` or under effdepth's cache (``$EFFDEPTH_CACHE/runs``), never the
+    working directory, and read back when the same model and prompts are measured again."""
+    task, n = _prompts_task(prompts)
+    if n is not None:
+        settings.setdefault("n", n)
+    progress = interactive() if progress is None else progress
+    if isinstance(model, str):
+        run_settings = RunSettings(model, task, progress=progress, **settings)
+        return run(run_settings, probes, out, results_root=cache_dir() / "runs")
+    if isinstance(model, LoadedModel):
+        return run(RunSettings(model.name, task, progress=progress, **settings), probes, out, loaded=model,
+                   results_root=cache_dir() / "runs")  # fmt: skip
+    if not hasattr(model, "config"):
+        raise EffdepthError(f"model must be a name, a LoadedModel or a transformers model, got {type(model).__name__}")
+    training = model.training
+    grads = {name: p.requires_grad for name, p in model.named_parameters()}
+    try:
+        loaded = wrap_model(model, tokenizer)
+        if loaded.tokenizer is None:
+            raise EffdepthError("measuring text needs the model's tokenizer: pass tokenizer=")
+        return run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded=loaded,
+                   results_root=cache_dir() / "runs")  # fmt: skip
+    finally:  # the caller's model as it was
+        model.train(training)
+        for name, p in model.named_parameters():
+            p.requires_grad_(grads[name])

@@ -1,0 +1,92 @@
+"""The model-first Python API: a model in memory or by name, a list of prompts or a task; results
+that are the probes' own numbers, cached by what was measured (never in the working directory),
+the caller's model left as it was, charts that draw offline in a notebook."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import char_tokenizer, make_tiny
+
+from effdepth_core import measure
+from effdepth_core.errors import EffdepthError
+from effdepth_core.probes import logit_lens, residual_cosine
+
+PROMPTS = ["the capital of france is", "two plus two is four"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # a notebook's folder: nothing may land here
+    return tmp_path
+
+
+def test_measure_a_model_in_memory_on_a_list_of_prompts(cache):
+    model, tokenizer = make_tiny("llama").model, char_tokenizer()
+    model.train().requires_grad_(True)  # the caller's state, restored afterwards
+    result = measure(model, PROMPTS, tokenizer=tokenizer, progress=False)
+    assert model.training and all(p.requires_grad for p in model.parameters())
+    loaded = make_tiny("llama")  # the same weights, wrapped by hand: the probes called directly
+    loaded.tokenizer = tokenizer
+    assert result.per_example["cosine"].equals(residual_cosine(loaded, PROMPTS))
+    assert result.per_example["logit_lens"].equals(logit_lens(loaded, PROMPTS))
+    assert set(result.depth) >= {"cosine", "logit_lens_kl", "logit_lens_overlap"}
+    assert str(result.out_dir).startswith(str(cache / "cache")) and not (cache / "results").exists()
+    again = measure(model, PROMPTS, tokenizer=tokenizer, progress=False)  # read back, not recomputed
+    assert again.out_dir == result.out_dir and again.per_example["cosine"].equals(result.per_example["cosine"])
+    other = measure(model, PROMPTS[:1], tokenizer=tokenizer, progress=False)  # other text: another entry
+    assert other.out_dir != result.out_dir
+    assert "<table>" in result._repr_html_()
+
+
+def test_measure_refuses_what_it_cannot_key_in_one_line(cache):
+    model = make_tiny("llama").model
+    with pytest.raises(EffdepthError, match="pass tokenizer="):
+        measure(model, PROMPTS, progress=False)
+    with pytest.raises(EffdepthError, match="for token ids call the probe functions directly"):
+        measure(model, [torch.tensor([3, 4, 5])], tokenizer=char_tokenizer(), progress=False)
+    with pytest.raises(EffdepthError, match="model must be a name, a LoadedModel or a transformers model"):
+        measure(42, PROMPTS, progress=False)
+
+
+def test_load_model_takes_a_tokenizer_and_transformers_arguments(tmp_path, tiny_dir):
+    import shutil
+
+    from effdepth_core.errors import ModelNotFoundError
+    from effdepth_core.models import load_model
+
+    bare = tmp_path / "no-tokenizer"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        if (tiny_dir / name).is_file():
+            shutil.copy(tiny_dir / name, bare / name)
+    with pytest.raises(ModelNotFoundError, match="cannot load a tokenizer .* pass tokenizer="):
+        load_model(str(bare), device="cpu", dtype="float32", progress=False)
+    loaded = load_model(str(bare), device="cpu", dtype="float32", progress=False, tokenizer=str(tiny_dir))
+    assert loaded.encode("abc").tolist() == char_tokenizer()("abc")["input_ids"]
+    eager = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False, attn_implementation="eager")
+    assert eager.model.config._attn_implementation == "eager"
+
+
+def test_a_notebook_that_imports_effdepth_measures_and_draws_offline(tmp_path, tiny_dir, monkeypatch):
+    """A notebook with only effdepth and transformers: load a model, measure a list of prompts,
+    show a chart as the cell's last expression — executed, its output drawable without a network
+    (the static SVG beside the Vega-Lite spec)."""
+    nbformat = pytest.importorskip("nbformat", reason="the [book] extra runs notebooks")
+    nbclient = pytest.importorskip("nbclient", reason="the [book] extra runs notebooks")
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cells = [
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\nimport effdepth_core",
+        f"model = AutoModelForCausalLM.from_pretrained({str(tiny_dir)!r})\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({str(tiny_dir)!r})",
+        f"result = effdepth_core.measure(model, {PROMPTS!r}, tokenizer=tokenizer)\nresult",
+        "result.plot()",
+    ]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(notebook, timeout=600, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    table, chart = notebook.cells[2].outputs[-1]["data"], notebook.cells[3].outputs[-1]["data"]
+    assert "text/html" in table and "cosine" in table["text/html"]
+    assert "image/svg+xml" in chart  # drawn without Vega from a CDN
+    assert not (tmp_path / "results").exists()
