@@ -61,7 +61,7 @@ def test_load_model_takes_a_tokenizer_and_transformers_arguments(tmp_path, tiny_
     for name in ("config.json", "model.safetensors", "generation_config.json"):
         if (tiny_dir / name).is_file():
             shutil.copy(tiny_dir / name, bare / name)
-    with pytest.raises(ModelNotFoundError, match="cannot load a tokenizer .* pass tokenizer="):
+    with pytest.raises(ModelNotFoundError, match=r"cannot load a tokenizer .* pass tokenizer="):
         load_model(str(bare), device="cpu", dtype="float32", progress=False)
     loaded = load_model(str(bare), device="cpu", dtype="float32", progress=False, tokenizer=str(tiny_dir))
     assert loaded.encode("abc").tolist() == char_tokenizer()("abc")["input_ids"]
