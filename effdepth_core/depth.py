@@ -30,6 +30,14 @@ class DepthResult:
         return {key: value for key, value in asdict(self).items() if value is not None or key in ("ed", "ratio")}
 
 
+def depth_table(depths: Mapping[str, DepthResult]) -> pl.DataFrame:
+    """EDs as a frame: ``rule, ed, ratio, ci_low, ci_high, reason`` (one row per rule)."""
+    rows = [{"rule": rule, **asdict(result)} for rule, result in depths.items()]
+    schema = {"rule": pl.String, "ed": pl.Int64, "ratio": pl.Float64, "reason": pl.String, "ci_low": pl.Int64,
+              "ci_high": pl.Int64, "undefined_fraction": pl.Float64}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema).select("rule", "ed", "ratio", "ci_low", "ci_high", "reason")
+
+
 def _curve(frame: pl.DataFrame, metric: str, n_layers: int) -> np.ndarray:
     rows = frame.filter(pl.col("metric") == metric, pl.col("layer") < n_layers).sort("layer")
     values = rows["value"].to_numpy()

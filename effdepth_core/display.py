@@ -236,6 +236,13 @@ class RunResult:
             f"ED {cells}; probes {', '.join(self.per_example)}; in {str(self.out_dir)!r})"
         )
 
+    @property
+    def eds(self) -> pl.DataFrame:
+        """The ED of every rule the run's probes have, as a frame (``rule, ed, ratio, ci_low, ci_high, reason``)."""
+        from .depth import depth_table
+
+        return depth_table(self.depth)
+
     def plot(self, chart: str | None = None):
         """A chart of this result (the first of its probes' charts, or the one named) as notebook
         output that draws offline: the Vega-Lite spec, and SVG/PNG for viewers without JavaScript.

@@ -90,3 +90,22 @@ def test_a_notebook_that_imports_effdepth_measures_and_draws_offline(tmp_path, t
     assert "text/html" in table and "cosine" in table["text/html"]
     assert "image/svg+xml" in chart  # drawn without Vega from a CDN
     assert not (tmp_path / "results").exists()
+
+
+def test_effective_depth_knows_every_registered_rule_and_gives_a_frame():
+    """The norm probe's rule (not a correlational one) and a rule option, through the shortcut, equal
+    the rule applied by hand; the result reads as a frame."""
+    from conftest import random_prompts
+
+    from effdepth_core import effective_depth
+    from effdepth_core.depth import depth_table
+    from effdepth_core.probes.norm import ed_norm, residual_norm
+    from effdepth_core.probes.shared.reduce import token_weighted_mean
+
+    loaded = make_tiny("llama")
+    norm = residual_norm(loaded, random_prompts([9, 12, 7]))
+    found = effective_depth(None, None, loaded.n_layers, frames={"norm": norm}, norm_fraction=0.2, n_bootstrap=50)
+    curve = token_weighted_mean(norm).sort("layer")["value"].to_numpy()
+    assert found["residual_norm"].ed == ed_norm(curve, 0.2)
+    table = depth_table(found)
+    assert table["rule"].to_list() == ["residual_norm"] and table["ed"][0] == found["residual_norm"].ed

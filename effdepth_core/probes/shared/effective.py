@@ -1,5 +1,5 @@
-"""``effective_depth(cosine, logit_lens, L)``: the ED of every rule of the correlational probes in
-one call (the Python API's shortcut; runs use the registry's rules for whatever probes ran)."""
+"""``effective_depth(cosine, logit_lens, L)``: the ED of every registered rule whose probe's frame
+is given, in one call (the Python API's shortcut; runs use the same registry rules)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import polars as pl
 
+from ... import registry
 from ...depth import DepthResult, effective_depths
-from ...registry import get
 from .lens import KL_FRACTION, OVERLAP_THRESHOLD
 
 
@@ -21,16 +21,24 @@ def effective_depth(
     n_bootstrap: int = 1000,
     seed: int = 0,
     tuned_lens: pl.DataFrame | None = None,
+    frames: dict[str, pl.DataFrame] | None = None,
+    **options: object,
 ) -> dict[str, DepthResult]:
-    """ED and ratio (ED+1)/L for each rule whose probe's frame is given.
+    """ED and ratio (ED+1)/L for each registered rule whose probe's frame is given.
 
     Takes per-example frames (``example, layer, metric, value, n_tokens``) so it can bootstrap
     over prompts; aggregated frames (``layer, metric, value``) give ED without intervals.
-    Keys: ``cosine``, ``logit_lens_kl``, ``logit_lens_overlap``, and with a tuned-lens frame
-    ``tuned_lens_kl``, ``tuned_lens_overlap`` (method.md §1, §2, §7a).
+    Keys: ``cosine``, ``logit_lens_kl``, ``logit_lens_overlap``, with a tuned-lens frame
+    ``tuned_lens_kl``, ``tuned_lens_overlap`` (method.md §1, §2, §7a), and the rules of any other
+    probe — ``norm``, a plugin's — given in ``frames`` (probe → frame); ``options`` set their rules'
+    options (``norm_fraction=0.4``), the rest take their defaults. ``depth.depth_table`` makes the
+    result a frame.
     """
-    frames = {"cosine": cosine, "logit_lens": logit_lens, "tuned_lens": tuned_lens}
-    frames = {name: frame for name, frame in frames.items() if frame is not None}
-    rules = [(name, rule) for name in frames for rule in get(name).rules]
-    settings = SimpleNamespace(kl_fraction=kl_fraction, overlap_threshold=overlap_threshold)
-    return effective_depths(frames, rules, n_layers, settings, n_bootstrap, seed)
+    given = {"cosine": cosine, "logit_lens": logit_lens, "tuned_lens": tuned_lens, **(frames or {})}
+    given = {name: frame for name, frame in given.items() if frame is not None}
+    rules = [(name, rule) for name in given for rule in registry.get(name).rules]
+    defaults = {name: option.default for name, option in registry.options().items()}
+    settings = SimpleNamespace(
+        **{**defaults, "kl_fraction": kl_fraction, "overlap_threshold": overlap_threshold, **options}
+    )
+    return effective_depths(given, rules, n_layers, settings, n_bootstrap, seed)
