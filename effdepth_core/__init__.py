@@ -40,6 +40,7 @@ _EXPORTS = {
     "load_task": "tasks",
     "logit_lens": "probes",
     "measure": "api",
+    "plot": "api",
     "residual_cosine": "probes",
     "residual_norm": "probes.norm",
     "run": "results",
@@ -66,6 +67,7 @@ __all__ = [
     "load_task",
     "logit_lens",
     "measure",
+    "plot",
     "residual_cosine",
     "residual_norm",
     "run",
@@ -77,7 +79,7 @@ __all__ = [
 assert __all__ == sorted(_EXPORTS)  # one list, checked at import
 
 if TYPE_CHECKING:
-    from .api import measure
+    from .api import measure, plot
     from .depth import DepthResult
     from .errors import EffdepthError
     from .models import LoadedModel, load_model, wrap_model

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,8 @@ from .models import LoadedModel, wrap_model
 from .results import run
 from .settings import RunSettings
 from .tasks import TASKS, Example
+from .trace import show_progress
 from .zoo import cache_dir
-
-
-def interactive() -> bool:
-    """Whether a person is watching (a terminal or a notebook): progress bars on by default then."""
-    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
 
 
 def _prompts_task(prompts: Any) -> tuple[str, int | None]:
@@ -64,7 +60,7 @@ def measure(
     out: str | Path | None = None,
     progress: bool | None = None,
     **settings: Any,
-) -> RunResult:
+) -> Measurement:
     """Run ``probes`` on ``model`` over ``prompts`` and return the result.
 
     ``model``: a name ``load_model`` takes (an offline alias, a folder, a GGUF, a hub id), a
@@ -77,13 +73,14 @@ def measure(
     task, n = _prompts_task(prompts)
     if n is not None:
         settings.setdefault("n", n)
-    progress = interactive() if progress is None else progress
+    progress = show_progress(progress)
     if isinstance(model, str):
         run_settings = RunSettings(model, task, progress=progress, **settings)
-        return run(run_settings, probes, out, results_root=cache_dir() / "runs")
+        return _measurement(run(run_settings, probes, out, results_root=cache_dir() / "runs"))
     if isinstance(model, LoadedModel):
-        return run(RunSettings(model.name, task, progress=progress, **settings), probes, out, loaded=model,
-                   results_root=cache_dir() / "runs")  # fmt: skip
+        result = run(RunSettings(model.name, task, progress=progress, **settings), probes, out, loaded=model,
+                     results_root=cache_dir() / "runs")  # fmt: skip
+        return _measurement(result)
     if not hasattr(model, "config"):
         raise EffdepthError(f"model must be a name, a LoadedModel or a transformers model, got {type(model).__name__}")
     training = model.training
@@ -92,9 +89,49 @@ def measure(
         loaded = wrap_model(model, tokenizer)
         if loaded.tokenizer is None:
             raise EffdepthError("measuring text needs the model's tokenizer: pass tokenizer=")
-        return run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded=loaded,
-                   results_root=cache_dir() / "runs")  # fmt: skip
+        result = run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded=loaded,
+                     results_root=cache_dir() / "runs")  # fmt: skip
+        return _measurement(result)
     finally:  # the caller's model as it was
         model.train(training)
         for name, p in model.named_parameters():
             p.requires_grad_(grads[name])
+
+
+def plot(result: RunResult, chart: str | None = None):
+    """A chart of a result (the first of its probes' charts, or the one named) as notebook output
+    that draws offline: the Vega-Lite spec, and SVG/PNG for viewers without JavaScript. Needs the
+    ``[book]`` extra (Altair, vl-convert)."""
+    import importlib.util
+
+    if importlib.util.find_spec("altair") is None or importlib.util.find_spec("vl_convert") is None:
+        raise EffdepthError("charts need the book extra (altair, vl-convert): pip install 'effdepth[book]'")
+    from .book import plots
+
+    charts = [c for name in result.per_example for c in registry.get(name).charts]
+    chosen = [c for c in charts if chart is None or c.name == chart]
+    if not chosen:
+        names = ", ".join(c.name for c in charts) or "none"
+        raise EffdepthError(f"no chart {chart!r} for this result's probes (its charts: {names})")
+    found = chosen[0]
+    frames = {**result.curves, **{f"{k}_by_example": v for k, v in result.per_example.items()}}
+    if found.frame not in frames:
+        raise EffdepthError(f"this result has no {found.frame} frame to draw")
+    frame = frames[found.frame]
+    builder = found.builder if callable(found.builder) else getattr(plots, found.builder)
+    options = found.options(frame) if found.options else {}
+    drawn = builder(frame, model=result.summary.get("model"), task=result.summary.get("task"), **options)
+    return plots.show(drawn)
+
+
+class Measurement(RunResult):
+    """What ``measure`` returns: a run's result (``curves``, ``per_example``, ``depth``, ``eds``,
+    ``summary``; a table in a notebook) that also draws itself (``plot``)."""
+
+    def plot(self, chart: str | None = None):
+        """``plot(self, chart)``: a chart that draws offline as a notebook cell's output."""
+        return plot(self, chart)
+
+
+def _measurement(result: RunResult) -> Measurement:
+    return Measurement(**{f.name: getattr(result, f.name) for f in fields(result)})

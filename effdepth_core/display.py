@@ -243,33 +243,6 @@ class RunResult:
 
         return depth_table(self.depth)
 
-    def plot(self, chart: str | None = None):
-        """A chart of this result (the first of its probes' charts, or the one named) as notebook
-        output that draws offline: the Vega-Lite spec, and SVG/PNG for viewers without JavaScript.
-        Needs the ``[book]`` extra (Altair, vl-convert)."""
-        import importlib.util
-
-        from . import registry
-
-        if importlib.util.find_spec("altair") is None or importlib.util.find_spec("vl_convert") is None:
-            raise EffdepthError("charts need the book extra (altair, vl-convert): pip install 'effdepth[book]'")
-        from .book import plots
-
-        charts = [c for name in self.per_example for c in registry.get(name).charts]
-        chosen = [c for c in charts if chart is None or c.name == chart]
-        if not chosen:
-            names = ", ".join(c.name for c in charts) or "none"
-            raise EffdepthError(f"no chart {chart!r} for this result's probes (its charts: {names})")
-        found = chosen[0]
-        frames = {**self.curves, **{f"{k}_by_example": v for k, v in self.per_example.items()}}
-        if found.frame not in frames:
-            raise EffdepthError(f"this result has no {found.frame} frame to draw")
-        frame = frames[found.frame]
-        builder = found.builder if callable(found.builder) else getattr(plots, found.builder)
-        options = found.options(frame) if found.options else {}
-        drawn = builder(frame, model=self.summary.get("model"), task=self.summary.get("task"), **options)
-        return plots.show(drawn)
-
     def _repr_html_(self) -> str:
         s = self.summary
         head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in self._cells())

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import polars as pl
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from .errors import EffdepthError
 from .models import LoadedModel
-from .trace import residual_states, tokenize
+from .trace import residual_states, show_progress, tokenize
 
 StateStream = Callable[[], Iterable[torch.Tensor]]  # each call: batches of [token, layer 0..L, d] float32
 
@@ -89,7 +89,7 @@ def fit_errors(
     test_big: torch.Tensor,
     ridge: float = 0.0,
     memory_budget_mb: int = 1024,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> torch.Tensor:
     """Held-out relative error ``[small layer, big layer]``: mean over test tokens of
     |h_l − f(h_m)| / |h_l| for the least-squares affine f fitted on the training streams (with
@@ -103,7 +103,7 @@ def fit_errors(
     y_test = test_big.double()  # [token, big layer, d_big]
     y_norm = y_test.norm(dim=-1).clamp_min(1e-12)
     passes = range(0, n_small, chunk)
-    for first in tqdm(passes, desc="linear map", unit="pass", disable=not progress):
+    for first in tqdm(passes, desc="linear map", unit="pass", disable=not show_progress(progress)):
         layers = list(range(first, min(first + chunk, n_small)))
         gram, cross, _, seen = normal_equations(train_small, train_big, layers, p, n_big * d_big)
         if seen <= p and ridge == 0:
@@ -145,7 +145,7 @@ def fit_map(
     ridges: Sequence[float] = RIDGES,
     memory_budget_mb: int = 1024,
     seed: int = 0,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> MapFit:
     """Maps from every small layer to every big layer on the training streams; per map m → l the
     ridge (a share of each dimension's Gram diagonal entry, on the weights, not the bias) with the least
@@ -165,7 +165,7 @@ def fit_map(
     baseline = torch.empty(n_small, n_big, dtype=torch.float64)
     per_token = torch.empty(test_small.shape[0], n_small, n_big, dtype=torch.float64)
     chosen = torch.zeros(n_small, n_big, dtype=torch.float64)
-    for first in tqdm(range(0, n_small, chunk), desc="linear map", unit="pass", disable=not progress):
+    for first in tqdm(range(0, n_small, chunk), desc="linear map", unit="pass", disable=not show_progress(progress)):
         layers = list(range(first, min(first + chunk, n_small)))
         gram, cross, shuffled, seen = normal_equations(train_small, train_big, layers, p, n_big * d_big, seed)
         for index, m in enumerate(layers):
@@ -204,7 +204,7 @@ def cross_model_map(
     ridge: float = 0.0,
     batch_size: int = 4,
     memory_budget_mb: int = 1024,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> pl.DataFrame:
     """The held-out error of the affine map from each small layer m to each big layer l (0..L each,
     m = 0 the embedding), as a long frame ``small_layer, big_layer, metric, value`` (metric
@@ -249,7 +249,7 @@ def map_measurement(
     batch_size: int = 4,
     memory_budget_mb: int = 1024,
     seed: int = 0,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> pl.DataFrame:
     """The map as a measurement (method.md §7): per small layer m and big layer l the test error
     (``relative_error``), the shuffled-pairing baseline (``baseline_error``) and, per test prompt,

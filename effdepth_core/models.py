@@ -145,7 +145,9 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
             tried.append(f"{label} (its forward failed: {type(exc).__name__})")
             continue
         if gap <= 1e-4 and head > 1e-4:
-            tried.append(f"{label}: the writes add up, but the final norm and head miss its logits by {head:.1%}")
+            tried.append(
+                f"{label}: the writes add up, but the final normalization and head miss its logits by {head:.1%}"
+            )
             continue
         if gap <= 1e-4:  # float32 sums of three tensors: rounding is ~1e-7 of the change
             warnings.warn(
@@ -160,8 +162,8 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
     found = "; ".join(tried) if tried else "no known layout's module names match"
     raise UnsupportedModelError(
         f"model {name!r} has model_type {model_type!r}, which is not in the adapter table, and no layout could be "
-        f"verified: the attention and MLP writes must add up to h_(l+1) − h_l and the final norm and head give its "
-        f"logits ({found}). Supported model types: "
+        f"verified: the attention and MLP writes must add up to h_(l+1) − h_l and the final normalization and "
+        f"head give its logits ({found}). Supported model types: "
         f"{', '.join(supported_model_types())}; add a row to models.ADAPTERS"
     )
 

@@ -66,6 +66,18 @@ def _hub(path: str, split: str, name: str | None = None) -> list[dict]:
         from datasets import load_dataset
     except ImportError as exc:
         raise TaskError("--source hub needs the datasets package: pip install 'effdepth[hub]'") from exc
+    import os
+
+    from .acquire import hub_reachable
+
+    cache_only = any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+    )
+    if not cache_only and not hub_reachable():  # in seconds, not after a minute of retries
+        raise TaskError(
+            f"cannot load {path}: the Hugging Face hub cannot be reached from this machine; drop --source hub "
+            "(source='hub') to use the vendored copy, or set HF_DATASETS_OFFLINE=1 to read the datasets cache"
+        )
     try:
         return [dict(row) for row in load_dataset(path, name, split=split)]
     except Exception as exc:  # datasets raises many types for "offline"

@@ -4,6 +4,7 @@ input or output (``intervene``) — plus tokenizing and batching prompts."""
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -173,6 +174,14 @@ class Batch:
     @property
     def mask(self) -> torch.Tensor:
         return self.attention_mask.bool()
+
+
+def show_progress(progress: bool | None) -> bool:
+    """Progress bars as asked, or (None, the probes' default) when a person is watching: a terminal,
+    or a notebook (tqdm.auto draws a widget there)."""
+    if progress is not None:
+        return progress
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
 
 
 # what every probe of prompts takes (``as_prompts``): one prompt, or several

@@ -139,7 +139,7 @@ def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line():
         torch.testing.assert_close(record.h_out - record.h_in, record.attn + record.mlp, atol=ATOL, rtol=1e-5)
     final = logit_lens(loaded, [ids]).filter(layer=loaded.n_layers)
     assert final.filter(metric="kl")["value"].abs().max() < 1e-5  # the head reproduces the logits
-    with pytest.raises(UnsupportedModelError, match=r"final norm and head miss its logits"):
+    with pytest.raises(UnsupportedModelError, match=r"final normalization and head miss its logits"):
         wrap_model(_tiny_of("granite", logits_scaling=4.0), None, name="tiny-granite")
     with pytest.raises(UnsupportedModelError, match="no known layout's module names match"):
         wrap_model(_tiny_of("bloom", n_head=4), None, name="tiny-bloom")

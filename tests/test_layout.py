@@ -45,7 +45,7 @@ BOOK_ENTRIES = {
     ("effdepth_core.cli", "effdepth_core.book"),
     ("effdepth_core.cli", "effdepth_core.book.grid"),  # `effdepth grid`: the book's cells from params/
     ("effdepth_core.cli", "effdepth_core.book.executors"),  # `effdepth grid --executor ray`
-    ("effdepth_core.display", "effdepth_core.book"),  # RunResult.plot(): a chart in a notebook
+    ("effdepth_core.api", "effdepth_core.book"),  # measure(...).plot(): a chart in a notebook
 }
 
 

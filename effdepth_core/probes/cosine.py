@@ -42,7 +42,7 @@ def residual_cosine(
     loaded: LoadedModel,
     prompts: Sequence[str | torch.Tensor],
     batch_size: int = 4,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> pl.DataFrame:
     """Per-example, per-layer mean of cos/rel of attention, MLP and whole-layer contributions.
 

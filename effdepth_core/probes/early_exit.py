@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 import polars as pl
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ..models import LoadedModel
 from ..replay import clean_run
-from ..trace import require_finite
+from ..trace import require_finite, show_progress
 from .shared.answers import AnswerInput, answer_splits
 from .shared.lens import LENS, Translator
 from .shared.reduce import token_weighted_mean
@@ -28,12 +28,14 @@ def early_exit(
     examples: Sequence[AnswerInput],
     lens: Translator | None = None,
     chunk: int = 128,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> pl.DataFrame:
     """Per example and exit layer: ``example, layer, metric, value, n_tokens`` (``n_tokens``: the
     tokens the value averages: all of the prompt's for ``agreement``, the answer's otherwise)."""
     rows = []
-    for example, split in enumerate(tqdm(answer_splits(loaded, examples), desc="early exit", disable=not progress)):
+    for example, split in enumerate(
+        tqdm(answer_splits(loaded, examples), desc="early exit", disable=not show_progress(progress))
+    ):
         run = clean_run(loaded, split.without_last())
         targets = split.targets.to(loaded.head_device)
         measured = torch.zeros(run.n_tokens, dtype=torch.bool)

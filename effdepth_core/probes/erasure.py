@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import polars as pl
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layers, run_suffix_layer
@@ -25,6 +25,7 @@ from ..trace import (
     iter_batches,
     replace_positions,
     require_finite,
+    show_progress,
     tokenize,
     trace_layers,
 )
@@ -146,7 +147,7 @@ def erasure_map(
     baselines: torch.Tensor | None = None,
     method: str = "fast",
     max_rows: int = 32,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> pl.DataFrame:
     """The (L+1)×T map per example: for erasing h_l[t] (l = 0 is the embedding, l = L the final
     residual), the largest ‖y − ȳ‖₂ over the positions that predict the answer tokens.
@@ -164,7 +165,8 @@ def erasure_map(
         raise ValueError(f"baselines must be [{loaded.n_layers + 1}, {loaded.d_model}], got {tuple(baselines.shape)}")
     frames = []
     sites = [(loaded.n_layers + 1) * (s.measured.stop if method == "fast" else s.n_tokens) for s in splits]
-    with tqdm(total=sum(sites), desc=f"erasure ({method})", unit="intervention", disable=not progress) as bar:
+    shown = show_progress(progress)
+    with tqdm(total=sum(sites), desc=f"erasure ({method})", unit="intervention", disable=not shown) as bar:
         for example, split in enumerate(splits):
             effects = (
                 _map_fast(loaded, split, baselines, max_rows, bar.update)

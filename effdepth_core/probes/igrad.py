@@ -33,12 +33,12 @@ from typing import NamedTuple
 import numpy as np
 import polars as pl
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ..errors import EffdepthError, EffdepthWarning
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layers
-from ..trace import Hook, intervene, require_finite
+from ..trace import Hook, intervene, require_finite, show_progress
 from .shared.answers import AnswerInput, AnswerSplit, answer_splits
 from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape
 
@@ -289,7 +289,7 @@ def integrated_gradients(
     method: str = "fast",
     layers: Sequence[int] | None = None,
     max_rows: int = 16,
-    progress: bool = False,
+    progress: bool | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     max_steps: int | None = None,
     slow_block: int = 1,
@@ -331,7 +331,9 @@ def integrated_gradients(
         for key, v in zip(rows, (example, layer, position, metric, value), strict=True):
             rows[key].append(v)
 
-    with tqdm(total=len(splits) * len(chosen), desc=f"igrad ({method})", unit="layer", disable=not progress) as bar:
+    with tqdm(
+        total=len(splits) * len(chosen), desc=f"igrad ({method})", unit="layer", disable=not show_progress(progress)
+    ) as bar:
         for example, split in enumerate(splits):
             run = clean_run(loaded, split.without_last())  # by causality the last token cannot matter
             for layer in chosen:

@@ -18,7 +18,7 @@ from .spec import Chart, Option, ProbeSpec, Rule, on_prompts
 
 
 def residual_norm(
-    loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], batch_size: int = 4, progress: bool = False
+    loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], batch_size: int = 4, progress: bool | None = None
 ) -> pl.DataFrame:
     """Per example: the mean over tokens of ‖h_l‖₂ for l = 0..L (``example, layer, metric, value,
     n_tokens`` with metric ``norm``; layer L is the final residual, before the final norm)."""

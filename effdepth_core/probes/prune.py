@@ -21,12 +21,12 @@ from collections.abc import Sequence
 
 import polars as pl
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layer
-from ..trace import require_finite, tokenize
+from ..trace import require_finite, show_progress, tokenize
 from .shared.answers import AnswerInput, AnswerSplit, answer_splits
 from .shared.reduce import token_weighted_mean
 from .spec import Context, Option, ProbeSpec, Shape
@@ -98,7 +98,7 @@ def layer_pruning(
     block_sizes: Sequence[int] | None = None,
     calibration: Sequence[str | torch.Tensor] | None = None,
     max_rows: int = 16,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> pl.DataFrame:
     """Per example: the answer NLL and accuracy of the clean model (rule ``none``), of every block
     of ``k`` consecutive layers removed (``block``), and of ShortGPT's ``k`` lowest-influence layers
@@ -137,7 +137,7 @@ def layer_pruning(
     sets += [("block", k, s, tuple(range(s, s + k))) for k in sizes for s in range(n_layers - k + 1)]
     sets += [("shortgpt", k, None, tuple(sorted(least[:k]))) for k in sizes]
     pairs = list(zip(runs, splits, strict=True))
-    bar = tqdm(total=len(pairs) * len(sets), desc="pruning", unit="removal", disable=not progress)
+    bar = tqdm(total=len(pairs) * len(sets), desc="pruning", unit="removal", disable=not show_progress(progress))
     for example, (run, split) in enumerate(pairs):
         for first in range(0, len(sets), max_rows):
             chunk = sets[first : first + max_rows]

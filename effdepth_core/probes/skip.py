@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import polars as pl
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ..errors import EffdepthError
 from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffix_layer
-from ..trace import Hook, intervene, replace_positions, require_finite, tokenize
+from ..trace import Hook, intervene, replace_positions, require_finite, show_progress, tokenize
 from .shared.depth_score import depth_scores
 from .shared.output_change import head_buffer, output_change
 from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape, prompts_of
@@ -309,7 +309,7 @@ def skip_effects(
     seed: int = 0,
     method: str = "fast",
     max_rows: int = 16,
-    progress: bool = False,
+    progress: bool | None = None,
     first_example: int = 0,
 ) -> pl.DataFrame:
     """Per prompt and intervention: effect of skipping a layer on every layer's contribution and on
@@ -334,7 +334,10 @@ def skip_effects(
         )
     frames = []
     with tqdm(
-        total=sum(len(p[3]) for p in plans), desc=f"skip ({method})", unit="intervention", disable=not progress
+        total=sum(len(p[3]) for p in plans),
+        desc=f"skip ({method})",
+        unit="intervention",
+        disable=not show_progress(progress),
     ) as bar:
         for example, ids, positions, todo in plans:
             run = clean_run(loaded, ids)

@@ -26,13 +26,13 @@ from pathlib import Path
 import polars as pl
 import torch
 from torch import nn
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ..acquire import model_files_digest
 from ..cache import NotARegularFile, atomic_write_bytes, atomic_write_json, check_file, file_record, read_json
 from ..errors import EffdepthError
 from ..models import LoadedModel
-from ..trace import residual_states, tokenize
+from ..trace import residual_states, show_progress, tokenize
 from ..zoo import ZOO, cache_dir
 from .shared.lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
 from .shared.reduce import token_weighted_mean
@@ -241,7 +241,7 @@ def train_tuned_lens(
     loaded: LoadedModel,
     texts: Sequence[str],
     training: LensTraining = LensTraining(),
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> tuple[TunedLens, pl.DataFrame]:
     """Train translators for every layer of ``loaded`` on ``texts``. Returns the lens and its fit
     frame ``layer, metric, value`` with the held-out KL(q_l ‖ p) of the logit lens
@@ -268,7 +268,7 @@ def train_tuned_lens(
             lens.bias.copy_(torch.where(better[:, None], candidate.bias, lens.bias))
     optimizer = torch.optim.Adam(lens.parameters(), lr=training.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / training.steps)
-    for _ in tqdm(range(training.steps), desc="tuned lens", unit="step", disable=not progress):
+    for _ in tqdm(range(training.steps), desc="tuned lens", unit="step", disable=not show_progress(progress)):
         rows = states[torch.randint(states.shape[0], (training.batch_tokens,), generator=generator)]
         rows = rows.to(loaded.head_device)
         final_logp = _final_logp(loaded, rows[:, -1].to(loaded.dtype))
@@ -350,7 +350,7 @@ def cached_tuned_lens(
     loaded: LoadedModel,
     training: LensTraining = LensTraining(),
     texts: Sequence[str] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> TunedLens:
     """The model's tuned lens: read from the cache, or trained on ``texts`` (default: the vendored
     lens corpus) and cached, keyed by the model, the texts and the training settings."""

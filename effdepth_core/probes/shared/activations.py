@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 import polars as pl
 import torch
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from ...models import LoadedModel
-from ...trace import Batch, LayerTrace, forward, iter_batches, tokenize, trace_layers
+from ...trace import Batch, LayerTrace, forward, iter_batches, show_progress, tokenize, trace_layers
 from .reduce import per_example_frame
 
 # per traced layer: (its row in the output's layer axis, the measurement per token), the
@@ -29,7 +29,7 @@ def per_token_means(
     measure: Callable[[Batch], LayerMeasure],
     title: str,
     batch_size: int = 4,
-    progress: bool = False,
+    progress: bool | None = None,
     sublayers: bool = False,
     max_tokens: int | None = None,
 ) -> pl.DataFrame:
@@ -39,7 +39,7 @@ def per_token_means(
     token_lists = tokenize(loaded, prompts)
     sums = torch.zeros(len(token_lists), n_rows, len(metrics))  # [example, layer, metric]
     counts = torch.tensor([ids.numel() for ids in token_lists])
-    with tqdm(total=len(token_lists), desc=title, unit="prompt", disable=not progress) as bar:
+    with tqdm(total=len(token_lists), desc=title, unit="prompt", disable=not show_progress(progress)) as bar:
         for batch in iter_batches(token_lists, batch_size, loaded.input_device, max_tokens=max_tokens):
             mask = batch.mask  # [batch, token]
             owner = torch.arange(len(batch.examples), device=mask.device)[:, None].expand_as(mask)[mask].cpu()

@@ -119,7 +119,7 @@ def logit_lens(
     top_k: int = 5,
     batch_size: int = 4,
     memory_budget_mb: int = 512,
-    progress: bool = False,
+    progress: bool | None = None,
     lens: Translator | None = None,
 ) -> pl.DataFrame:
     """Per-example KL(q_l || p) and top-k overlap for layers 0..L (layer L decodes the final
