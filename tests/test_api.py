@@ -109,3 +109,22 @@ def test_effective_depth_knows_every_registered_rule_and_gives_a_frame():
     assert found["residual_norm"].ed == ed_norm(curve, 0.2)
     table = depth_table(found)
     assert table["rule"].to_list() == ["residual_norm"] and table["ed"][0] == found["residual_norm"].ed
+
+
+def test_lens_curves_mark_the_eds_effective_depth_gives():
+    """The ED rows of effective_depth (rule keys, no model or task) mark the lens chart as the
+    book's labelled summary does."""
+    from conftest import random_prompts
+
+    from effdepth_core import effective_depth
+    from effdepth_core.book import plots
+    from effdepth_core.depth import depth_table
+
+    loaded = make_tiny("llama")
+    lens = logit_lens(loaded, random_prompts([9, 12]))
+    eds = depth_table(effective_depth(None, lens, loaded.n_layers, n_bootstrap=20))
+    with plots.alt.data_transformers.enable("default", max_rows=None):
+        spec = plots.lens_curves(lens, eds, model="tiny", task="mine").to_dict()
+    marked = [d for d in spec.get("datasets", {}).values() if d and "ed" in d[0]]
+    expected = sorted({int(e) for e in eds["ed"].drop_nulls()})
+    assert sorted(int(row["ed"]) for rows in marked for row in rows) == expected

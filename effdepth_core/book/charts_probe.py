@@ -87,9 +87,20 @@ def lens_curves(
     lens: pl.DataFrame, summary: pl.DataFrame | None = None, overlap_threshold: float = 0.3
 ) -> alt.VConcatChart:
     """Logit-lens KL to the final distribution (top) and top-5 overlap (bottom) per layer, one line
-    per task; the ED layer of each rule is marked. A dropdown picks the model (every layer of the
-    chart is filtered, the ED marks too); click a legend entry to highlight a task."""
+    per task; the ED layer of each rule is marked (``summary``: rows with ``rule`` — a label such as
+    "lens KL" or a rule key such as ``logit_lens_kl``, as ``effective_depth`` and ``depth_table``
+    give them — and ``ed``; ``model`` and ``task`` default to the curves' own). A dropdown picks
+    the model (every layer of the chart is filtered, the ED marks too); click a legend entry to
+    highlight a task."""
     frame = _rounded(lens.select("model", "task", "layer", "metric", "value"))
+    if summary is not None:
+        from .. import registry
+
+        labels = {key: rule.label for key, (_, rule) in registry.rules().items()}
+        summary = summary.with_columns(pl.col("rule").replace(labels))
+        for column in ("model", "task"):
+            if column not in summary.columns:
+                summary = summary.with_columns(pl.lit(frame[column][0]).alias(column))
     pick = alt.selection_point(fields=["task"], bind="legend")
     models = _picker_params(frame, ("model",))
 
