@@ -274,6 +274,13 @@ def test_run_study_reads_the_cache_and_reports_unloadable_models(tiny_dir, tmp_p
     monkeypatch.setattr(study_module, "load_model", no_loading)
     again = run_study([str(tiny_dir)], [spec], defaults=defaults, results_dir=tmp_path, n_bootstrap=50)
     assert again.summary().equals(summary)
+    # read only: a cell not computed yet, before a cached one of the same model, leaves that one read
+    absent = {"task": "addition", "digits": 3, "n": 2}
+    partly = run_study(
+        [str(tiny_dir)], [absent, spec], defaults=defaults, results_dir=tmp_path, n_bootstrap=50, cached_only=True
+    )
+    assert "not computed yet" in partly.records[0].error and partly.records[1].result is not None
+    assert partly.summary().equals(summary)
     frame = again.frame("cosine")
     assert set(frame["model"]) == {str(tiny_dir)} and frame["rel_depth"].max() <= 1.0
     monkeypatch.undo()

@@ -320,9 +320,11 @@ def run_study(
         for record in records:
             try:
                 compute_record(record, results_dir, loader.bind(record), n_bootstrap, reuse_from, cached_only)
-            except Unavailable as exc:
+            except NotComputed as exc:  # this cell only: the model's other cells may be cached
+                record.error = str(exc)
+            except Unavailable as exc:  # the model itself: none of its cells can run
                 for r in records:
-                    if r.result is None:
+                    if r.result is None and r.error is None:
                         r.error = str(exc)
                 break
         study.records += records
@@ -332,6 +334,10 @@ def run_study(
 
 class Unavailable(EffdepthError):
     """A model that cannot be run here (offline hub model, or not computed in a cached-only study)."""
+
+
+class NotComputed(Unavailable):
+    """A cell the cache does not hold yet, read without computing (``cached_only``)."""
 
 
 class ModelLoader:
@@ -346,7 +352,7 @@ class ModelLoader:
             if self.cached_only and needs_download(self.model):
                 raise Unavailable("a hub model that is not downloaded here (needs internet)")
             if self.cached_only:
-                raise Unavailable("not computed yet (run `effdepth book` or `effdepth grid` for its page)")
+                raise NotComputed("not computed yet (run `effdepth book` or `effdepth grid` for its page)")
             if not self.download and needs_download(self.model):
                 raise Unavailable(f"{self.model} is not downloaded (this profile sets download: false)")
             try:
@@ -397,7 +403,7 @@ def compute_record(
         )
         if walk.result is None:  # only when cached_only: the loader says why (a hub model, or not computed)
             load()
-            raise Unavailable("not computed yet (run `effdepth book` or `effdepth grid` for its page)")
+            raise NotComputed("not computed yet (run `effdepth book` or `effdepth grid` for its page)")
         record.result, record.walk = walk.result, walk
         return
     out_dir = default_out_dir(record.settings, results_dir, hashed=False)
