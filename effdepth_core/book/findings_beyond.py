@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import polars as pl
 
 from ..probes.prune import FINAL_KEPT
-from .findings import count_of, decide, interval_text, own_cells, task_name
+from .findings import MINUS, count_of, decide, interval_text, own_cells, task_name
 from .stats import interval_verdict
 
 
@@ -87,6 +87,11 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
     return " ".join(text)
 
 
+def _nats(value: float) -> str:
+    """A signed number of nats, with the typographic minus the findings use."""
+    return f"{value:+.2f}".replace("-", MINUS)
+
+
 def _prune_verdict(rows: pl.DataFrame) -> str:
     """The verdict over a variant's counted budgets (``evidence_beyond.pruning_costs`` rows)."""
     counts = {v: rows.filter(verdict=v).height for v in ("cheaper", "costlier", "unclear", "tie")}
@@ -141,13 +146,13 @@ def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
 
         def multiple(row: dict) -> str:
             if row["ratio"] is None:
-                return f"{row['difference']:+.2f} nats [{row['low']:+.2f}, {row['high']:+.2f}] over it"
+                return f"{_nats(row['difference'])} nats [{_nats(row['low'])}, {_nats(row['high'])}] over it"
             spread = f" [{row['ratio_low']:.1f}, {row['ratio_high']:.1f}]" if row["ratio_low"] is not None else " [—]"
             return f"{row['ratio']:.1f}×{spread}"
 
         cell = (
             f"{model} {task_name(task)}, {largest['k']} layers ({largest['removed']}): {multiple(largest)} the best "
-            f"alternative's ΔNLL ({largest['best_alternative']} {largest['best_delta_nll']:+.2f} nats)"
+            f"alternative's ΔNLL ({largest['best_alternative']} {_nats(largest['best_delta_nll'])} nats)"
         )
         if kept.height:
             cell += f", kept off the final layer ({kept['removed'][0]}) {multiple(kept.row(0, named=True))}"
@@ -182,7 +187,8 @@ def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
         f"{r['model']} {task_name(r['task'])} ({r['lens']} lens, exit after layer {r['exit_layer'] - 1} of "
         f"{r['n_layers']}): "
         f"saves {r['saved']:.0%}, {r['kept']:.0%} [{r['kept_low']:.0%}, {r['kept_high']:.0%}] of tokens keep their "
-        f"final top-1, answer NLL {r['cost']:+.2f} [{r['cost_low']:+.2f}, {r['cost_high']:+.2f}] nats, n = {r['n']}"
+        f"final top-1, answer NLL {_nats(r['cost'])} [{_nats(r['cost_low'])}, {_nats(r['cost_high'])}] nats, "
+        f"n = {r['n']}"
         + ("" if r["counted"] else " (not counted)")
         for r in costs.iter_rows(named=True)
     ]
