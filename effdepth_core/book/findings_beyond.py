@@ -188,8 +188,7 @@ def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
         f"{r['n_layers']}): "
         f"saves {r['saved']:.0%}, {r['kept']:.0%} [{r['kept_low']:.0%}, {r['kept_high']:.0%}] of tokens keep their "
         f"final top-1, answer NLL {_nats(r['cost'])} [{_nats(r['cost_low'])}, {_nats(r['cost_high'])}] nats, "
-        f"n = {r['n']}"
-        + ("" if r["counted"] else " (not counted)")
+        f"n = {r['n']}" + ("" if r["counted"] else " (not counted)")
         for r in costs.iter_rows(named=True)
     ]
     if not counted.height:
