@@ -266,13 +266,14 @@ def _cmd_book(args: argparse.Namespace) -> int:
         if args.findings_only:
             print(f"effdepth book: wrote {write_findings(root, args.profile).relative_to(root)}")
             return 0
-        stale = stale_generated(root, args.profile)
+        stale = stale_generated(root, args.profile, pages=args.pages)
         for line in stale:
             print(f"effdepth book --check: {line}")
         if not stale:
             print(
-                "effdepth book --check: _toc.yml, book/_findings.md and the executed pages match the code, params/ "
-                "and the results"
+                "effdepth book --check: _toc.yml, book/_findings.md"
+                + (" and the executed pages" if args.pages else "")
+                + " match the code, params/ and the results"
             )
         return 1 if stale else 0
     if args.print_params is not None:

@@ -545,7 +545,7 @@ def test_book_check_names_each_stale_generated_file_and_findings_need_no_model(t
     assert code == 1 and "_toc.yml is missing" in out and "book/_findings.md is missing" in out
     assert _cli(capsys, "book", "--toc-only", "--root", root)[0] == 0
     assert _cli(capsys, "book", "--findings-only", "--profile", "quick", "--root", root)[0] == 0
-    code, out, _ = _cli(capsys, "book", "--check", "--profile", "quick", "--root", root)
+    code, out, _ = _cli(capsys, "book", "--check", "--pages", "--profile", "quick", "--root", root)
     assert code == 1 and "_findings.md" not in out and "_toc.yml" not in out
     import nbformat
 
@@ -563,7 +563,7 @@ def test_book_check_names_each_stale_generated_file_and_findings_need_no_model(t
     template = root / "book" / "templates" / "scale.ipynb"
     template.parent.mkdir(parents=True, exist_ok=True)
     template.write_text(template.read_text() + " " if template.is_file() else "{}")  # the page's template changed
-    code, out, _ = _cli(capsys, "book", "--check", "--profile", "quick", "--root", root)
+    code, out, _ = _cli(capsys, "book", "--check", "--pages", "--profile", "quick", "--root", root)
     assert code == 1 and f"{pages[0].page}.ipynb is stale: re-execute it" in out
     for item in pages:
         nbformat.write(

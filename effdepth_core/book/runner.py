@@ -302,15 +302,16 @@ FINDINGS_HEADER = (
 )
 
 
-def stale_generated(root: Path, profile: str = "full") -> list[str]:
+def stale_generated(root: Path, profile: str = "full", pages: bool = False) -> list[str]:
     """Each generated file that differs from what the code, params/ and the committed results
-    produce now (``effdepth book --check``): its path and how to regenerate it. An executed page is
-    stale when its stored ``page_inputs`` digest differs (re-executing a page to compare is model-free
-    but slow, and its charts carry random ids)."""
+    produce now (``effdepth book --check``): its path and how to regenerate it. With ``pages``
+    (``--check --pages``) the executed pages too: one is stale when its stored ``page_inputs``
+    digest differs (re-executing a page to compare is model-free but slow, and its charts carry
+    random ids)."""
     import nbformat
 
     stale = []
-    for section in SECTIONS:
+    for section in SECTIONS if pages else ():
         if not (root / "params" / f"{section}.yml").is_file():
             continue
         for item in parameter_sets(root, section, profile):
