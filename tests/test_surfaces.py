@@ -392,6 +392,31 @@ def test_the_params_schema_knows_every_template_parameter():
         assert keys == params_schema.template_keys(templates / f"{section}.ipynb"), section
 
 
+def test_every_injected_parameter_reaches_the_page_and_its_studies_are_the_grids():
+    """papermill injects a set's parameters after the template's parameters cell; the page must see
+    each of them (level_models once did not, and the difficulty page ran MATH cells the grid never
+    planned) and then run exactly the studies ``effdepth grid`` plans for that set."""
+    import json
+
+    from effdepth_core.book import pages, runner
+    from effdepth_core.book.sections import plans
+
+    root = Path(__file__).resolve().parents[1]
+    for section in runner.SECTIONS:
+        notebook = json.loads((root / "book" / "templates" / f"{section}.ipynb").read_text())
+        cell = next(c for c in notebook["cells"] if "parameters" in c["metadata"].get("tags", []))
+        for profile in runner.PROFILES:
+            for item in runner.parameter_sets(root, section, profile):
+                namespace: dict = {}
+                exec("".join(cell["source"]), namespace)
+                namespace.update(item.parameters, bootstrap_seed=7)  # as papermill does, --bootstrap-seed too
+                seen = pages.parameters(section, namespace)
+                for key, value in {**item.parameters, "bootstrap_seed": 7}.items():
+                    assert seen.get(key) == value, (section, item.name, key)
+                page = pages.open_page(section, seen, cached_only=True, root=root)
+                assert page.plans == {p.name: p for p in plans(section, item.parameters)}, (section, item.name)
+
+
 def test_a_grid_whose_cells_are_all_unavailable_exits_non_zero(tmp_path, capsys, monkeypatch):
     pytest.importorskip("papermill", reason="the grid reads the book's params")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

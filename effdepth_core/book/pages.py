@@ -12,23 +12,28 @@ from pathlib import Path
 import polars as pl
 
 from .. import registry
-from . import evidence, evidence_beyond, findings, findings_beyond, findings_long_cot, plots, reference, tables
+from . import (
+    evidence,
+    evidence_beyond,
+    findings,
+    findings_beyond,
+    findings_long_cot,
+    params_schema,
+    plots,
+    reference,
+    tables,
+)
+from .sections import StudyPlan, plans
 from .sections import defaults as shared_defaults
-from .study import Study, difficulty_specs, map_study, pruning_comparison, run_study, task_label
-
-# the parameter names of each template's parameters cell (papermill injects them)
-PARAMETERS = {
-    "scale": ("models", "tasks", "causal", "tasks_by_model", "causal_by_model"),
-    "difficulty": ("models", "tasks", "math", "arithmetic", "skip"),
-    "long_cot": ("pairs", "tasks", "download"),
-    "beyond": ("models", "tasks", "pair"),
-}
-COMMON = ("precision", "seed", "device", "dtype", "results_dir", "profile", "title")
+from .study import Study, map_study, pruning_comparison, run_study, task_label
 
 
 def parameters(section: str, namespace: Mapping) -> dict:
-    """A template's parameters, picked by name from its namespace (``globals()`` in the notebook)."""
-    return {k: namespace[k] for k in (*PARAMETERS[section], *COMMON) if k in namespace}
+    """A template's parameters, picked by name from its namespace (``globals()`` in the notebook):
+    every key the section's params may set (``params_schema.SECTION_KEYS``, which a test holds equal
+    to the template's parameters cell) and those ``effdepth book`` fills in."""
+    keys = params_schema.SECTION_KEYS[section] | params_schema.FILLED
+    return {k: namespace[k] for k in sorted(keys) if k in namespace}
 
 
 def heading(title: str):
@@ -61,15 +66,23 @@ class Page:
     def results_dir(self) -> Path:
         return self.root / self.p.get("results_dir", "results")
 
-    def study(self, models, specs, specs_by_model=None, download: bool = True) -> Study:
+    @cached_property
+    def plans(self) -> dict[str, StudyPlan]:
+        """The page's studies by name, as ``sections.plans`` gives them to ``effdepth grid`` too: a
+        page computes (or reads) exactly the runs the grid plans."""
+        return {plan.name: plan for plan in plans(self.section, self.p)}
+
+    def study(self, name: str) -> Study:
+        """The study ``name`` of this page (an empty one when its section has none by that name)."""
+        plan = self.plans.get(name) or StudyPlan(name, (), ())
         return run_study(
-            list(models or []),
-            list(specs or []),
+            list(plan.models),
+            list(plan.specs),
             defaults=self.defaults,
             results_dir=self.results_dir,
-            specs_by_model=specs_by_model,
+            specs_by_model=plan.specs_by_model or None,
             cached_only=self.cached_only,
-            download=download,
+            download=plan.download,
         )
 
     @property
@@ -117,12 +130,11 @@ class ScalePage(Page):
 
     @cached_property
     def runs(self) -> Study:
-        return self.study(self.p.get("models"), self.p.get("tasks"), self.p.get("tasks_by_model"))
+        return self.study("tasks")
 
     @cached_property
     def causal(self) -> Study:
-        causal = self.p.get("causal")
-        return self.study(self.p.get("models"), [causal] if causal else [], self.p.get("causal_by_model"))
+        return self.study("causal")
 
     @cached_property
     def summary(self) -> pl.DataFrame:
@@ -206,25 +218,21 @@ class DifficultyPage(Page):
 
     @property
     def level_models(self) -> list[str]:
-        return list(self.p.get("level_models") or self.p.get("models") or [])
+        return list(self.plans["levels"].models)
 
     @cached_property
     def by_task(self) -> Study:
         """The data sets of every model, and for the level models the sensitivity tasks too."""
-        tasks = list(self.p.get("tasks") or [])
-        extra = list(self.p.get("sensitivity_tasks") or [])
-        by_model = {m: tasks + extra for m in self.level_models} if extra else None
-        return self.study(self.p.get("models"), tasks, by_model)
+        return self.study("tasks")
 
     @cached_property
     def specs(self) -> list[dict]:
-        precise = self.p.get("precision") is not None
-        return difficulty_specs(self.p.get("math"), self.p.get("arithmetic"), self.p.get("skip"), precise)
+        return list(self.plans["levels"].specs)
 
     @cached_property
     def by_level(self) -> Study:
         """The within-math runs: MATH levels, operand lengths, depth scores (``level_models``)."""
-        return self.study(self.level_models, self.specs)
+        return self.study("levels")
 
     @cached_property
     def summary(self) -> pl.DataFrame:
@@ -321,7 +329,7 @@ class LongCotPage(Page):
 
     @cached_property
     def runs(self) -> Study:
-        return self.study(self.models, self.p.get("tasks"), download=bool(self.p.get("download", True)))
+        return self.study("tasks")
 
     @cached_property
     def summary(self) -> pl.DataFrame:
@@ -362,7 +370,7 @@ class BeyondPage(Page):
 
     @cached_property
     def runs(self) -> Study:
-        return self.study(self.p.get("models"), self.p.get("tasks"))
+        return self.study("tasks")
 
     @cached_property
     def summary(self) -> pl.DataFrame:
