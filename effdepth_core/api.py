@@ -76,10 +76,9 @@ def measure(
     progress = show_progress(progress)
     if isinstance(model, str):
         run_settings = RunSettings(model, task, progress=progress, **settings)
-        return _measurement(run(run_settings, probes, out, results_root=cache_dir() / "runs"))
+        return _measurement(run(run_settings, probes, out))
     if isinstance(model, LoadedModel):
-        result = run(RunSettings(model.name, task, progress=progress, **settings), probes, out, loaded=model,
-                     results_root=cache_dir() / "runs")  # fmt: skip
+        result = run(RunSettings(model.name, task, progress=progress, **settings), probes, out, loaded=model)
         return _measurement(result)
     if not hasattr(model, "config"):
         raise EffdepthError(f"model must be a name, a LoadedModel or a transformers model, got {type(model).__name__}")
@@ -89,8 +88,7 @@ def measure(
         loaded = wrap_model(model, tokenizer)
         if loaded.tokenizer is None:
             raise EffdepthError("measuring text needs the model's tokenizer: pass tokenizer=")
-        result = run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded=loaded,
-                     results_root=cache_dir() / "runs")  # fmt: skip
+        result = run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded=loaded)
         return _measurement(result)
     finally:  # the caller's model as it was
         model.train(training)

@@ -86,7 +86,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise EffdepthError(f"--reuse-from {root} is not a directory; give a results folder")
     if not args.debug:
         quiet_libraries(progress=not args.no_progress)
-    result = run(settings, probes=args.probes, out_dir=args.out, overwrite=args.overwrite, reuse_from=args.reuse_from)
+    result = run(
+        settings,
+        probes=args.probes,
+        out_dir=args.out,
+        overwrite=args.overwrite,
+        reuse_from=args.reuse_from,
+        results_root="results",  # the command line's documented default: ./results/<model>/<run>
+    )
     print(format_table([result.summary]))
     print(f"\nresults in {result.out_dir}/")
     return 0

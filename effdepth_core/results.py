@@ -50,6 +50,7 @@ from .settings import (
     slug,
 )
 from .tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, Example, load_task
+from .zoo import cache_dir
 
 __all__ = [
     "EffdepthWarning",
@@ -132,7 +133,7 @@ class _Plan:
 
 
 def _plan(
-    settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, examples, results_root: Path | str = "results"
+    settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, examples, results_root: Path | str | None
 ) -> _Plan:
     """Check the probes, task, model spec and options, and (where no tokenizer is needed) load the
     examples: every user error that can be found without the model is found here."""
@@ -150,6 +151,8 @@ def _plan(
         check_examples(examples, [registry.get(n) for n in names])
     weights = weights_fingerprint(loaded) if loaded is not None and loaded.source != settings.model else None
     key = _run_key(settings, weights, given_examples)
+    if out_dir is None and results_root is None:
+        results_root = cache_dir() / "runs"
     out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(settings, results_root, key=key)
     return _Plan(names, out, key, examples, weights)
 
@@ -369,7 +372,7 @@ def run(
     overwrite: bool = False,
     reuse_from: Sequence[Path | str] = (),
     renew_outdated: bool = False,
-    results_root: Path | str = "results",
+    results_root: Path | str | None = None,
 ) -> RunResult:
     """Run ``probes`` for the settings' model and task, reusing any finished results in ``out_dir``.
 
@@ -380,7 +383,9 @@ def run(
     the same probe key — a run directory beside ``out_dir`` or under ``reuse_from`` (results roots,
     searched at ``<root>/<model>/``) whose examples begin as this run's do — and computes the rest.
     Cached results a revision behind are kept with a warning, or computed again with ``renew_outdated``.
-    Without ``out_dir`` the run directory is named under ``results_root`` by the run's key.
+    Without ``out_dir`` the run directory is named under ``results_root`` by the run's key; without
+    ``results_root`` too, under effdepth's cache (``$EFFDEPTH_CACHE/runs``), never silently the
+    working directory (the command line passes ``results``, its documented default).
     """
     plan = _plan(settings, probes, out_dir, loaded, examples, results_root)
     described = {**settings.numbers(), **settings.key_fields()}  # what a refusal compares, named

@@ -92,6 +92,16 @@ def test_a_notebook_that_imports_effdepth_measures_and_draws_offline(tmp_path, t
     assert not (tmp_path / "results").exists()
 
 
+def test_run_from_python_keeps_its_results_in_the_cache_not_the_working_directory(cache):
+    from effdepth_core import RunSettings, run
+
+    loaded = make_tiny("llama")
+    loaded.tokenizer = char_tokenizer()
+    result = run(RunSettings("tiny", "addition", n=2, digits=2, progress=False), ["cosine"], loaded=loaded)
+    assert result.out_dir.is_relative_to(cache / "cache" / "runs"), result.out_dir
+    assert not (cache / "results").exists()
+
+
 def test_effective_depth_knows_every_registered_rule_and_gives_a_frame():
     """The norm probe's rule (not a correlational one) and a rule option, through the shortcut, equal
     the rule applied by hand; the result reads as a frame."""
