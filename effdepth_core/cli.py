@@ -264,6 +264,8 @@ def _cmd_book(args: argparse.Namespace) -> int:
     root = args.root.resolve()
     if args.bootstrap_seed is not None and not args.findings:
         raise EffdepthError("--bootstrap-seed sets the seed of --findings; add --findings")
+    if not args.pages and not args.check:
+        raise EffdepthError("--no-pages narrows --check; add --check")
     if args.findings or args.check or args.findings_only:
         from .book.runner import findings_markdown, stale_generated
 
@@ -278,7 +280,7 @@ def _cmd_book(args: argparse.Namespace) -> int:
             print(f"effdepth book --check: {line}")
         if not stale:
             print(
-                "effdepth book --check: _toc.yml, book/_findings.md"
+                "effdepth book --check: _toc.yml, book/_findings.md, book/using/api.md"
                 + (" and the executed pages" if args.pages else "")
                 + " match the code, params/ and the results"
             )

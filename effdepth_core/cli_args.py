@@ -145,14 +145,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     book.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 naming each generated file (_toc.yml, book/_findings.md) that no longer matches the code, "
-        "params/ and the committed results; no model work",
+        help="exit 1 naming each generated file (_toc.yml, book/_findings.md, book/using/api.md, the executed "
+        "pages) that no longer matches the code, params/ and the committed results; no model work",
     )
     book.add_argument(
-        "--pages",
-        action="store_true",
-        help="with --check: the executed pages too (each stores a digest of its template, parameters, code and "
-        "results)",
+        "--no-pages",
+        dest="pages",
+        action="store_false",
+        help="with --check: leave the executed pages out (each stores a digest of its template, parameters, "
+        "code and results, which --check compares)",
     )
     book.add_argument(
         "--findings", action="store_true", help="print the findings Markdown from the cached results (no model work)"

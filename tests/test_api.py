@@ -138,3 +138,22 @@ def test_lens_curves_mark_the_eds_effective_depth_gives():
     marked = [d for d in spec.get("datasets", {}).values() if d and "ed" in d[0]]
     expected = sorted({int(e) for e in eds["ed"].drop_nulls()})
     assert sorted(int(row["ed"]) for rows in marked for row in rows) == expected
+
+
+def test_the_api_reference_page_gives_every_public_name_with_its_signature_and_docstring():
+    import inspect
+
+    import effdepth_core
+    from effdepth_core.book.api_reference import api_markdown
+
+    page = api_markdown()
+    unescaped = page.replace("\\", "")  # Markdown's escapes taken back out
+    for name in effdepth_core.__all__:
+        obj = getattr(effdepth_core, name)
+        assert f"### `{name}`" in page, name
+        first = (inspect.getdoc(obj) or "").splitlines()[0]
+        assert first in unescaped, name  # its docstring's first line, as written
+    signature = page.split("### `measure`")[1].split("```")[1]
+    for parameter in inspect.signature(effdepth_core.measure).parameters:
+        assert parameter in signature  # every parameter, by name
+    assert "<factory>" not in page.split("```python")[0]  # escaped markup never leaks outside code

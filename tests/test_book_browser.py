@@ -238,11 +238,11 @@ def test_charts_fit_the_column_dropdowns_filter_and_answer_tokens_are_outlined(
     assert outlined == [expected], f"answer-token outlines {outlined}, expected [{expected}] (answer tokens × layers)"
 
 
-def test_readme_papermill_command_reruns_a_page_from_the_committed_cache(tmp_path: Path) -> None:
+def test_the_guides_papermill_command_reruns_a_page_from_the_committed_cache(tmp_path: Path) -> None:
     import nbformat
 
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("<!-- papermill-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0].strip()
+    guide = (ROOT / "book" / "using" / "book.md").read_text()
+    block = guide.split("<!-- papermill-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0].strip()
     command = block.replace("smollm2-scale.", f"{tmp_path}/smollm2-scale.")  # outputs outside the checkout
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}

@@ -33,6 +33,20 @@ TOC_HEADER = (
 # pages written by hand, around the generated ones
 INTRO_PAGE = "intro"
 ABOUT_PAGES = ("methods",)
+# the user's guide, in reading order (each listed when its page exists; using/api is generated)
+USING_PAGES = (
+    "using/cli",
+    "using/python",
+    "using/runs",
+    "using/safety",
+    "using/models",
+    "using/tasks",
+    "using/book",
+    "using/grid",
+    "using/speed",
+    "using/development",
+    "using/api",
+)
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,9 @@ def toc_text(root: Path) -> str:
             chapters.insert(0, {"file": f"sections/{section}"})
         parts.append({"caption": titles[section], "chapters": chapters})
     parts.append({"caption": "About the measurements", "chapters": [{"file": p} for p in ABOUT_PAGES]})
+    using = [{"file": p} for p in USING_PAGES if (root / "book" / f"{p}.md").is_file()]
+    if using:
+        parts.append({"caption": "Using effdepth", "chapters": using})
     toc = {"format": "jb-book", "root": INTRO_PAGE, "parts": parts}
     return TOC_HEADER + yaml.safe_dump(toc, sort_keys=False)
 
@@ -149,6 +166,11 @@ def write_generated(path: Path, text: str, mark: str) -> Path:
 
 
 def write_toc(root: Path) -> Path:
+    """``_toc.yml``, and the API reference page it lists (both generated from the code and params/)."""
+    from .api_reference import API_PAGE, HEADER, api_markdown
+
+    (root / API_PAGE).parent.mkdir(parents=True, exist_ok=True)
+    write_generated(root / API_PAGE, api_markdown(), HEADER.split(";")[0])
     return write_generated(root / "_toc.yml", toc_text(root), TOC_HEADER.splitlines()[0])
 
 
@@ -302,13 +324,15 @@ FINDINGS_HEADER = (
 )
 
 
-def stale_generated(root: Path, profile: str = "full", pages: bool = False) -> list[str]:
+def stale_generated(root: Path, profile: str = "full", pages: bool = True) -> list[str]:
     """Each generated file that differs from what the code, params/ and the committed results
-    produce now (``effdepth book --check``): its path and how to regenerate it. With ``pages``
-    (``--check --pages``) the executed pages too: one is stale when its stored ``page_inputs``
-    digest differs (re-executing a page to compare is model-free but slow, and its charts carry
-    random ids)."""
+    produce now (``effdepth book --check``): its path and how to regenerate it. With ``pages`` (the
+    default; ``--check --no-pages`` leaves them out) the executed pages too: one is stale when its
+    stored ``page_inputs`` digest differs (re-executing a page to compare is model-free but slow,
+    and its charts carry random ids)."""
     import nbformat
+
+    from .api_reference import API_PAGE, api_markdown
 
     stale = []
     for section in SECTIONS if pages else ():
@@ -327,6 +351,7 @@ def stale_generated(root: Path, profile: str = "full", pages: bool = False) -> l
     for path, text, fix in (
         (root / "_toc.yml", toc_text(root), "effdepth book --toc-only"),
         (root / FINDINGS_PAGE, findings_markdown(root, profile), "effdepth book --findings-only"),
+        (root / API_PAGE, api_markdown(), "effdepth book --toc-only"),
     ):
         try:
             current = read_regular(path).decode("utf-8")
