@@ -173,8 +173,8 @@ def test_an_unwritable_cache_is_a_one_line_error(fake_zoo, tmp_path, monkeypatch
         zoo.ensure_model("fake", progress=False)
 
 
-def test_provenance_is_in_readme_and_models_info(capsys):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+def test_provenance_is_in_the_models_page_and_models_info(capsys):
+    readme = (Path(__file__).parents[1] / "book" / "using" / "models.md").read_text()
     assert main(["models", "--info"]) == 0
     info = capsys.readouterr().out
     for alias, entry in zoo.ZOO.items():

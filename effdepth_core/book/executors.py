@@ -1,7 +1,7 @@
 """The grid on a Ray cluster: each unit of cells (``grid.units``) a Ray task, asking for one GPU
 when the runs' device is cuda and for CPUs and memory sized from its largest model. Workers write
 the same run directories as the local executor — the checkout (``root``) must be at the same path
-on every node, on a shared filesystem whose locks work across nodes (README: "Grid on a cluster").
+on every node, on a shared filesystem whose locks work across nodes (book/using/grid.md).
 
 A worker killed mid-cell is retried by Ray (``max_retries``): the run directory's lock died with it,
 and the next attempt removes what it left half-written (``rundir``) and resumes. Ctrl-C at the driver
