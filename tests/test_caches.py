@@ -136,7 +136,7 @@ def test_a_run_is_keyed_by_the_weights_and_the_prompts_it_measured(tmp_path, mon
     from effdepth_core.settings import RunSettings
     from effdepth_core.tasks import Example, load_task
 
-    monkeypatch.chdir(tmp_path)  # the default results folder
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))  # where run() keeps results by default
     a = wrap_model(make_tiny("llama", seed=1).model, char_tokenizer(), name="tiny")
     b = wrap_model(make_tiny("llama", seed=2).model, char_tokenizer(), name="tiny")
     settings = RunSettings("tiny", "addition", n=2, digits=3, progress=False)
