@@ -6,10 +6,15 @@ causal probes against the published loops, and the bfloat16 EDs beside the commi
 Without a CUDA GPU it says so and measures nothing (CI has none; `--device cpu --n 1` exercises the
 script on a CPU). Per dtype it runs, into a temporary directory, the model's scale-section runs at
 the n its committed runs settled on (``book/results``; ``--n`` overrides): cosine and logit lens on
-HellaSwag, GSM8K and AIME24, and prints each probe's seconds and peak GPU memory. Then, for skip,
-erasure and integrated gradients on one 6-digit addition, the published loop (effdepth's
-``method="slow"``: what the published scripts do, see ``intervention_cost.py``) ÷ the fast path.
-Last, each ED of the bfloat16 runs beside the committed float32 one (CPU, same prompts).
+HellaSwag, GSM8K and AIME24, and prints each probe's seconds and peak GPU memory. Then, for skip
+(whole layers, future tokens, one GSM8K prompt), erasure and integrated gradients (one 6-digit
+addition, Riemann-256 on every layer), the published loop (effdepth's ``method="slow"``: what the
+published scripts do, see ``intervention_cost.py``) ÷ the fast path. Last, each ED of the bfloat16
+runs beside the committed float32 one (CPU, same prompts; the committed run at the task's default
+settings, never a sensitivity run with another ``max_tokens``).
+
+Its output on the one GPU lent so far is ``benchmarks/output/gpu_scale-smollm2-135m-h200.txt``
+(read in ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -35,12 +40,18 @@ RULES = ("cosine", "logit_lens_kl", "logit_lens_overlap")
 
 
 def committed(model: str, task: str) -> dict | None:
-    """The committed float32 summary of the model's final scale run on ``task`` (largest n)."""
-    runs = sorted(
-        (ROOT / "book" / "results" / slug(model)).glob(f"{task}-n*-seed0/effective_depth.json"),
-        key=lambda p: int(p.parent.name.split("-n")[1].split("-")[0]),
-    )
-    return json.loads(runs[-1].read_text()) if runs else None
+    """The committed float32 summary of the model's scale run on ``task`` (the largest n at the task's
+    default settings: a sensitivity run with another ``max_tokens`` measures other prompts), with
+    the n it asked for as ``n_asked``."""
+    runs = []
+    for summary in (ROOT / "book" / "results" / slug(model)).glob(f"{task}-n*-seed0/effective_depth.json"):
+        settings = json.loads((summary.parent / "metadata.json").read_text())["settings"]
+        if settings.get("max_tokens") is None:
+            runs.append((settings["n"], summary))
+    if not runs:
+        return None
+    n, summary = max(runs)
+    return {**json.loads(summary.read_text()), "n_asked": n}
 
 
 def synchronize(device: str) -> None:
@@ -90,13 +101,16 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA GPU on this machine: nothing measured (run this where `torch.cuda.is_available()`)")
         return
-    print(f"{args.model} on {torch.cuda.get_device_name() if args.device.startswith('cuda') else args.device}")
+    import transformers
+
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    print(f"{args.model} on {where} (torch {torch.__version__}, transformers {transformers.__version__})")
     eds: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="effdepth-gpu-") as scratch:
         for dtype in ("bfloat16", "float32"):
             for task in TASKS:
                 reference = committed(args.model, task)
-                n = args.n or (reference["n_examples"] if reference else 20)
+                n = args.n or (reference["n_asked"] if reference else 20)
                 settings = RunSettings(args.model, task, n=n, device=args.device, dtype=dtype, progress=False)
                 if args.device.startswith("cuda"):
                     torch.cuda.reset_peak_memory_stats()
