@@ -17,7 +17,7 @@ from . import registry
 from .cache import atomic_write_bytes
 from .display import RunResult
 from .errors import EffdepthError
-from .models import LoadedModel, wrap_model
+from .models import LoadedModel, resolve_dtype, wrap_model
 from .results import run
 from .settings import RunSettings
 from .tasks import TASKS, Example
@@ -34,7 +34,9 @@ def _prompts_task(prompts: Any) -> tuple[str, int | None]:
     if not items:
         raise EffdepthError("no prompts to measure: give a list of texts, Examples or a task name")
     rows = []
-    for item in items:
+    for index, item in enumerate(items):
+        if isinstance(item, str) and not item.strip():
+            raise EffdepthError(f"prompt {index} is empty: measure needs text to run the model on")
         if isinstance(item, Example):
             rows.append({"prompt": item.question, **({"answer": item.answer} if item.answer else {})})
         elif isinstance(item, str) and item:
@@ -78,6 +80,7 @@ def measure(
         run_settings = RunSettings(model, task, progress=progress, **settings)
         return _measurement(run(run_settings, probes, out))
     if isinstance(model, LoadedModel):
+        _as_the_model_is(model, settings)
         result = run(RunSettings(model.name, task, progress=progress, **settings), probes, out, loaded=model)
         return _measurement(result)
     if not hasattr(model, "config"):
@@ -88,12 +91,22 @@ def measure(
         loaded = wrap_model(model, tokenizer)
         if loaded.tokenizer is None:
             raise EffdepthError("measuring text needs the model's tokenizer: pass tokenizer=")
+        _as_the_model_is(loaded, settings)
         result = run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded=loaded)
         return _measurement(result)
     finally:  # the caller's model as it was
         model.train(training)
         for name, p in model.named_parameters():
             p.requires_grad_(grads[name])
+
+
+def _as_the_model_is(loaded: LoadedModel, settings: dict[str, Any]) -> None:
+    """Settings that record the model's own device and dtype, unless the caller named them (a
+    bfloat16 model measured on the CPU is a bfloat16 run, keyed and labelled so)."""
+    device = loaded.input_device.type
+    settings.setdefault("device", device)
+    if "dtype" not in settings and loaded.dtype != resolve_dtype("auto", device):
+        settings["dtype"] = str(loaded.dtype).removeprefix("torch.")
 
 
 def plot(result: RunResult, chart: str | None = None):

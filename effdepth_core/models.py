@@ -202,6 +202,18 @@ class LoadedModel:
     parallel_residual: bool
     max_positions: int | None
     source: str | None = None  # the name load_model loaded it from (None: a model wrapped in memory)
+    loaded_weights: tuple | None = None  # ``weights_state`` when load_model returned it
+
+    def is_as_loaded(self, spec: str, dtype: torch.dtype) -> bool:
+        """Whether this is exactly what ``load_model(spec)`` gives in ``dtype``, untouched since: only
+        then may a run be keyed by the name (load_model's other arguments, a weight edited in place
+        or a cast make it another model, keyed by its weights)."""
+        return (
+            self.source == spec
+            and self.dtype == dtype
+            and self.loaded_weights is not None
+            and weights_state(self.model) == self.loaded_weights
+        )
 
     def __repr__(self) -> str:
         return (
@@ -299,7 +311,11 @@ def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | No
     and verifies its layout). The model is put in eval mode with its parameters' gradients off —
     the probes differentiate activations, never parameters; ``measure`` restores the caller's state
     afterwards, a direct caller of ``wrap_model`` may call ``model.train()`` again itself."""
-    config = model.config
+    config = getattr(model, "config", None)
+    if config is None:
+        raise UnsupportedModelError(
+            f"wrap_model takes a transformers causal LM (a model with a .config), got {type(model).__name__}"
+        )
     model_type = str(getattr(config, "model_type", "unknown"))
     name = name or str(getattr(config, "_name_or_path", "") or model_type)
     if model_type in _REJECTED or getattr(config, "is_encoder_decoder", False):
@@ -476,6 +492,7 @@ def load_model(
 
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
+    tokenizer_given = tokenizer is not None
     preflight_model(spec)
     name = spec
     path = Path(spec).expanduser()
@@ -514,8 +531,17 @@ def load_model(
     if device_map is None:
         model = model.to(device)
     loaded = wrap_model(model, tokenizer, name=name)
-    loaded.source = spec
+    # the name says what was loaded only with load_model's defaults: another revision, tokenizer or
+    # transformers argument (quantization, attention kernel) is another model, keyed by its weights
+    loaded.source = spec if not from_pretrained and not tokenizer_given else None
+    loaded.loaded_weights = weights_state(model)
     return loaded
+
+
+def weights_state(model: nn.Module) -> tuple:
+    """Each parameter's storage, dtype and in-place version counter: cheap, and changed by any edit
+    of a weight (``mul_``, ``copy_``, ``load_state_dict``) or cast (``.to``, ``.half()``)."""
+    return tuple((p.data_ptr(), p.dtype, p._version) for p in model.parameters())
 
 
 def weights_fingerprint(loaded: LoadedModel) -> str:

@@ -29,7 +29,7 @@ from .cache import read_regular
 from .depth import effective_depths
 from .display import RunResult
 from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError
-from .models import LoadedModel, load_model, preflight_model, weights_fingerprint
+from .models import LoadedModel, load_model, preflight_model, resolve_device, resolve_dtype, weights_fingerprint
 from .probes.spec import Context, ProbeSpec
 from .rundir import (
     EXAMPLES,
@@ -149,7 +149,17 @@ def _plan(
         examples = None if loaded is None and _needs_tokenizer(settings) else preview
     if examples is not None:
         check_examples(examples, [registry.get(n) for n in names])
-    weights = weights_fingerprint(loaded) if loaded is not None and loaded.source != settings.model else None
+    weights = None
+    if loaded is not None:
+        asked = resolve_dtype(settings.dtype, resolve_device(settings.device))
+        if loaded.dtype != asked:
+            raise EffdepthError(
+                f"the model given is {str(loaded.dtype).removeprefix('torch.')} but the settings ask for "
+                f"{str(asked).removeprefix('torch.')}; pass dtype={str(loaded.dtype).removeprefix('torch.')!r} "
+                "(measure() does), or load the model in that dtype"
+            )
+        if not loaded.is_as_loaded(settings.model, asked):
+            weights = weights_fingerprint(loaded)
     key = _run_key(settings, weights, given_examples)
     if out_dir is None and results_root is None:
         results_root = cache_dir() / "runs"

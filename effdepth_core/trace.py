@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -188,10 +188,25 @@ def show_progress(progress: bool | None) -> bool:
 Prompts = Any  # str | Example | Sequence[str | Example | Tensor | Sequence[int]] | Tensor | BatchEncoding | (ids, mask)
 
 
+def _token_ids(value: Any) -> torch.Tensor:
+    """Token ids as a long tensor; anything but whole numbers is refused (a float tensor cast to
+    ids would silently probe other tokens)."""
+    try:
+        ids = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise EffdepthError(f"token ids must be whole numbers, got {type(value).__name__} ({exc})") from exc
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise EffdepthError(
+            f"token ids must be whole numbers, got a {str(ids.dtype).removeprefix('torch.')} tensor; "
+            "pass text, or the input_ids a tokenizer returns"
+        )
+    return ids.long()
+
+
 def _masked_rows(ids: Any, mask: Any | None) -> list[torch.Tensor]:
     """Each row of a ``[batch, token]`` id tensor, without the positions its attention mask leaves
     out (padding on either side)."""
-    ids = torch.as_tensor(ids, dtype=torch.long)
+    ids = _token_ids(ids)
     if ids.dim() == 1:
         ids = ids[None]
     if ids.dim() != 2:
@@ -217,6 +232,11 @@ def as_prompts(prompts: Prompts) -> list[str | torch.Tensor]:
         return _masked_rows(prompts, None)
     if isinstance(prompts, tuple) and len(prompts) == 2 and all(torch.is_tensor(p) for p in prompts):
         return _masked_rows(*prompts)
+    if not isinstance(prompts, Iterable):
+        raise EffdepthError(
+            f"prompts must be text, an Example, token ids, a list of those or a tokenizer's batch; got "
+            f"{type(prompts).__name__}"
+        )
     items = list(prompts)
     if items and all(isinstance(i, int) and not isinstance(i, bool) for i in items):
         return [torch.tensor(items, dtype=torch.long)]  # one prompt's ids
@@ -226,7 +246,7 @@ def as_prompts(prompts: Prompts) -> list[str | torch.Tensor]:
         if isinstance(item, str):
             out.append(item)
         elif torch.is_tensor(item) or isinstance(item, Sequence):
-            out.append(torch.as_tensor(item, dtype=torch.long).flatten())
+            out.append(_token_ids(item).flatten())
         else:
             raise EffdepthError(
                 f"a prompt must be text, an Example, or token ids, got {type(item).__name__}; see as_prompts"
@@ -243,9 +263,16 @@ def tokenize(loaded: LoadedModel, prompts: Prompts, truncate: bool = False) -> l
         raise EffdepthError("no prompts to probe: the task gave 0 examples")
     token_lists = []
     for index, prompt in enumerate(prompts):
-        ids = loaded.encode(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt, dtype=torch.long)
+        ids = loaded.encode(prompt) if isinstance(prompt, str) else _token_ids(prompt)
         if ids.numel() == 0:
             raise EffdepthError(f"prompt {index} is empty after tokenization")
+        vocabulary = loaded.model.get_input_embeddings().num_embeddings
+        if int(ids.min()) < 0 or int(ids.max()) >= vocabulary:
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise EffdepthError(
+                f"prompt {index} has token id {bad}, outside the vocabulary of {loaded.name!r} (0..{vocabulary - 1}); "
+                "were the ids made by another model's tokenizer?"
+            )
         if truncate and loaded.max_positions:
             ids = ids.flatten()[: loaded.max_positions]
         if loaded.max_positions and ids.numel() > loaded.max_positions:

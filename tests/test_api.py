@@ -48,6 +48,36 @@ def test_measure_refuses_what_it_cannot_key_in_one_line(cache):
         measure(model, [torch.tensor([3, 4, 5])], tokenizer=char_tokenizer(), progress=False)
     with pytest.raises(EffdepthError, match="model must be a name, a LoadedModel or a transformers model"):
         measure(42, PROMPTS, progress=False)
+    for empty in ("", ["abc", " "]):  # text, but none to run: said as such (it once blamed the type)
+        with pytest.raises(EffdepthError, match="is empty: measure needs text"):
+            measure(model, empty, tokenizer=char_tokenizer(), progress=False)
+
+
+def test_a_model_loaded_by_name_is_keyed_by_its_name_only_while_it_is_what_the_name_loads(cache, tiny_dir):
+    """A hostile pass found the name key reused for a bfloat16 load of a float32-measured model and
+    for a model whose weights were edited in place: both returned the earlier numbers. The name keys
+    a run only while the model is what ``load_model(name)`` gives in the run's dtype, untouched."""
+    from effdepth_core.models import load_model
+    from effdepth_core.results import RunSettings, run
+
+    spec = str(tiny_dir)
+    plain = load_model(spec, device="cpu", dtype="float32", progress=False)
+    first = measure(plain, PROMPTS, progress=False)
+    assert first.out_dir == measure(load_model(spec, device="cpu", progress=False), PROMPTS, progress=False).out_dir
+    half = load_model(spec, device="cpu", dtype="bfloat16", progress=False)
+    in_bf16 = measure(half, PROMPTS, progress=False)
+    assert in_bf16.out_dir != first.out_dir and in_bf16.metadata["settings"]["dtype"] == "bfloat16"
+    assert in_bf16.per_example["cosine"].equals(residual_cosine(half, PROMPTS))
+    with torch.no_grad():  # an edit in place: another model under the same name
+        plain.layers[1].mlp.down_proj.weight.mul_(3.0)
+    edited = measure(plain, PROMPTS, progress=False)
+    assert edited.out_dir != first.out_dir
+    assert edited.per_example["cosine"].equals(residual_cosine(plain, PROMPTS))
+    assert not edited.per_example["cosine"].equals(first.per_example["cosine"])
+    eager = load_model(spec, device="cpu", dtype="float32", progress=False, attn_implementation="eager")
+    assert measure(eager, PROMPTS, progress=False).out_dir != first.out_dir  # another load: keyed by weights
+    with pytest.raises(EffdepthError, match="the model given is bfloat16 but the settings ask for float32"):
+        run(RunSettings(spec, "gsm8k", n=2, progress=False), "cosine", loaded=half)
 
 
 def test_load_model_takes_a_tokenizer_and_transformers_arguments(tmp_path, tiny_dir):

@@ -194,3 +194,16 @@ def test_every_prompt_probe_takes_one_input_contract():
         assert one["n_tokens"].unique().to_list() == [ids[0].numel()]
     with pytest.raises(EffdepthError, match="a prompt must be text, an Example, or token ids"):
         residual_cosine(loaded, [3.5])
+    # what is not a prompt is one line naming it, never a raw error or other tokens probed silently
+    for given, said in (
+        (42, "prompts must be text, an Example, token ids"),
+        (None, "prompts must be text, an Example, token ids"),
+        (torch.rand(1, 5), "token ids must be whole numbers, got a float32 tensor"),
+        ([[5, 6.5, 7]], "token ids must be whole numbers"),
+        ([[5, 6, 9999]], r"prompt 0 has token id 9999, outside the vocabulary of 'tiny' \(0\.\.63\)"),
+        ([[5, -1, 7]], r"prompt 0 has token id -1, outside the vocabulary"),
+    ):
+        with pytest.raises(EffdepthError, match=said):
+            residual_cosine(loaded, given)
+    with pytest.raises(EffdepthError, match="wrap_model takes a transformers causal LM"):
+        wrap_model(torch.nn.Linear(3, 3))
