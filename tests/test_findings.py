@@ -94,7 +94,10 @@ def test_difficulty_finding_follows_the_intervals():
             {("gsm8k", "aime24"): "m aime24: n = 3 < 20, no interval that counts"},
         ),
     )
-    assert "m: **we agree**." in small and "Not counted: cosine GSM8K→AIME24 (n = 3 < 20" in small
+    assert (
+        "m, from HellaSwag→GSM8K alone: **we agree**." in small
+        and "Not counted: cosine GSM8K→AIME24 (n = 3 < 20" in small
+    )
     degenerate = summary.with_columns(
         pl.when(pl.col("task") == "aime24").then(pl.lit("it fires at layer 0")).otherwise(None).alias("degenerate")
     )
@@ -115,10 +118,12 @@ def test_the_robustness_rule_turns_a_verdict_into_cannot_tell_at_another_thresho
     summary = _difficulty_summary()
     moved = _checked((0.27, 0.20, 0.27), "at cosine zero −0.03", (0.07, 0.02, 0.10))
     text = findings.difficulty_finding(summary, paper=paper, between=moved)
-    assert "m: **we cannot tell**." in text
+    assert "m, from HellaSwag→GSM8K alone: **we cannot tell**." in text
     assert "cannot tell: disagree at the book's settings, agree at cosine zero −0.03" in text
     held = _checked((0.27, 0.20, 0.27), "at cosine zero −0.03", (0.30, 0.25, 0.35))
-    assert "m: **we disagree**." in findings.difficulty_finding(summary, paper=paper, between=held)
+    assert "m, from HellaSwag→GSM8K alone: **we disagree**." in findings.difficulty_finding(
+        summary, paper=paper, between=held
+    )
 
 
 def test_the_robustness_rule_turns_a_verdict_into_cannot_tell_under_another_seed():
@@ -127,7 +132,7 @@ def test_the_robustness_rule_turns_a_verdict_into_cannot_tell_under_another_seed
     summary = _difficulty_summary()
     seeded = _checked((0.27, 0.20, 0.27), "under bootstrap seed 1", (0.27, 0.10, 0.27))
     text = findings.difficulty_finding(summary, paper=paper, between=seeded)
-    assert "m: **we cannot tell**." in text and "cannot tell under bootstrap seed 1" in text
+    assert "m, from HellaSwag→GSM8K alone: **we cannot tell**." in text and "cannot tell under bootstrap seed 1" in text
 
 
 def test_the_robustness_rule_judges_the_papers_cells_and_ours_by_one_artefact_test():
@@ -249,7 +254,8 @@ def test_long_cot_finding_uses_ours_when_measured_and_says_so_when_not():
     empty = pl.DataFrame(schema=_difficulty_summary().schema)
     error = "cannot load model 'x': the Hugging Face hub cannot be reached from this machine. Offline aliases: a, b"
     offline = findings_long_cot.long_cot_finding(empty, pairs, {"Qwen/Qwen2.5-Math-1.5B": error}, paper)
-    assert "we cannot tell" in offline and "the Hugging Face hub cannot be reached from this machine." in offline
+    assert "we cannot tell" in offline
+    assert "Not measured here (Qwen/Qwen2.5-Math-1.5B): the Hugging Face hub cannot be reached from this" in offline
     assert "Offline aliases" not in offline  # the gist of the error, once
     assert "lens KL ±0/−21*/+1" in offline and "artefact" in offline and "at most 1 layer" in offline
     ours = _summary(
@@ -379,7 +385,14 @@ def test_lens_finding_verdict_follows_the_intervals():
     said = findings_beyond.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (0, -1, 1)]))
     assert "**no, where the intervals can tell**: 1 of 2 usable EDs stay" in said
     said = findings_beyond.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (1, 0.5, 3)]))
-    assert "**we cannot tell**: all 2 intervals reach across ±1 layer" in said
+    assert "**we cannot tell**: no usable ED provably moves or stays; 2 intervals across ±1 layer at every" in said
+    # an ED that moves at the book's threshold but stays at another: the headline names that test, not
+    # its interval (the tuned-lens headlines once blamed the intervals for threshold failures)
+    robust = _lenses([(-2.0, -3.0, -2.0), (-1.0, -3.0, 0.5)]).with_columns(variant=pl.lit(""))
+    shifted = robust.head(1).with_columns(point=pl.lit(0.0), low=pl.lit(-1.0), high=pl.lit(1.0), variant=pl.lit("t"))
+    said = findings_beyond.lens_finding(summary, None, pl.concat([robust, shifted]))
+    assert "no usable ED provably moves or stays; 1 of 2 usable EDs change with a threshold or the seed" in said
+    assert "and 1 interval across ±1 layer at every check" in said
     # a degenerate or small cell never counts, and is named
     kept = findings_beyond.lens_finding(
         summary, None, _lenses([(0, -1, 1), (-8, -9, -7)], [None, "m gsm8k: degenerate"])
@@ -420,9 +433,46 @@ def test_early_exit_costs_read_the_layer_after_the_counted_ed():
     assert row["cost"] == pytest.approx(expected, rel=1e-12) and row["kept"] == pytest.approx(0.75)
     assert row["saved"] == 0.5 and row["cost_low"] > 0 and row["positive"] and row["counted"]
     said = findings_beyond.early_exit_finding(costs)
-    assert "**the layers after ED are not idle**: exiting there raises the answer NLL in all 1 counted run" in said
+    assert "**the layers after ED are not idle**: exiting there raises the answer NLL in its one counted run" in said
     assert "saves 50%, 75% [75%, 75%] of tokens keep their final top-1" in said
     assert "cannot tell" in findings_beyond.early_exit_finding(costs.head(0))
+
+
+def test_early_exit_is_judged_at_every_threshold_of_its_rule():
+    """(a) of the robustness rule for early exit: at overlap thresholds 0.35–0.5 the ED run's own
+    curve puts ED at layer 2, and exiting after it costs nothing (layer 3's NLL is the final one's):
+    the verdict is cannot tell, naming that threshold, though the book's own exit costs 2 nats."""
+    from types import SimpleNamespace
+
+    from effdepth_core.book.evidence_beyond import early_exit_costs
+    from effdepth_core.book.study import RunRecord, Study
+
+    rows, lens = [], []
+    for e in range(10):  # L = 4; the book's ED 1 (overlap 0.32 > 0.3) exits to layer 2, ED 2 to layer 3
+        for layer, nll, agree in ((2, 3.0 + 0.1 * e, 0.75), (3, 1.0, 0.9), (4, 1.0, 1.0)):
+            rows += [(e, layer, "answer_nll", nll, 2 + e % 3), (e, layer, "agreement", agree, 10)]
+        for layer, overlap in enumerate((0.1, 0.32, 0.6, 1.0, 1.0)):
+            lens += [(e, layer, "overlap", overlap, 7), (e, layer, "kl", 4.0 - layer, 7)]
+    schema = ["example", "layer", "metric", "value", "n_tokens"]
+    exits = SimpleNamespace(per_example={"early_exit": pl.DataFrame(rows, schema=schema, orient="row")}, curves={},
+                            summary={"n_layers": 4})  # fmt: skip
+    curves = SimpleNamespace(per_example={"logit_lens": pl.DataFrame(lens, schema=schema, orient="row")}, curves={},
+                             summary={"n_layers": 4})  # fmt: skip
+    settings = SimpleNamespace(overlap_threshold=0.3, kl_fraction=0.5)
+    study = Study(
+        [
+            RunRecord("m", "GSM8K", settings, ["logit_lens"], result=curves),
+            RunRecord("m", "GSM8K", settings, ["early_exit"], result=exits),
+        ]
+    )
+    summary = _summary([("m", 4, "GSM8K", "lens overlap", 1, 1, 1)])
+    row = early_exit_costs(study, summary).row(0, named=True)
+    assert row["exit_layer"] == 2 and (row["exit_low"], row["exit_high"]) == (2, 3)
+    assert row["cost_low"] > 0 and not row["positive"] and row["why"] == "at overlap threshold 0.35"
+    said = findings_beyond.early_exit_finding(early_exit_costs(study, summary))
+    assert "**we cannot tell** whether the layers after ED matter: in 1 of 1 counted runs" in said
+    assert "(m GSM8K logit lens: at overlap threshold 0.35)" in said
+    assert "over the threshold range after layer 1–2" in said
 
 
 def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 1.0, error=None) -> pl.DataFrame:
@@ -487,6 +537,21 @@ def test_map_finding_verdict_follows_the_numbers():
     )
     said = findings_beyond.map_finding(embeddings, "small", "big", map_statistic(embeddings))
     assert "**yes**" in said and "at layer 0, the token embeddings, 0.04" in said
+
+
+def test_the_map_verdict_names_its_interval_and_holds_under_other_seeds():
+    """An interval between ⅓ and ⅔ is said as such (it once said "straddles both thresholds" of
+    [52 %, 70 %]); a verdict that another bootstrap seed turns is cannot tell, naming the seed."""
+    from effdepth_core.book.evidence_beyond import map_statistic
+
+    stretched = _map([0, 2, 4, 6, 8])
+    statistic = map_statistic(stretched)
+    middle = {**statistic, "low": 0.52, "high": 0.70, "centred_low": 0.22, "centred_high": 0.26}
+    said = findings_beyond.map_finding(stretched, "small", "big", middle)
+    assert "**we cannot tell**: the interval [52%, 70%] lies neither above ⅔ of the layers (yes) nor below ⅓" in said
+    assert "**yes**" in findings_beyond.map_finding(stretched, "small", "big", statistic, [statistic, statistic])
+    said = findings_beyond.map_finding(stretched, "small", "big", statistic, [statistic, {**statistic, "low": 0.6}])
+    assert "**we cannot tell**: the verdict changes with the bootstrap seed (yes at this seed, we cannot tell" in said
 
 
 def test_a_column_bias_alone_cannot_decide_the_map():
@@ -568,6 +633,31 @@ def test_pruning_costs_against_hand_computed_means():
     assert row["low"] < 0 < row["high"] and row["verdict"] == "unclear"
     few = pruning_costs(_prune_study(after[:4], angular[:4], influence[:4], tokens[:4]))
     assert not few["counted"].any()
+
+
+def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():
+    """(a) of the robustness rule for pruning: at overlap thresholds 0.2 and 0.25 the ED run's curve
+    puts ED at layer 0, so the block after it is layer 1 (2 nats, costlier than block influence's 1),
+    where the book's ED 1 cuts layer 2 (0.5 nats, cheaper): the budget is unclear, naming why."""
+    from types import SimpleNamespace
+
+    from effdepth_core.book.evidence_beyond import pruning_costs
+    from effdepth_core.book.study import RunRecord, Study
+
+    study = _prune_study([0.5] * 10, [2.0] * 10, [1.0] * 10, [1] * 10)
+    assert pruning_costs(study).filter(variant="")["verdict"].to_list() == ["cheaper"]  # no ED curve: own ED only
+    lens = [(e, layer, m, v, 7) for e in range(10) for layer, o in enumerate((0.28, 0.6, 1.0, 1.0, 1.0))
+            for m, v in (("overlap", o), ("kl", 4.0 - layer))]  # fmt: skip
+    frame = pl.DataFrame(lens, schema=["example", "layer", "metric", "value", "n_tokens"], orient="row")
+    curves = SimpleNamespace(
+        per_example={"logit_lens": frame}, curves={}, summary={"n_layers": 4, "logit_lens_overlap": {"ed": 1}}
+    )
+    settings = SimpleNamespace(overlap_threshold=0.3, kl_fraction=0.5)
+    both = Study([RunRecord("m", "GSM8K", settings, ["logit_lens"], result=curves), *study.records])
+    row = pruning_costs(both).filter(variant="").row(0, named=True)
+    assert row["removed"] == "2" and row["verdict"] == "unclear" and row["why"] == "at overlap threshold 0.2"
+    said = findings_beyond.pruning_finding(pruning_costs(both))
+    assert "change with the bootstrap seed or the ED's threshold" in said
 
 
 def test_pruning_finding_verdict_follows_the_intervals():

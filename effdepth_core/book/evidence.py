@@ -227,6 +227,8 @@ def between_tasks(
                         "first": first,
                         "second": second,
                         **interval(point, draws),
+                        "n_first": int(ra.result.summary["n_examples"]),
+                        "n_second": int(rb.result.summary["n_examples"]),
                         "excluded": why,
                     }
                 )
@@ -239,6 +241,8 @@ def between_tasks(
         "low": pl.Float64,
         "high": pl.Float64,
         "defined": pl.Float64,
+        "n_first": pl.Int64,
+        "n_second": pl.Int64,
         "excluded": pl.String,
     }
     return pl.DataFrame(rows, schema=schema).with_columns(pl.lit(model).alias("model"))

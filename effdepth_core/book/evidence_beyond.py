@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from ..depth import resample_weights
-from ..probes.prune import FINAL_KEPT
+from ..probes.prune import FINAL_KEPT, after_ed_block
 from .stats import N_BOOTSTRAP, interval
 from .study import Study, pruning_comparison
 
@@ -139,6 +139,8 @@ def pruning_costs(
             return picked.unique("example", keep="first").sort("example")["value"].to_numpy() - base
 
         mine = comparison.filter(model=r.model, task=r.label)
+        n_layers = int(r.result.summary["n_layers"])
+        other_eds = _threshold_eds(study, r.model, r.label, rule)
         for k in sorted(mine["k"].unique().to_list()):
             budget = mine.filter(k=k)
             others = budget.filter(pl.col("choice").is_in(PRUNE_ALTERNATIVES))
@@ -155,12 +157,14 @@ def pruning_costs(
                 point_alt = alt @ tokens / tokens.sum()
                 best = float(point_alt.min())
                 point = float(d @ tokens / tokens.sum())
-                classes, stats_ = [], {}
+                classes, stats_, why = [], {}, None
                 for s, w in draws.items():
                     mine_draws = w @ d / w.sum(axis=1)
                     best_draws = (w @ alt.T / w.sum(axis=1, keepdims=True)).min(axis=1)
                     diff = interval(point - best, mine_draws - best_draws)
                     classes.append(_prune_class(diff["low"], diff["high"]))
+                    if why is None and classes[-1] != classes[0]:
+                        why = f"under bootstrap seed {s}"
                     if s == seed:
                         ratio = mine_draws / best_draws if (best_draws > 0).all() else None
                         stats_ = {
@@ -171,6 +175,20 @@ def pruning_costs(
                             "ratio_low": None if ratio is None else float(np.percentile(ratio, 2.5)),
                             "ratio_high": None if ratio is None else float(np.percentile(ratio, 97.5)),
                         }
+                for what, ed in other_eds.items():  # the block after the ED of every other threshold
+                    start = after_ed_block(ed, int(k), n_layers, keep_final=bool(variant))
+                    if start is None or start == int(removed.split(",")[0]):
+                        continue
+                    block = ",".join(str(layer) for layer in range(start, start + int(k)))
+                    if not per.filter(pl.col("removed") == block, pl.col("rule") != "none").height:
+                        continue  # not measured (a budget the run did not cut at every start)
+                    other = deltas(block)
+                    w = draws[seed]
+                    best_draws = (w @ alt.T / w.sum(axis=1, keepdims=True)).min(axis=1)
+                    diff = interval(float(other @ tokens / tokens.sum()) - best, w @ other / w.sum(axis=1) - best_draws)
+                    classes.append(_prune_class(diff["low"], diff["high"]))
+                    if why is None and classes[-1] != classes[0]:
+                        why = what
                 same = removed in others["removed"].to_list()
                 rows.append(
                     {
@@ -185,6 +203,7 @@ def pruning_costs(
                         **stats_,
                         "verdict": "tie" if same else classes[0] if len(set(classes)) == 1 else "unclear",
                         "seed_stable": len(set(classes)) == 1,
+                        "why": why,
                         "same_layers": same,
                         "holds_final": str(int(r.result.summary["n_layers"]) - 1) in removed.split(","),
                         "n": n,
@@ -196,7 +215,7 @@ def pruning_costs(
         "delta_nll": pl.Float64, "best_alternative": pl.String, "best_delta_nll": pl.Float64,
         "difference": pl.Float64, "low": pl.Float64, "high": pl.Float64, "ratio": pl.Float64,
         "ratio_low": pl.Float64, "ratio_high": pl.Float64, "verdict": pl.String, "seed_stable": pl.Boolean,
-        "same_layers": pl.Boolean, "holds_final": pl.Boolean, "n": pl.Int64, "counted": pl.Boolean,
+        "why": pl.String, "same_layers": pl.Boolean, "holds_final": pl.Boolean, "n": pl.Int64, "counted": pl.Boolean,
     }  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
 
@@ -208,8 +227,9 @@ def early_exit_costs(
     for that model and task, from ``summary``): the share of layers ``saved``, the share of tokens
     whose top-1 stays the final one (``kept``), and the answer-NLL increase over the full model
     (``cost``), each mean with a 95 % bootstrap interval over prompts (token-weighted as the
-    curves); ``positive`` when the cost's interval lies above zero under this seed and the next two;
-    ``counted`` with at least ``MIN_PRUNE_N`` prompts."""
+    curves); ``positive`` when the cost's interval lies above zero under this seed and the next two,
+    exiting after the ED of every threshold of the rule's range too (``exit_layers``; ``why`` names
+    the first check that failed); ``counted`` with at least ``MIN_PRUNE_N`` prompts."""
     rows = []
     for r in study.finished:
         if not r.asked("early_exit"):
@@ -218,6 +238,7 @@ def early_exit_costs(
         if not ed.height or ed["ed"][0] is None:
             continue
         exit_at, n_layers = int(ed["ed"][0]) + 1, int(r.result.summary["n_layers"])
+        exits = {"": exit_at, **{w: ed + 1 for w, ed in _threshold_eds(study, r.model, r.label, rule).items()}}
         frame = r.result.per_example["early_exit"]
         lenses = frame["lens"].unique(maintain_order=True).to_list() if "lens" in frame.columns else [None]
         for lens in lenses:
@@ -227,23 +248,25 @@ def early_exit_costs(
                 picked = rows_.filter(layer=layer, metric=metric).sort("example")
                 return picked["value"].to_numpy(), picked["n_tokens"].to_numpy().astype(float)
 
-            nll_exit, answer_tokens = column(exit_at, "answer_nll")
-            nll_full, _ = column(n_layers, "answer_nll")
-            agree, all_tokens = column(exit_at, "agreement")
-            if not nll_exit.size:
+            nll_full, answer_tokens = column(n_layers, "answer_nll")
+            if not nll_full.size:
                 continue
-            cost, n = nll_exit - nll_full, nll_exit.size
-            positive = []
-            for s in (seed, seed + 1, seed + 2):
-                w = resample_weights(n, n_bootstrap, s)  # [boot, prompt]
-                cost_draws = (w * answer_tokens) @ cost / ((w * answer_tokens).sum(axis=1))
-                kept_draws = (w * all_tokens) @ agree / ((w * all_tokens).sum(axis=1))
-                cost_i = interval(float(cost @ answer_tokens / answer_tokens.sum()), cost_draws)
-                positive.append(cost_i["low"] > 0)
-                if s == seed:
-                    kept_i = interval(float(agree @ all_tokens / all_tokens.sum()), kept_draws)
-                    found = (cost_i, kept_i)
+            n, why, found = nll_full.size, None, None
+            for what, layer in exits.items():  # the book's exit first, then each threshold's
+                nll_exit, _ = column(layer, "answer_nll")
+                agree, all_tokens = column(layer, "agreement")
+                cost = nll_exit - nll_full
+                for s in (seed, seed + 1, seed + 2):
+                    w = resample_weights(n, n_bootstrap, s)  # [boot, prompt]
+                    cost_draws = (w * answer_tokens) @ cost / ((w * answer_tokens).sum(axis=1))
+                    cost_i = interval(float(cost @ answer_tokens / answer_tokens.sum()), cost_draws)
+                    if found is None:  # the book's own exit and seed: what the page reports
+                        kept_draws = (w * all_tokens) @ agree / ((w * all_tokens).sum(axis=1))
+                        found = (cost_i, interval(float(agree @ all_tokens / all_tokens.sum()), kept_draws))
+                    if why is None and not cost_i["low"] > 0:
+                        why = what or (f"under bootstrap seed {s}" if s != seed else "at the book's settings")
             cost_i, kept_i = found
+            positive = [why is None]
             rows.append(
                 {
                     "model": r.model,
@@ -259,6 +282,9 @@ def early_exit_costs(
                     "cost_low": cost_i["low"],
                     "cost_high": cost_i["high"],
                     "positive": all(positive),
+                    "why": why,
+                    "exit_low": min(exits.values()),
+                    "exit_high": max(exits.values()),
                     "n": n,
                     "counted": n >= MIN_PRUNE_N,
                 }
@@ -267,6 +293,28 @@ def early_exit_costs(
         "model": pl.String, "task": pl.String, "lens": pl.String, "exit_layer": pl.Int64, "n_layers": pl.Int64,
         "saved": pl.Float64, "kept": pl.Float64, "kept_low": pl.Float64, "kept_high": pl.Float64,
         "cost": pl.Float64, "cost_low": pl.Float64, "cost_high": pl.Float64, "positive": pl.Boolean,
-        "n": pl.Int64, "counted": pl.Boolean,
+        "why": pl.String, "exit_low": pl.Int64, "exit_high": pl.Int64, "n": pl.Int64, "counted": pl.Boolean,
     }  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
+
+
+def _threshold_eds(study: Study, model: str, task: str, rule: str) -> dict[str, int]:
+    """The ED of ``rule`` at every other threshold of its range (the robustness rule's checks):
+    ``{"at overlap threshold 0.2": ed, …}`` from the ED run's own curves."""
+    from ..depth import ed_samples
+    from .evidence import _frames, _rule
+    from .stats import variants
+
+    record, frame = _frames(study, model, task, rule)
+    if record is None:
+        return {}
+    _, found = _rule(rule)
+    one = np.ones((1, int(frame["example"].n_unique())))
+    n_layers = int(record.result.summary["n_layers"])
+    out = {}
+    for what, settings, _ in variants(found, record.settings, 0):
+        if what.startswith("at "):
+            ed, _ = ed_samples(found, frame, n_layers, settings, one)
+            if ed is not None:
+                out[what] = int(ed)
+    return out

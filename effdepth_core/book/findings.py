@@ -49,8 +49,9 @@ def signed(value: float, digits: int = 0) -> str:
 
 
 def _spread(tolerance: float) -> str:
-    """The yardstick of a ratio difference, said where it is used."""
-    return f"(no change within the paper's own spread, ±{tolerance:.2f})"
+    """The yardstick of a ratio difference, said where it is used: a definition, never a verdict
+    (the verdict is the bold phrase; a referee read the old "no change within …" as one)."""
+    return f"(“no change” means within the paper's own spread, ±{tolerance:.2f})"
 
 
 def count_of(n: int, noun: str) -> str:
@@ -225,7 +226,8 @@ def scale_finding(
         per_task = own_cells(within).filter(pl.col("task") != "all", pl.col("measure") == "ed")
         pooled = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t, pl.col("excluded").is_null()).height]
         left = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t).height and t not in pooled]
-        over = f", pooled over {' and '.join(task_name(t) for t in pooled)}" if pooled else ""
+        sizes = {t: per_task.filter(pl.col("task") == t)["n"][0] for t in pooled}
+        over = f", pooled over {' and '.join(f'{task_name(t)} (n = {sizes[t]})' for t in pooled)}" if pooled else ""
         if left:
             over += f" ({', '.join(task_name(t) for t in left)} not counted: too few prompts or degenerate)"
         text.append(
@@ -271,8 +273,9 @@ def scale_finding(
                 text.append(f"Spearman of mean ED with {what}: " + "; ".join(tests) + ".")
         if "against" in across.columns:
             text.append(
-                "Here L does not grow with size (the smallest model has the most layers), so ED follows depth L "
-                "rather than parameter count, as a layer count must."
+                "Here L does not grow with size (the smallest model has the most layers), so a ranking by size "
+                "is not a ranking by depth; which of the two ED follows is a question these rank tests cannot "
+                "settle."
             )
         spreads = [
             f"{r['rule']} {_range(r['ratio_min'], r['ratio_max'])}"
@@ -354,18 +357,26 @@ def difficulty_finding(
                     continue
                 verdicts.append(step["verdict"])
                 why = f" (cannot tell: {step['why']})" if step["why"] else ""
-                steps.append(f"{step['pair']} {interval_text(step['own'])}{why}")
+                own = step["own"]
+                n = f" (n = {own['n_first']}/{own['n_second']})" if own.get("n_first") is not None else ""
+                steps.append(f"{step['pair']} {interval_text(own)}{n}{why}")
             if steps:
                 evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(decided[0]['tolerances'][rule])}")
         verdict = _combine(verdicts)
         per_model.append(verdict)
-        text.append(f"{model}: **{WORDS[verdict]}**.")
+        counted = list(dict.fromkeys(s["pair"] for s in decided if not s["excluded"]))
+        scope = f", from {' and '.join(counted)} alone" if counted and len(counted) < len(order) - 1 else ""
+        text.append(f"{model}{scope}: **{WORDS[verdict]}**.")
         text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
         if excluded:
             text.append(f"Not counted: {'; '.join(excluded)}.")
     if len(per_model) > 1:
         overall = per_model[0] if len(set(per_model)) == 1 else "cannot tell"
-        text.append(f"Over the {len(per_model)} models: **{WORDS[overall]}**.")
+        why = ""
+        if len(set(per_model)) > 1:
+            tally = ", ".join(f"{per_model.count(v)} {v}" for v in dict.fromkeys(per_model))
+            why = f" (the models' verdicts differ: {tally})"
+        text.append(f"Over the {len(per_model)} models: **{WORDS[overall]}**{why}.")
     qualification = degenerate_sentence(summary)
     if qualification:
         text.append(qualification)
@@ -384,9 +395,13 @@ def _ratio_cell(row: Mapping) -> str:
 
 def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl.DataFrame | None) -> dict:
     """The intro table's row of the scale question."""
-    verdict, effect, tolerance = "cannot tell", "—", "—"
+    verdict, effect, tolerance, failed = "cannot tell", "—", "—", ""
     if within is not None and within.height:
-        verdict, _ = _within_verdict(within, paper)
+        verdict, evidence = _within_verdict(within, paper)
+        for line in evidence:  # the check that decided a cannot tell, said where the effect shown passed
+            if "; cannot tell: " in line:
+                failed = f"{line.split(':')[0]} fails a check ({line.split('; cannot tell: ')[1]}); "
+                break
         own = own_cells(within).filter(rule=RULE_LABELS["cosine"], task="all", measure="ratio")
         big = within["big"][0]
         depth = summary.filter(pl.col("model") == big)["n_layers"]
@@ -394,7 +409,14 @@ def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl
             effect = f"cosine ratio {within['small'][0]} → {big}: {interval_text(own.row(0, named=True))}"
         if paper is not None and depth.len():
             spread = paper_spread(paper, RULE_LABELS["cosine"], "model")
-            tolerance = f"±{spread:.2f} ratio ≈ ±{spread * int(depth[0]):.1f} layers of {big}"
+            tolerance = f"cosine: ±{spread:.2f} ratio ≈ ±{spread * int(depth[0]):.1f} layers of {big}"
+    n_within = None
+    if within is not None and "n" in within.columns:  # the data sets the pooled effect counts
+        n_within = own_cells(within).filter(pl.col("task") != "all", pl.col("excluded").is_null())["n"].drop_nulls()
+    if n_within is not None and n_within.len() and effect != "—":
+        effect += f", n = {int(n_within.min())}" + (
+            f"–{int(n_within.max())}" if n_within.max() != n_within.min() else ""
+        )
     return {
         "question": "Model scale",
         "claim": "ED grows with size, the ratio stays",
@@ -402,7 +424,8 @@ def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl
         "models": _models_and_n(defined_cells(summary)),
         "effect": effect,
         "tolerance": tolerance,
-        "caveat": "one within-family pair, quantized differently; 4 models cannot reach p < 0.05 in a rank test",
+        "caveat": failed
+        + "one within-family pair, quantized differently; 4 models cannot reach p < 0.05 in a rank test",
     }
 
 
@@ -410,15 +433,21 @@ def difficulty_headline(summary: pl.DataFrame, between: pl.DataFrame | None, pap
     """The intro table's row of the difficulty question."""
     effect, tolerance = "—", "—"
     if between is not None and between.height:
-        steps = own_cells(between).filter(rule=RULE_LABELS["cosine"], first="hellaswag", second="gsm8k")
-        points = [p for p in steps["point"].to_list() if p is not None]
-        if points:
-            effect = f"cosine ratio HellaSwag→GSM8K {signed(min(points), 2)} to {signed(max(points), 2)} over models"
+        steps = own_cells(between).filter(
+            pl.col("point").is_not_null(), rule=RULE_LABELS["cosine"], first="hellaswag", second="gsm8k"
+        )
+        if steps.height:
+            ends = [steps.sort("point").row(i, named=True) for i in (0, -1)]
+            effect = "cosine ratio HellaSwag→GSM8K " + " to ".join(
+                f"{interval_text(r)} ({r['model']})" for r in ends[: 1 if ends[0] == ends[-1] else 2]
+            )
     if paper is not None:
         spread = paper_spread(paper, RULE_LABELS["cosine"], "task")
         depth = summary["n_layers"] if summary.height else None
         if depth is not None:
-            tolerance = f"±{spread:.2f} ratio ≈ ±{spread * int(depth.min()):.0f}–{spread * int(depth.max()):.0f} layers"
+            tolerance = (
+                f"cosine: ±{spread:.2f} ratio ≈ ±{spread * int(depth.min()):.0f}–{spread * int(depth.max()):.0f} layers"
+            )
     return {
         "question": "Task difficulty",
         "claim": "ED stays consistent from HellaSwag to GSM8K to AIME24",
@@ -482,16 +511,27 @@ def difficulty_verdict(between: pl.DataFrame | None, paper: pl.DataFrame | None)
 
 
 def _depth_score_sentence(scores: pl.DataFrame) -> str:
-    """Depth score (share of the depth) per level with its interval, where the skip probe ran."""
-    parts = []
+    """Depth score (share of the depth) per level with its interval, where the skip probe ran; an
+    interval from fewer than ``MIN_INTERVAL_N`` prompts is shown but said not to count."""
+    from .study import MIN_INTERVAL_N
+
+    parts, few = [], 0
     for r in scores.iter_rows(named=True):
         low, high = r.get("low"), r.get("high")
         interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+        few += bool(interval) and r["n"] < MIN_INTERVAL_N
         parts.append(f"{r['task']} {r['value']:.2f}{interval} (n = {r['n']})")
     model = scores["model"][0]
+    caveat = ""
+    if few:
+        which = "every interval" if few == len(parts) else f"{few} of the {len(parts)} intervals"
+        caveat = (
+            f" ({which} from fewer than {MIN_INTERVAL_N} prompts: shown, not counted — a description, "
+            "not a tested result)"
+        )
     return (
         f"Depth score of {model} (the mean per prompt, as a share of the depth; skip probe) by level: "
-        f"{'; '.join(parts)}."
+        f"{'; '.join(parts)}{caveat}."
     )
 
 

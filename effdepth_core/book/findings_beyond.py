@@ -5,7 +5,7 @@ verdict is decided here from numbers with intervals; the shared wording is ``fin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import polars as pl
 
@@ -49,12 +49,17 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
             answer = f"**yes, where the intervals can tell**: {moved} {of} move by more than a layer{tail}"
         elif stayed:
             answer = f"**no, where the intervals can tell**: {stayed} {of} stay within a layer{tail}"
-        else:
-            answer = f"**we cannot tell**: all {len(verdicts)} intervals reach across ±1 layer"
+        else:  # name the test that failed: a verdict that changes across the checks, or the interval itself
+            changed = sum(why is not None for _, why, _ in decided)
+            reasons = [f"{changed} {of} change with a threshold or the seed"] if changed else []
+            if changed < len(verdicts):
+                reasons.append(f"{count_of(len(verdicts) - changed, 'interval')} across ±1 layer at every check")
+            answer = f"**we cannot tell**: no usable ED provably moves or stays; {' and '.join(reasons)}"
     text = [f"{question} {answer}."]
     for model in dict.fromkeys(own["model"] for _, _, own in decided):
         cells = [
             f"{task_name(own['task'])} {own['lens_rule']} {interval_text(own, 1)}"
+            + (f" (n = {own['n']})" if own.get("n") is not None else "")
             + (f" (cannot tell: {why})" if why else "")
             for _, why, own in decided
             if own["model"] == model
@@ -88,8 +93,10 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
 
 
 def _nats(value: float) -> str:
-    """A signed number of nats, with the typographic minus the findings use."""
-    return f"{value:+.2f}".replace("-", MINUS)
+    """A signed number of nats, with the typographic minus the findings use; one that rounds to
+    zero keeps the digit that shows its side (an interval's end at −0.004, not "−0.00")."""
+    digits = 3 if 0 < abs(value) < 0.005 else 2
+    return f"{value:+.{digits}f}".replace("-", MINUS)
 
 
 def _prune_verdict(rows: pl.DataFrame) -> str:
@@ -100,9 +107,10 @@ def _prune_verdict(rows: pl.DataFrame) -> str:
     if counts["cheaper"] == total:
         return f"**yes**: cheaper in {'the one budget' if total == 1 else f'all {total} budgets'}"
     if counts["cheaper"] and counts["costlier"]:
+        unclear = f", {counts['unclear']} unclear (a threshold, a seed or the interval)" if counts["unclear"] else ""
         return (
             f"**sometimes**: cheaper in {counts['cheaper']} and costlier in {counts['costlier']} of {total} "
-            f"budgets{ties}"
+            f"budgets{ties}{unclear}"
         )
     if counts["costlier"] and not counts["cheaper"] and not counts["unclear"]:
         return f"**no**: costlier in {counts['costlier']} of {total} budgets{ties}"
@@ -110,7 +118,7 @@ def _prune_verdict(rows: pl.DataFrame) -> str:
         return "**a tie**: every rule picks the same layers"
     return (
         f"**we cannot tell**: {counts['unclear']} of {total} budgets have an interval across zero or change with the "
-        f"bootstrap seed (cheaper in {counts['cheaper']}, costlier in {counts['costlier']}{ties})"
+        f"bootstrap seed or the ED's threshold (cheaper in {counts['cheaper']}, costlier in {counts['costlier']}{ties})"
     )
 
 
@@ -163,7 +171,9 @@ def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
     if holding:
         text.append(
             f"Caveat: in {holding} of {plain.height} budgets the block after ED removes the final layer (it is "
-            "moved back to end there when ED + k passes it); the kept-off variant ends one layer earlier."
+            "moved back to end there when ED + k passes it); the kept-off variant ends one layer earlier, so "
+            "where either is moved back it starts at or before ED and cuts layers the rule counts as used: "
+            "there neither is the block after ED."
         )
     few = costs.filter(~pl.col("counted")).select("model", "task", "n").unique(maintain_order=True)
     if few.height:
@@ -183,9 +193,16 @@ def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
     if not costs.height:
         return f"{question} The early-exit probe was not run here, or no usable ED to exit at: **we cannot tell**."
     counted = costs.filter("counted")
+
+    def exits(r: Mapping) -> str:
+        low, high = r.get("exit_low"), r.get("exit_high")
+        if low is None or low == high:
+            return ""
+        return f"; over the threshold range after layer {low - 1}–{high - 1}"
+
     cells = [
-        f"{r['model']} {task_name(r['task'])} ({r['lens']} lens, exit after layer {r['exit_layer'] - 1} of "
-        f"{r['n_layers']}): "
+        f"{r['model']} {task_name(r['task'])} ({r['lens']} lens, exit after layer {r['exit_layer'] - 1}, "
+        f"layers counted from 0 of {r['n_layers']}{exits(r)}): "
         f"saves {r['saved']:.0%}, {r['kept']:.0%} [{r['kept_low']:.0%}, {r['kept_high']:.0%}] of tokens keep their "
         f"final top-1, answer NLL {_nats(r['cost'])} [{_nats(r['cost_low'])}, {_nats(r['cost_high'])}] nats, "
         f"n = {r['n']}" + ("" if r["counted"] else " (not counted)")
@@ -195,47 +212,72 @@ def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
         verdict = f"only runs of fewer than {MIN_PRUNE_N} prompts: **we cannot tell**"
     elif counted["positive"].all():
         verdict = (
-            f"**the layers after ED are not idle**: exiting there raises the answer NLL in all "
-            f"{count_of(counted.height, 'counted run')}, every interval above zero under three bootstrap seeds"
+            "**the layers after ED are not idle**: exiting there raises the answer NLL in "
+            + ("its one counted run" if counted.height == 1 else f"all {counted.height} counted runs")
+            + ", every interval above zero under three bootstrap seeds and at every threshold of the rule's "
+            "range (the exits each cell's range gives are named below)"
         )
     else:
+        failed = counted.filter(~pl.col("positive"))
+        whys = "; ".join(
+            f"{r['model']} {task_name(r['task'])} {r['lens']} lens: {r['why']}" for r in failed.iter_rows(named=True)
+        )
         verdict = (
-            f"**we cannot tell** whether the layers after ED matter: in {counted.filter(~pl.col('positive')).height} "
-            f"of {counted.height} counted runs the cost's interval reaches zero (or does under another seed)"
+            f"**we cannot tell** whether the layers after ED matter: in {failed.height} of {counted.height} "
+            f"counted runs the cost's interval reaches zero ({whys})"
         )
     return f"{question} {verdict}. " + "; ".join(cells) + " (95 % intervals over prompts)."
 
 
-def map_finding(mapped: pl.DataFrame, small: str, big: str, statistic: Mapping | None = None) -> str:
-    """Does the big model stretch the small one? The share of the small model's inner layers whose
-    best-predicted big layer lies within ``evidence_beyond.STRETCH_SLACK`` of equal relative depth, with its bootstrap
-    interval over test prompts (``statistic``: ``evidence_beyond.map_statistic``), against the shuffled-pairing
-    baseline and the self-map check."""
-    question = f"**Does {big} stretch the computation of {small}?**"
-    if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns) or statistic is None:
-        return f"{question} The map was not computed: **we cannot tell**."
-    share, low, high = statistic["share"], statistic["low"], statistic["high"]
-    exact = statistic["self_max"] < 1e-3  # float64 normal equations: the identity to many digits
+def _map_verdict(statistic: Mapping) -> str:
+    """The map's verdict from one statistic, before the seed check."""
+    low, high = statistic["low"], statistic["high"]
 
     def follows(low_: float, high_: float) -> str | None:
         return "yes" if low_ >= 2 / 3 else "no" if high_ <= 1 / 3 else None
 
     raw = follows(low, high)
     column_free = follows(statistic["centred_low"], statistic["centred_high"])
-    if not exact:
-        verdict = "**we cannot tell**: mapped onto itself the small model does not give the identity"
-    elif statistic["beats_baseline"] < 0.5:
-        verdict = "**we cannot tell**: the maps are no better than maps fitted on shuffled token pairs"
-    elif raw is not None and raw != column_free:
+    if statistic["self_max"] >= 1e-3:  # float64 normal equations: the identity to many digits
+        return "**we cannot tell**: mapped onto itself the small model does not give the identity"
+    if statistic["beats_baseline"] < 0.5:
+        return "**we cannot tell**: the maps are no better than maps fitted on shuffled token pairs"
+    if raw is not None and raw != column_free:
+        return "**we cannot tell**: with each big layer's mean error removed (the column-bias check) it does not hold"
+    if raw == "yes":
+        return "**yes**: the best layers follow equal relative depth"
+    if raw == "no":
+        return "**no**: the best layers do not follow equal relative depth"
+    return (
+        f"**we cannot tell**: the interval [{low:.0%}, {high:.0%}] lies neither above ⅔ of the layers (yes) "
+        "nor below ⅓ (no)"
+    )
+
+
+def map_finding(
+    mapped: pl.DataFrame,
+    small: str,
+    big: str,
+    statistic: Mapping | None = None,
+    seed_checks: Sequence[Mapping] = (),
+) -> str:
+    """Does the big model stretch the small one? The share of the small model's inner layers whose
+    best-predicted big layer lies within ``evidence_beyond.STRETCH_SLACK`` of equal relative depth, with its bootstrap
+    interval over test prompts (``statistic``: ``evidence_beyond.map_statistic``), against the shuffled-pairing
+    baseline and the self-map check; ``seed_checks``, the same statistic under other bootstrap seeds,
+    must give the same verdict."""
+    question = f"**Does {big} stretch the computation of {small}?**"
+    if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns) or statistic is None:
+        return f"{question} The map was not computed: **we cannot tell**."
+    share, low, high = statistic["share"], statistic["low"], statistic["high"]
+    exact = statistic["self_max"] < 1e-3
+    verdict = _map_verdict(statistic)
+    changed = [check for check in seed_checks if _map_verdict(check).split(":")[0] != verdict.split(":")[0]]
+    if changed:
         verdict = (
-            "**we cannot tell**: with each big layer's mean error removed (the column-bias check) it does not hold"
+            f"**we cannot tell**: the verdict changes with the bootstrap seed ({verdict.split(':')[0].strip('*')} "
+            f"at this seed, {_map_verdict(changed[0]).split(':')[0].strip('*')} at another)"
         )
-    elif raw == "yes":
-        verdict = "**yes**: the best layers follow equal relative depth"
-    elif raw == "no":
-        verdict = "**no**: the best layers do not follow equal relative depth"
-    else:
-        verdict = "**we cannot tell**: the interval straddles both thresholds (⅓ and ⅔ of the layers)"
     text = [f"{question} {verdict}."]
     text.append(
         f"For {share:.0%} [{low:.0%}, {high:.0%}] of the {statistic['inner']} inner layers of {small} the best "
@@ -281,13 +323,14 @@ def beyond_finding(
     pair: Mapping | None = None,
     lenses: pl.DataFrame | None = None,
     statistic: Mapping | None = None,
+    seed_checks: Sequence[Mapping] = (),
 ) -> str:
     """The paragraphs of a "beyond the paper" page: the map's, or the lens, pruning and early-exit ones
     (``costs``: ``evidence_beyond.pruning_costs``; ``exits``: ``evidence_beyond.early_exit_costs``)."""
     paragraphs = []
     if pair:
         mapped = mapped if mapped is not None else pl.DataFrame()
-        paragraphs.append(map_finding(mapped, pair["small"], pair["big"], statistic))
+        paragraphs.append(map_finding(mapped, pair["small"], pair["big"], statistic, seed_checks))
     if summary.height:
         paragraphs += [
             lens_finding(summary, fit, lenses),

@@ -13,8 +13,10 @@ from .reference import RULE_LABELS
 from .stats import artefact
 
 
-def long_cot_headline(pairs: Sequence[Mapping], paper_pairs: pl.DataFrame | None) -> dict:
-    """The intro table's row of the long-CoT question (no pair runs offline)."""
+def long_cot_headline(pages: Sequence) -> dict:
+    """The intro table's row of the long-CoT question over every family's page (no pair runs
+    offline): the pairs counted over them all."""
+    pairs = [pair for page in pages for pair in page.p.get("pairs") or []]
     return {
         "question": "Long-CoT training",
         "claim": "no increase in ED over the base model",
@@ -66,7 +68,7 @@ def long_cot_finding(
                 parts.append(f"{rule} {'/'.join(deltas)}")
         text.append(f"Ours, {long_cot} − {base} ({order}): " + "; ".join(parts) + ".")
     for reason, models in not_measured.items():
-        text.append(f"Not measured here: {count_of(len(models), 'model')}, {reason}.")
+        text.append(f"Not measured here ({', '.join(models)}): {reason}.")
     largest = None
     if paper is not None and pairs:
         from .reference import pair_deltas

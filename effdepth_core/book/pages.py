@@ -346,7 +346,7 @@ class LongCotPage(Page):
         )
 
     def headline(self) -> dict:
-        return findings_long_cot.long_cot_headline(self.p.get("pairs") or [], self.paper_pairs)
+        return findings_long_cot.long_cot_headline([self])
 
     def status_table(self):
         return tables.status(self.models, self.runs.unavailable())
@@ -392,7 +392,9 @@ class BeyondPage(Page):
 
     def findings(self) -> str:
         f = self.frames()
-        statistic = evidence_beyond.map_statistic(self.mapped) if self.mapped.height else None
+        seeds = [self.bootstrap_seed + k for k in range(3)]  # the verdict must not depend on the seed
+        statistics = [evidence_beyond.map_statistic(self.mapped, seed=s) for s in seeds] if self.mapped.height else []
+        statistic = statistics[0] if statistics else None
         return findings_beyond.beyond_finding(
             f["summary"],
             f["fit"],
@@ -402,6 +404,7 @@ class BeyondPage(Page):
             self.p.get("pair"),
             lenses=f["lenses"],
             statistic=statistic,
+            seed_checks=statistics[1:],
         )
 
     def chart(self, name: str):

@@ -299,12 +299,17 @@ def findings_markdown(root: Path, profile: str = "full", bootstrap_seed: int | N
         return open_page(item.section, parameters, cached_only=True, root=root)
 
     from .findings import headline_table
+    from .findings_long_cot import long_cot_headline
 
     scale_sets = parameter_sets(root, "scale", profile)
     widest = page(max(scale_sets, key=lambda s: len(s.parameters.get("models") or [])))
     long_cot = [page(item) for item in parameter_sets(root, "long_cot", profile)]
     difficulty = [page(item) for item in parameter_sets(root, "difficulty", profile)]
-    heads = [widest.headline(), *([long_cot[0].headline()] if long_cot else []), *(p.headline() for p in difficulty)]
+    heads = [
+        widest.headline(),
+        *([long_cot_headline(long_cot)] if long_cot else []),
+        *(p.headline() for p in difficulty),
+    ]
     paragraphs = [headline_table(heads), widest.findings()]
     for item, shown in zip(parameter_sets(root, "long_cot", profile), long_cot, strict=True):  # one page per family
         paragraphs.append(shown.findings().replace("**Long-CoT training.**", f"**{item.title}.**", 1))
