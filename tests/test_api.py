@@ -149,6 +149,8 @@ def test_effective_depth_knows_every_registered_rule_and_gives_a_frame():
     assert found["residual_norm"].ed == ed_norm(curve, 0.2)
     table = depth_table(found)
     assert table["rule"].to_list() == ["residual_norm"] and table["ed"][0] == found["residual_norm"].ed
+    with pytest.raises(EffdepthError, match="unknown option\\(s\\) nrm_fraction for effective_depth"):
+        effective_depth(None, None, loaded.n_layers, frames={"norm": norm}, nrm_fraction=0.2)  # misspelt: refused
 
 
 def test_lens_curves_mark_the_eds_effective_depth_gives():

@@ -9,6 +9,7 @@ import polars as pl
 
 from ... import registry
 from ...depth import DepthResult, effective_depths
+from ...errors import EffdepthError
 from .lens import KL_FRACTION, OVERLAP_THRESHOLD
 
 
@@ -38,6 +39,12 @@ def effective_depth(
     given = {name: frame for name, frame in given.items() if frame is not None}
     rules = [(name, rule) for name in given for rule in registry.get(name).rules]
     defaults = {name: option.default for name, option in registry.options().items()}
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:  # a misspelt option would silently leave its rule at the default
+        raise EffdepthError(
+            f"unknown option(s) {', '.join(unknown)} for effective_depth; the registered probes' options are "
+            f"{', '.join(sorted(defaults))}"
+        )
     settings = SimpleNamespace(
         **{**defaults, "kl_fraction": kl_fraction, "overlap_threshold": overlap_threshold, **options}
     )
