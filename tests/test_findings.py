@@ -440,24 +440,25 @@ def test_early_exit_costs_read_the_layer_after_the_counted_ed():
 
 def test_early_exit_is_judged_at_every_threshold_of_its_rule():
     """(a) of the robustness rule for early exit: at overlap thresholds 0.35–0.5 the ED run's own
-    curve puts ED at layer 2, and exiting after it costs nothing (layer 3's NLL is the final one's):
-    the verdict is cannot tell, naming that threshold, though the book's own exit costs 2 nats."""
+    curve puts ED at layer 4, and exiting after it costs nothing (layer 5's NLL is the final one's):
+    the verdict is cannot tell, naming that threshold, though the book's own exit costs 2 nats. At
+    0.2 the curve fires at layer 0, a rule artefact (§10): no depth, and no check."""
     from types import SimpleNamespace
 
     from effdepth_core.book.evidence_beyond import early_exit_costs
     from effdepth_core.book.study import RunRecord, Study
 
     rows, lens = [], []
-    for e in range(10):  # L = 4; the book's ED 1 (overlap 0.32 > 0.3) exits to layer 2, ED 2 to layer 3
-        for layer, nll, agree in ((2, 3.0 + 0.1 * e, 0.75), (3, 1.0, 0.9), (4, 1.0, 1.0)):
+    for e in range(10):  # L = 8; the book's ED 3 (overlap 0.32 > 0.3) exits to layer 4, ED 4 to layer 5
+        for layer, nll, agree in ((1, 9.0, 0.1), (4, 3.0 + 0.1 * e, 0.75), (5, 1.0, 0.9), (8, 1.0, 1.0)):
             rows += [(e, layer, "answer_nll", nll, 2 + e % 3), (e, layer, "agreement", agree, 10)]
-        for layer, overlap in enumerate((0.1, 0.32, 0.6, 1.0, 1.0)):
-            lens += [(e, layer, "overlap", overlap, 7), (e, layer, "kl", 4.0 - layer, 7)]
+        for layer, overlap in enumerate((0.21, 0.05, 0.1, 0.32, 0.6, 1.0, 1.0, 1.0, 1.0)):
+            lens += [(e, layer, "overlap", overlap, 7), (e, layer, "kl", 8.0 - layer, 7)]
     schema = ["example", "layer", "metric", "value", "n_tokens"]
     exits = SimpleNamespace(per_example={"early_exit": pl.DataFrame(rows, schema=schema, orient="row")}, curves={},
-                            summary={"n_layers": 4})  # fmt: skip
+                            summary={"n_layers": 8})  # fmt: skip
     curves = SimpleNamespace(per_example={"logit_lens": pl.DataFrame(lens, schema=schema, orient="row")}, curves={},
-                             summary={"n_layers": 4})  # fmt: skip
+                             summary={"n_layers": 8})  # fmt: skip
     settings = SimpleNamespace(overlap_threshold=0.3, kl_fraction=0.5)
     study = Study(
         [
@@ -465,14 +466,14 @@ def test_early_exit_is_judged_at_every_threshold_of_its_rule():
             RunRecord("m", "GSM8K", settings, ["early_exit"], result=exits),
         ]
     )
-    summary = _summary([("m", 4, "GSM8K", "lens overlap", 1, 1, 1)])
+    summary = _summary([("m", 8, "GSM8K", "lens overlap", 3, 3, 3)])
     row = early_exit_costs(study, summary).row(0, named=True)
-    assert row["exit_layer"] == 2 and (row["exit_low"], row["exit_high"]) == (2, 3)
+    assert row["exit_layer"] == 4 and (row["exit_low"], row["exit_high"]) == (4, 5)  # the artefact at 0.2 left out
     assert row["cost_low"] > 0 and not row["positive"] and row["why"] == "at overlap threshold 0.35"
     said = findings_beyond.early_exit_finding(early_exit_costs(study, summary))
     assert "**we cannot tell** whether the layers after ED matter: in 1 of 1 counted runs" in said
     assert "(m GSM8K logit lens: at overlap threshold 0.35)" in said
-    assert "over the threshold range after layer 1–2" in said
+    assert "over the threshold range after layer 3–4" in said
 
 
 def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 1.0, error=None) -> pl.DataFrame:
@@ -636,26 +637,42 @@ def test_pruning_costs_against_hand_computed_means():
 
 
 def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():
-    """(a) of the robustness rule for pruning: at overlap thresholds 0.2 and 0.25 the ED run's curve
-    puts ED at layer 0, so the block after it is layer 1 (2 nats, costlier than block influence's 1),
-    where the book's ED 1 cuts layer 2 (0.5 nats, cheaper): the budget is unclear, naming why."""
+    """(a) of the robustness rule for pruning, on L = 8: the book's ED 4 (overlap 0.32 > 0.3) cuts
+    layer 5 (0.5 nats, cheaper than block influence's layer 6 at 1 nat); at overlap thresholds 0.2
+    and 0.25 the ED run's curve puts ED at 3, whose block, layer 4, costs 2 nats (costlier): the
+    budget is unclear, naming the threshold."""
     from types import SimpleNamespace
 
     from effdepth_core.book.evidence_beyond import pruning_costs
     from effdepth_core.book.study import RunRecord, Study
+    from effdepth_core.probes import prune_summary
 
-    study = _prune_study([0.5] * 10, [2.0] * 10, [1.0] * 10, [1] * 10)
-    assert pruning_costs(study).filter(variant="")["verdict"].to_list() == ["cheaper"]  # no ED curve: own ED only
-    lens = [(e, layer, m, v, 7) for e in range(10) for layer, o in enumerate((0.28, 0.6, 1.0, 1.0, 1.0))
-            for m, v in (("overlap", o), ("kl", 4.0 - layer))]  # fmt: skip
+    cost = {1: 2.0, 4: 2.0, 5: 0.5, 6: 1.0}  # angular distance picks layer 1, block influence layer 6
+    rows = []
+    for e in range(10):
+        rows.append((e, "none", 0, None, "", "answer_nll", 1.0, 1))
+        for start in range(8):
+            rows.append((e, "block", 1, start, str(start), "answer_nll", 1.0 + cost.get(start, 9.0), 1))
+            rows.append((e, "block", 1, start, str(start), "angular_distance", 0.1 if start == 1 else 0.5, 7))
+        rows.append((e, "shortgpt", 1, None, "6", "answer_nll", 2.0, 1))
+    rows += [(*r[:5], "answer_accuracy", 0.5, r[7]) for r in rows if r[5] == "answer_nll"]
+    schema = {"example": pl.Int64, "rule": pl.String, "k": pl.Int64, "start": pl.Int64, "removed": pl.String,
+              "metric": pl.String, "value": pl.Float64, "n_tokens": pl.Int64}  # fmt: skip
+    per_example = pl.DataFrame(rows, schema=schema, orient="row")
+    lens = [(e, layer, m, v, 7) for e in range(10) for layer, o in enumerate((0.0, 0.05, 0.1, 0.28, 0.32, 0.6, 1, 1, 1))
+            for m, v in (("overlap", o), ("kl", 8.0 - layer))]  # fmt: skip
     frame = pl.DataFrame(lens, schema=["example", "layer", "metric", "value", "n_tokens"], orient="row")
-    curves = SimpleNamespace(
-        per_example={"logit_lens": frame}, curves={}, summary={"n_layers": 4, "logit_lens_overlap": {"ed": 1}}
+    ed = {"n_layers": 8, "n_examples": 10, "logit_lens_overlap": {"ed": 4}}
+    pruned = SimpleNamespace(
+        per_example={"prune": per_example}, curves={"prune": prune_summary(per_example)}, summary=ed
     )
+    curves = SimpleNamespace(per_example={"logit_lens": frame}, curves={}, summary=ed)
     settings = SimpleNamespace(overlap_threshold=0.3, kl_fraction=0.5)
-    both = Study([RunRecord("m", "GSM8K", settings, ["logit_lens"], result=curves), *study.records])
+    alone = Study([RunRecord("m", "GSM8K", None, ["prune"], result=pruned)])
+    assert pruning_costs(alone).filter(variant="")["verdict"].to_list() == ["cheaper"]  # no ED curve: own ED only
+    both = Study([RunRecord("m", "GSM8K", settings, ["logit_lens"], result=curves), *alone.records])
     row = pruning_costs(both).filter(variant="").row(0, named=True)
-    assert row["removed"] == "2" and row["verdict"] == "unclear" and row["why"] == "at overlap threshold 0.2"
+    assert row["removed"] == "5" and row["verdict"] == "unclear" and row["why"] == "at overlap threshold 0.2"
     said = findings_beyond.pruning_finding(pruning_costs(both))
     assert "change with the bootstrap seed or the ED's threshold" in said
 

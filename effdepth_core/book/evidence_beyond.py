@@ -300,10 +300,11 @@ def early_exit_costs(
 
 def _threshold_eds(study: Study, model: str, task: str, rule: str) -> dict[str, int]:
     """The ED of ``rule`` at every other threshold of its range (the robustness rule's checks):
-    ``{"at overlap threshold 0.2": ed, …}`` from the ED run's own curves."""
+    ``{"at overlap threshold 0.2": ed, …}`` from the ED run's own curves; an ED that is a rule
+    artefact there (``stats.artefact``: it fires in the first layers) is no depth, and no check."""
     from ..depth import ed_samples
     from .evidence import _frames, _rule
-    from .stats import variants
+    from .stats import artefact, variants
 
     record, frame = _frames(study, model, task, rule)
     if record is None:
@@ -315,6 +316,6 @@ def _threshold_eds(study: Study, model: str, task: str, rule: str) -> dict[str, 
     for what, settings, _ in variants(found, record.settings, 0):
         if what.startswith("at "):
             ed, _ = ed_samples(found, frame, n_layers, settings, one)
-            if ed is not None:
+            if ed is not None and artefact(int(ed), n_layers) is None:
                 out[what] = int(ed)
     return out
