@@ -267,8 +267,9 @@ def tokenize(loaded: LoadedModel, prompts: Prompts, truncate: bool = False) -> l
         if ids.numel() == 0:
             raise EffdepthError(f"prompt {index} is empty after tokenization")
         vocabulary = loaded.model.get_input_embeddings().num_embeddings
-        if int(ids.min()) < 0 or int(ids.max()) >= vocabulary:
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocabulary:
+            bad = low if low < 0 else high
             raise EffdepthError(
                 f"prompt {index} has token id {bad}, outside the vocabulary of {loaded.name!r} (0..{vocabulary - 1}); "
                 "were the ids made by another model's tokenizer?"

@@ -166,6 +166,7 @@ def pruning_costs(
                     if why is None and classes[-1] != classes[0]:
                         why = f"under bootstrap seed {s}"
                     if s == seed:
+                        best_at_seed = best_draws  # the other thresholds' blocks are judged against it
                         ratio = mine_draws / best_draws if (best_draws > 0).all() else None
                         stats_ = {
                             "difference": point - best,
@@ -182,10 +183,10 @@ def pruning_costs(
                     block = ",".join(str(layer) for layer in range(start, start + int(k)))
                     if not per.filter(pl.col("removed") == block, pl.col("rule") != "none").height:
                         continue  # not measured (a budget the run did not cut at every start)
-                    other = deltas(block)
-                    w = draws[seed]
-                    best_draws = (w @ alt.T / w.sum(axis=1, keepdims=True)).min(axis=1)
-                    diff = interval(float(other @ tokens / tokens.sum()) - best, w @ other / w.sum(axis=1) - best_draws)
+                    other, w = deltas(block), draws[seed]
+                    diff = interval(
+                        float(other @ tokens / tokens.sum()) - best, w @ other / w.sum(axis=1) - best_at_seed
+                    )
                     classes.append(_prune_class(diff["low"], diff["high"]))
                     if why is None and classes[-1] != classes[0]:
                         why = what
@@ -228,8 +229,8 @@ def early_exit_costs(
     whose top-1 stays the final one (``kept``), and the answer-NLL increase over the full model
     (``cost``), each mean with a 95 % bootstrap interval over prompts (token-weighted as the
     curves); ``positive`` when the cost's interval lies above zero under this seed and the next two,
-    exiting after the ED of every threshold of the rule's range too (``exit_layers``; ``why`` names
-    the first check that failed); ``counted`` with at least ``MIN_PRUNE_N`` prompts."""
+    exiting after the ED of every threshold of the rule's range too (``exit_low``–``exit_high``;
+    ``why`` names the first check that failed); ``counted`` with at least ``MIN_PRUNE_N`` prompts."""
     rows = []
     for r in study.finished:
         if not r.asked("early_exit"):
@@ -266,7 +267,6 @@ def early_exit_costs(
                     if why is None and not cost_i["low"] > 0:
                         why = what or (f"under bootstrap seed {s}" if s != seed else "at the book's settings")
             cost_i, kept_i = found
-            positive = [why is None]
             rows.append(
                 {
                     "model": r.model,
@@ -281,7 +281,7 @@ def early_exit_costs(
                     "cost": cost_i["point"],
                     "cost_low": cost_i["low"],
                     "cost_high": cost_i["high"],
-                    "positive": all(positive),
+                    "positive": why is None,
                     "why": why,
                     "exit_low": min(exits.values()),
                     "exit_high": max(exits.values()),

@@ -163,10 +163,11 @@ def _test_words(row: Mapping, what: str, unit: str = "level") -> str:
     return f"{what} ρ = {rho} (permutation p = {row['p']:.2f})"
 
 
-def _within_verdict(within: pl.DataFrame, paper: pl.DataFrame | None) -> tuple[str, list[str]]:
+def _within_verdict(within: pl.DataFrame, paper: pl.DataFrame | None) -> tuple[str, list[str], str]:
     """The within-family verdict — per rule, ED grows and the ratio stays within the paper's spread,
-    pooled over the tasks, under every check of the robustness rule — and its evidence sentences."""
-    verdicts, evidence = [], []
+    pooled over the tasks, under every check of the robustness rule — its evidence sentences, and
+    the first rule's failed check (``""`` when none failed)."""
+    verdicts, evidence, failed = [], [], ""
     if "variant" not in within.columns:  # one row per comparison: the book's own check only
         within = within.with_columns(pl.lit("").alias("variant"))
     for rule in RULE_LABELS.values():
@@ -186,13 +187,15 @@ def _within_verdict(within: pl.DataFrame, paper: pl.DataFrame | None) -> tuple[s
             return _combine([grows, interval_verdict(r["r_low"], r["r_high"], t)])
 
         verdict, why, own = decide(joined, judge)
+        if why and not failed:
+            failed = f"{rule} fails a check ({why})"
         verdicts.append(verdict)
         ratio = {"point": own["r_point"], "low": own["r_low"], "high": own["r_high"]}
         evidence.append(
             f"{rule}: ED {interval_text(own, 1)} layers, ratio {interval_text(ratio)} {_spread(tolerance)}"
             + (f"; cannot tell: {why}" if why else "")
         )
-    return _combine(verdicts), evidence
+    return _combine(verdicts), evidence, failed
 
 
 def _quantization(small: str, big: str) -> str:
@@ -222,7 +225,7 @@ def scale_finding(
     clean = clean_paper(paper) if paper is not None else None
     if within is not None and within.height:
         small, big = within["small"][0], within["big"][0]
-        verdict, evidence = _within_verdict(within, paper)
+        verdict, evidence, _ = _within_verdict(within, paper)
         per_task = own_cells(within).filter(pl.col("task") != "all", pl.col("measure") == "ed")
         pooled = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t, pl.col("excluded").is_null()).height]
         left = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t).height and t not in pooled]
@@ -397,11 +400,7 @@ def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl
     """The intro table's row of the scale question."""
     verdict, effect, tolerance, failed = "cannot tell", "—", "—", ""
     if within is not None and within.height:
-        verdict, evidence = _within_verdict(within, paper)
-        for line in evidence:  # the check that decided a cannot tell, said where the effect shown passed
-            if "; cannot tell: " in line:
-                failed = f"{line.split(':')[0]} fails a check ({line.split('; cannot tell: ')[1]}); "
-                break
+        verdict, _, failed = _within_verdict(within, paper)
         own = own_cells(within).filter(rule=RULE_LABELS["cosine"], task="all", measure="ratio")
         big = within["big"][0]
         depth = summary.filter(pl.col("model") == big)["n_layers"]
@@ -424,7 +423,7 @@ def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl
         "models": _models_and_n(defined_cells(summary)),
         "effect": effect,
         "tolerance": tolerance,
-        "caveat": failed
+        "caveat": (f"{failed}; " if failed else "")
         + "one within-family pair, quantized differently; 4 models cannot reach p < 0.05 in a rank test",
     }
 
