@@ -1,12 +1,14 @@
 """Effective depth (ED) from probe curves, with bootstrap intervals over prompts: the machinery
-every ED rule shares. The rules themselves are declared by their probes (``probes/*.py``:
+every ED rule shares — the paper's integer ED and the continuous statistics beside it (method.md
+§12): a rule's crossing read between layers and averaged over its threshold range, and the lens
+centroids, threshold-free. The rules themselves are declared by their probes (``probes/*.py``:
 ``Rule``; method.md §1–2 defines the paper's three)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
@@ -25,17 +27,28 @@ class DepthResult:
     ci_low: int | None = None  # bootstrap percentile interval of ED over resampled prompts
     ci_high: int | None = None
     undefined_fraction: float | None = None  # share of resamples where the rule found no layer
+    # the primary, continuous statistic (``primary_statistic``): its name, value in layers, ratio
+    # (value + 1) / L and 95 % bootstrap interval in layers
+    statistic: str | None = None
+    depth: float | None = None
+    depth_ratio: float | None = None
+    depth_low: float | None = None
+    depth_high: float | None = None
 
     def to_json(self) -> dict:
         return {key: value for key, value in asdict(self).items() if value is not None or key in ("ed", "ratio")}
 
 
 def depth_table(depths: Mapping[str, DepthResult]) -> pl.DataFrame:
-    """EDs as a frame: ``rule, ed, ratio, ci_low, ci_high, reason`` (one row per rule)."""
+    """EDs as a frame, one row per rule: the paper's integer ED (``ed, ratio, ci_low, ci_high,
+    reason``) and the primary continuous statistic (``statistic, depth, depth_ratio, depth_low,
+    depth_high``)."""
     rows = [{"rule": rule, **asdict(result)} for rule, result in depths.items()]
     schema = {"rule": pl.String, "ed": pl.Int64, "ratio": pl.Float64, "reason": pl.String, "ci_low": pl.Int64,
-              "ci_high": pl.Int64, "undefined_fraction": pl.Float64}  # fmt: skip
-    return pl.DataFrame(rows, schema=schema).select("rule", "ed", "ratio", "ci_low", "ci_high", "reason")
+              "ci_high": pl.Int64, "undefined_fraction": pl.Float64, "statistic": pl.String, "depth": pl.Float64,
+              "depth_ratio": pl.Float64, "depth_low": pl.Float64, "depth_high": pl.Float64}  # fmt: skip
+    columns = ("rule", "ed", "ratio", "ci_low", "ci_high", "reason", *list(schema)[7:])
+    return pl.DataFrame(rows, schema=schema).select(columns)
 
 
 def _curve(frame: pl.DataFrame, metric: str, n_layers: int) -> np.ndarray:
@@ -61,22 +74,99 @@ def resample_weights(n_examples: int, n_bootstrap: int, seed: int) -> np.ndarray
     return rng.multinomial(n_examples, np.full(n_examples, 1 / n_examples), size=n_bootstrap)
 
 
-def ed_samples(
-    rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any, weights: np.ndarray
-) -> tuple[int | None, np.ndarray]:
-    """ED of ``rule`` on a per-example frame, and on each bootstrap resample ``weights``
-    ``[boot, example]`` (NaN where the rule finds no layer). Two frames of the same examples
-    resampled with the same ``weights`` give paired draws (e.g. two lenses on one run)."""
+Statistic = Literal["ed", "crossing", "centroid"]
+STATISTICS: tuple[str, ...] = ("ed", "crossing", "centroid")
+
+
+class _Setting:
+    """``settings`` with one attribute replaced (a rule read at another threshold)."""
+
+    def __init__(self, settings: Any, name: str, value: Any) -> None:
+        self._settings, self._name, self._value = settings, name, value
+
+    def __getattr__(self, name: str) -> Any:
+        return self._value if name == self._name else getattr(self._settings, name)
+
+
+def with_setting(settings: Any, name: str, value: Any) -> Any:
+    """``settings`` with one attribute replaced (a rule reads its threshold from its settings)."""
+    return _Setting(settings, name, value)
+
+
+def averaged_crossing(rule: Rule, curves: Mapping[str, np.ndarray], settings: Any) -> float | None:
+    """The rule's crossing read between layers (``Rule.crossing``), averaged over its threshold
+    range (``Rule.thresholds``; the settings' own threshold where it declares none) — over the
+    thresholds at which it is defined; None where it is defined at none."""
+    if rule.crossing is None:
+        return None
+    if rule.thresholds is None:
+        return rule.crossing(curves, settings)
+    name, values = rule.thresholds
+    found = [rule.crossing(curves, with_setting(settings, name, value)) for value in values]
+    found = [value for value in found if value is not None]
+    return float(np.mean(found)) if found else None
+
+
+def primary_statistic(rule: Rule) -> Statistic | None:
+    """The statistic the book decides with: the centroid where the rule has one (threshold-free),
+    else the threshold-averaged crossing; None for a rule with neither."""
+    if rule.centroid is not None:
+        return "centroid"
+    return "crossing" if rule.crossing is not None else None
+
+
+def statistic_of(rule: Rule, curves: Mapping[str, np.ndarray], settings: Any, statistic: Statistic) -> float | None:
+    """One statistic of a rule on mean curves, in layers (None where it is undefined)."""
+    if statistic == "ed":
+        found = rule.find(curves, settings)
+        return None if found is None else float(found)
+    if statistic == "crossing":
+        value = averaged_crossing(rule, curves, settings)
+    elif statistic == "centroid":
+        value = None if rule.centroid is None else rule.centroid(curves)
+    else:
+        raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
+    return value if value is not None and np.isfinite(value) else None  # never a NaN into a summary
+
+
+def _resampled_curves(
+    rule: Rule, frame: pl.DataFrame, n_layers: int, weights: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The mean curves of the rule's metrics ``{metric: [layer]}`` and on each bootstrap resample
+    ``{metric: [boot, layer]}`` (token-weighted, as the rule reads them)."""
     layers = n_layers + 1 if rule.needs_final_layer else n_layers
     sums_counts = {m: _matrix(frame, m, layers) for m in rule.metrics}
     counts = next(iter(sums_counts.values()))[1]
     if weights.shape[1] != counts.size:
         raise ValueError(f"{weights.shape[1]} resampling weights for {counts.size} examples")
-    point = rule.find({m: s.sum(0) / counts.sum() for m, (s, _) in sums_counts.items()}, settings)
+    mean = {m: s.sum(0) / counts.sum() for m, (s, _) in sums_counts.items()}
     total = weights @ counts  # [boot]
-    curves = {m: (weights @ s) / total[:, None] for m, (s, _) in sums_counts.items()}  # [boot, layer]
-    draws = [rule.find({m: c[b] for m, c in curves.items()}, settings) for b in range(weights.shape[0])]
-    return point, np.array([np.nan if d is None else float(d) for d in draws])
+    return mean, {m: (weights @ s) / total[:, None] for m, (s, _) in sums_counts.items()}
+
+
+def depth_samples(
+    rule: Rule,
+    frame: pl.DataFrame,
+    n_layers: int,
+    settings: Any,
+    weights: np.ndarray,
+    statistic: Statistic = "ed",
+) -> tuple[float | None, np.ndarray]:
+    """``statistic`` of ``rule`` on a per-example frame, and on each bootstrap resample ``weights``
+    ``[boot, example]`` (NaN where it is undefined). Two frames of the same examples resampled
+    with the same ``weights`` give paired draws (e.g. two lenses on one run)."""
+    mean, curves = _resampled_curves(rule, frame, n_layers, weights)
+    point = statistic_of(rule, mean, settings, statistic)
+    draws = [statistic_of(rule, {m: c[b] for m, c in curves.items()}, settings, statistic) for b in range(len(weights))]
+    return point, np.array([np.nan if d is None else d for d in draws], dtype=float)
+
+
+def ed_samples(
+    rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any, weights: np.ndarray
+) -> tuple[int | None, np.ndarray]:
+    """The integer ED of ``rule`` and its bootstrap draws (``depth_samples`` with ``"ed"``)."""
+    point, draws = depth_samples(rule, frame, n_layers, settings, weights, "ed")
+    return (None if point is None else int(point)), draws
 
 
 def n_examples(frame: pl.DataFrame) -> int:
@@ -86,9 +176,10 @@ def n_examples(frame: pl.DataFrame) -> int:
 def rule_depth(
     rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any, n_bootstrap: int = 1000, seed: int = 0
 ) -> DepthResult:
-    """ED and ratio (ED+1)/L of one rule on a probe's frame: per-example (``example, layer, metric,
-    value, n_tokens``, with a bootstrap interval over prompts) or aggregated (``layer, metric,
-    value``: no interval)."""
+    """ED and ratio (ED+1)/L of one rule on a probe's frame, and its primary continuous statistic
+    (``primary_statistic``) with its ratio: per-example (``example, layer, metric, value,
+    n_tokens``, with bootstrap intervals over prompts, both statistics from the same resamples)
+    or aggregated (``layer, metric, value``: no interval)."""
     layers = n_layers + 1 if rule.needs_final_layer else n_layers
 
     def result(ed: int | None) -> DepthResult:
@@ -96,19 +187,36 @@ def rule_depth(
             return DepthResult(None, None, rule.reason(settings))
         return DepthResult(int(ed), (int(ed) + 1) / n_layers)
 
+    statistic = primary_statistic(rule)
+
+    def with_primary(depth: DepthResult, curves: Mapping[str, np.ndarray]) -> DepthResult:
+        value = None if statistic is None else statistic_of(rule, curves, settings, statistic)
+        if value is not None:
+            depth.statistic, depth.depth, depth.depth_ratio = statistic, value, (value + 1) / n_layers
+        return depth
+
     if "example" not in frame.columns:
-        return result(rule.find({m: _curve(frame, m, layers) for m in rule.metrics}, settings))
+        curves = {m: _curve(frame, m, layers) for m in rule.metrics}
+        return with_primary(result(rule.find(curves, settings)), curves)
     count = n_examples(frame)
-    if n_bootstrap <= 0 or count < 2:
-        point, _ = ed_samples(rule, frame, n_layers, settings, np.ones((0, count), dtype=int))
-        return result(point)
-    point, draws = ed_samples(rule, frame, n_layers, settings, resample_weights(count, n_bootstrap, seed))
-    depth = result(point)
+    boots = n_bootstrap if n_bootstrap > 0 and count >= 2 else 0
+    weights = resample_weights(count, boots, seed) if boots else np.ones((0, count), dtype=int)
+    mean, resampled = _resampled_curves(rule, frame, n_layers, weights)
+    depth = with_primary(result(rule.find(mean, settings)), mean)
+    if not boots:
+        return depth
+    each = [{m: c[b] for m, c in resampled.items()} for b in range(boots)]
+    draws = np.array([np.nan if (d := rule.find(c, settings)) is None else float(d) for c in each])
     defined = draws[~np.isnan(draws)]
     depth.undefined_fraction = 1 - defined.size / draws.size
     if defined.size:
         depth.ci_low = int(np.percentile(defined, 2.5, method="lower"))
         depth.ci_high = int(np.percentile(defined, 97.5, method="higher"))
+    if depth.depth is not None:
+        values = np.array([np.nan if (v := statistic_of(rule, c, settings, statistic)) is None else v for c in each])
+        values = values[~np.isnan(values)]
+        if values.size:
+            depth.depth_low, depth.depth_high = (float(v) for v in np.percentile(values, [2.5, 97.5]))
     return depth
 
 
@@ -128,3 +236,99 @@ def effective_depths(
         if frame is not None:
             results[rule.key] = rule_depth(rule, frame, n_layers, settings, n_bootstrap, seed)
     return results
+
+
+# --- comparisons: a difference of two runs' statistics, and the two tests that judge it -------------
+
+
+def difference_draws(
+    rule: Rule,
+    first: pl.DataFrame,
+    second: pl.DataFrame,
+    n_layers: tuple[int, int],
+    settings: Any,
+    paired: bool,
+    ratio: bool = False,
+    n_bootstrap: int = 2000,
+    seed: int = 0,
+    other_rule: Rule | None = None,
+    statistic: Statistic = "ed",
+) -> tuple[float | None, np.ndarray]:
+    """``statistic``(first) − ``statistic``(second) (or the difference of their ratios (x + 1) / L)
+    and its bootstrap draws (NaN where a rule found no layer). ``paired``: the same prompts,
+    resampled together (only the prompts both frames have, from the first, are used); otherwise
+    the two are resampled independently. ``other_rule`` reads ``second`` (e.g. the tuned-lens rule
+    beside the logit-lens one)."""
+    if paired:
+        shared = min(n_examples(first), n_examples(second))
+        first = first.filter(pl.col("example") < shared)
+        second = second.filter(pl.col("example") < shared)
+        weights = other = resample_weights(shared, n_bootstrap, seed)
+    else:
+        weights = resample_weights(n_examples(first), n_bootstrap, seed)
+        other = resample_weights(n_examples(second), n_bootstrap, seed + 1)
+    a, draws_a = depth_samples(rule, first, n_layers[0], settings, weights, statistic)
+    b, draws_b = depth_samples(other_rule or rule, second, n_layers[1], settings, other, statistic)
+
+    def scale(values, layers: int):
+        return (values + 1) / layers if ratio else values
+
+    if a is None or b is None:
+        return None, np.full(n_bootstrap, np.nan)
+    point = float(scale(np.float64(a), n_layers[0]) - scale(np.float64(b), n_layers[1]))
+    return point, scale(draws_a, n_layers[0]) - scale(draws_b, n_layers[1])
+
+
+def interval(point: float | None, draws: np.ndarray) -> dict:
+    """The point, the 95 % percentile interval of the defined draws, and the share of them defined."""
+    defined = draws[~np.isnan(draws)]
+    if point is None or not defined.size:
+        return {"point": point, "low": None, "high": None, "defined": float(defined.size / max(draws.size, 1))}
+    return {
+        "point": point,
+        "low": float(np.percentile(defined, 2.5)),
+        "high": float(np.percentile(defined, 97.5)),
+        "defined": float(defined.size / draws.size),
+    }
+
+
+def margin(paper_spread: float, n_layers: int) -> float:
+    """The "no change" margin of a comparison of ratios: the paper's own spread, but never less than
+    one layer of the deeper model (1/L), which no layer statistic can resolve below."""
+    return max(float(paper_spread), 1.0 / n_layers)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The two tests of one difference, stated separately (method.md §12): ``different`` (its
+    interval excludes 0) and ``equivalent`` (its interval lies within ±margin), and the verdict:
+    ``agree`` (equivalent, no difference shown), ``a small difference within the paper's margin``
+    (both), ``disagree`` (the whole interval beyond the margin on one side), else ``cannot tell``,
+    with ``reason`` naming the test that failed."""
+
+    low: float | None
+    high: float | None
+    margin: float
+    different: bool
+    equivalent: bool
+    verdict: str
+    reason: str | None
+
+
+def compare(low: float | None, high: float | None, margin: float) -> Comparison:
+    """Judge a difference's 95 % interval ``[low, high]`` against 0 and against ±``margin``."""
+    if low is None or high is None:
+        return Comparison(low, high, margin, False, False, "cannot tell", "the statistic is undefined")
+    different = low > 0 or high < 0
+    equivalent = -margin <= low and high <= margin
+    if equivalent:
+        verdict = "a small difference within the paper's margin" if different else "agree"
+        return Comparison(low, high, margin, different, equivalent, verdict, None)
+    if low > margin or high < -margin:
+        return Comparison(low, high, margin, different, equivalent, "disagree", None)
+    reason = (
+        "the interval excludes 0 but reaches past the margin: a difference of unsettled size"
+        if different
+        else "the interval reaches past the margin and includes 0: too wide to tell"
+    )
+    return Comparison(low, high, margin, different, equivalent, "cannot tell", reason)

@@ -17,7 +17,7 @@ import polars as pl
 from . import registry
 from .depth import DepthResult
 from .errors import EffdepthError
-from .labels import CELL_LEGEND, format_rule
+from .labels import CELL_LEGEND, DEPTH_LEGEND, format_depth, format_rule
 from .tasks import ARITHMETIC
 from .terminal import printable
 
@@ -25,6 +25,15 @@ from .terminal import printable
 def _rule_columns(summaries: Sequence[dict]) -> dict[str, str]:
     """ED rule key → label, for every rule some summary has, in registry order."""
     return {key: rule.label for key, (_, rule) in registry.rules().items() if any(key in s for s in summaries)}
+
+
+def _depth_columns(summaries: Sequence[dict]) -> dict[str, str]:
+    """ED rule key → its continuous statistic's column label, for every rule some summary has one of."""
+    return {
+        key: f"{label} depth"
+        for key, label in _rule_columns(summaries).items()
+        if any((s.get(key) or {}).get("depth") is not None for s in summaries)
+    }
 
 
 def _cell(summary: dict, probe: str) -> str:
@@ -47,9 +56,9 @@ def _cell_columns(summaries: Sequence[dict]) -> dict[str, str]:
 
 def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the Table-1-style view: one row per run, ED (ratio) [interval] per rule,
-    then one cell per probe without rules."""
-    rules, cells = _rule_columns(summaries), _cell_columns(summaries)
-    header = ["model", "task", "level", "digits", "L", "n", "asked", *rules.values(), *cells.values()]
+    the rules' continuous statistics, then one cell per probe without rules."""
+    rules, depths, cells = _rule_columns(summaries), _depth_columns(summaries), _cell_columns(summaries)
+    header = ["model", "task", "level", "digits", "L", "n", "asked", *rules.values(), *depths.values(), *cells.values()]
     rows = [
         [
             str(s["model"]),
@@ -60,6 +69,7 @@ def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
             str(s["n_examples"]),
             str(s.get("n_asked", s["n_examples"])),
             *(format_rule(s.get(rule)) for rule in rules),
+            *(format_depth(s.get(rule)) for rule in depths),
             *(_cell(s, probe) for probe in cells),
         ]
         for s in summaries
@@ -88,6 +98,8 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     if _rule_columns(summaries):
         lines += ["", f"{CELL_LEGEND}; n = prompts kept of those asked"]
+    if _depth_columns(summaries):
+        lines.append(DEPTH_LEGEND)
     notes = [
         f"  {s['model']} / {s['task']} / {label}: {s[rule]['reason']}"
         for s in summaries
@@ -141,6 +153,22 @@ def _finite_number(value) -> bool:
 _FACTS = ("model", "task", "n_layers", "n_examples", "n_asked", "level", "digits", "cells")
 
 
+def _depth_problem(entry: dict, n_layers: int) -> str | None:
+    """Why a rule's continuous statistic is not one effdepth wrote (None when it is, or is absent)."""
+    if entry.get("depth") is None:
+        return None
+    depth, ratio, low, high = (entry.get(k) for k in ("depth", "depth_ratio", "depth_low", "depth_high"))
+    if entry.get("statistic") not in ("crossing", "centroid") or not all(map(_finite_number, (depth, ratio))):
+        return "continuous statistic is not a named finite number"
+    if not 0 <= depth <= n_layers or abs(ratio - (depth + 1) / n_layers) > 1e-9:
+        return f"continuous statistic {depth} (ratio {ratio}) is out of range for {n_layers} layers"
+    if (low is None) != (high is None) or (low is not None and not (_finite_number(low) and _finite_number(high))):
+        return "continuous statistic's interval is not two finite numbers"
+    if low is not None and not 0 <= low <= high <= n_layers:
+        return f"continuous statistic's interval [{low}, {high}] is reversed or out of range"
+    return None
+
+
 def summary_problem(summary) -> str | None:
     """Why an ``effective_depth.json`` is not one effdepth wrote (None when it is): the run facts,
     and per rule an integer ED (or null) whose ratio is (ED+1)/L and whose interval is ordered and
@@ -162,6 +190,9 @@ def summary_problem(summary) -> str | None:
             continue
         if not isinstance(entry, dict) or "ed" not in entry:
             return f"its {rule} entry is not an ED"
+        problem = _depth_problem(entry, n_layers)  # a continuous statistic may stand where the ED is undefined
+        if problem:
+            return f"its {rule} {problem}"
         if entry["ed"] is None:
             continue
         ratio = entry.get("ratio")

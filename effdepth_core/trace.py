@@ -7,6 +7,7 @@ import inspect
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -34,13 +35,42 @@ def first_tensor(value) -> torch.Tensor:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
+# the finite checks of the block ``finite_checks_deferred`` is running: (flag on the device, what, model)
+_DEFERRED: ContextVar[list | None] = ContextVar("effdepth_deferred_finite_checks", default=None)
+_CHECKED_AT_ONCE = ("cpu",)  # device types whose checks cost no host wait: never deferred
+
+
 def require_finite(tensor: torch.Tensor, what: str, model: str) -> None:
     """Raise a one-line error naming ``what`` (a layer, module or probe value) if ``tensor`` holds
-    NaN or inf: no probe reports or caches a non-finite number."""
+    NaN or inf: no probe reports or caches a non-finite number. Inside ``finite_checks_deferred``,
+    a tensor on an accelerator is checked at the end of the block instead (no host wait per call)."""
+    pending = _DEFERRED.get()
+    if pending is not None and tensor.device.type not in _CHECKED_AT_ONCE:
+        pending.append((torch.isfinite(tensor).all(), what, model))
+        return
     if not torch.isfinite(tensor).all():
         raise NonFiniteActivationError(
             f"{what} of model {model!r} contains NaN or inf; try --dtype float32 or check the weights"
         )
+
+
+@contextmanager
+def finite_checks_deferred() -> Iterator[None]:
+    """Collect the ``require_finite`` checks of accelerator tensors made inside the block and
+    raise the first failing one when it ends: one host synchronisation per block (a batch) instead
+    of one per layer. On a CPU every check runs at once, as outside."""
+    pending: list = []
+    token = _DEFERRED.set(pending)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+    if pending:
+        device = pending[0][0].device
+        flags = torch.stack([flag.to(device) for flag, _, _ in pending]).tolist()
+        for ok, (_, what, model) in zip(flags, pending, strict=True):
+            if not ok:
+                require_finite(torch.tensor(float("nan")), what, model)
 
 
 # --- interventions: the one way effdepth reads or changes a module's input or output -------------

@@ -186,6 +186,53 @@ def test_igrad_fast_equals_slow_and_is_complete(arch):
     assert attribution.filter(position=10)["value"].abs().max() == 0.0  # the last token cannot matter
 
 
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_igrad_batched_rows_equal_one_row_per_pass(arch):
+    """The fast path's α rows per pass (the memory budget's choice: all of them here) give the same
+    attributions as one row per pass, for a fixed rule and for the adaptive rule."""
+    loaded = make_tiny(arch)
+    items = [(ids, 3) for ids in random_prompts([11])]
+    keys = ["example", "layer", "position", "metric"]
+    for rule in ({"steps": 16, "quadrature": "riemann"}, {"steps": 16, "quadrature": "adaptive"}):
+        one = integrated_gradients(loaded, items, max_rows=1, **rule)
+        batched = integrated_gradients(loaded, items, **rule)
+        # float32 replays of 1 and 16 rows round differently; attributions are O(1e-2..1) here and
+        # agree to ~1e-7, so 1e-5 of the largest one separates rounding from a wrong row
+        scale = float(one.filter(metric="attribution")["value"].abs().max())
+        assert _max_diff(one, batched, keys) <= 1e-5 * max(scale, 1.0)
+
+
+def test_adaptive_rule_halving_several_panels_per_round_meets_the_same_tolerance():
+    loaded = make_tiny("gemma3_text")
+    items = [(ids, 3) for ids in random_prompts([11])]
+    # a tolerance tight enough that some layer needs several rounds, so halving more than the worst
+    # panel per round changes which nodes are spent (at looser ones both stop after the same round)
+    rule = {"steps": 16, "quadrature": "adaptive", "tolerance": 1e-5}
+    one = integrated_gradients(loaded, items, **rule)
+    several = integrated_gradients(loaded, items, panels=8, **rule)
+    fine = integrated_gradients(loaded, items, steps=96, quadrature="gauss")
+    spent = [r.filter(metric="grad_evals").sort("layer")["value"].to_list() for r in (one, several)]
+    assert spent[0] != spent[1]  # the batched rounds ran
+    b = fine.filter(metric="attribution").sort("layer", "position")["value"].to_numpy()
+    for result in (one, several):
+        a = result.filter(metric="attribution").sort("layer", "position")["value"].to_numpy()
+        # the rules stop at 1e-5 of each layer's target change (or its float32 rounding floor, 1e-4
+        # of the target's magnitude); 1e-3 of the largest attribution bounds the per-position errors
+        # a summed tolerance does not bound one by one
+        assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()
+
+
+def test_igrad_rows_follow_the_memory_budget():
+    from effdepth_core.probes.igrad import rows_for_budget
+
+    loaded = make_tiny("llama")
+    small = rows_for_budget(loaded, n_tokens=32, first_layer=1, n_answer=3, budget_bytes=1 << 20)
+    large = rows_for_budget(loaded, n_tokens=32, first_layer=1, n_answer=3, budget_bytes=1 << 30)
+    later = rows_for_budget(loaded, n_tokens=32, first_layer=loaded.n_layers - 1, n_answer=3, budget_bytes=1 << 20)
+    assert 1 <= small < large and later > small  # fewer replayed layers: more rows in the same memory
+    assert rows_for_budget(loaded, n_tokens=32, first_layer=1, n_answer=3, budget_bytes=1) == 1
+
+
 def test_gauss_reaches_the_256_step_riemann_result():
     loaded = make_tiny("llama")
     items = [(ids, 3) for ids in random_prompts([11])]

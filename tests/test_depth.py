@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import polars as pl
 import pytest
 
+from effdepth_core.depth import depth_table
 from effdepth_core.probes import effective_depth
 from effdepth_core.probes.cosine import ed_cosine
 from effdepth_core.probes.shared.lens import ed_kl, ed_overlap
@@ -99,3 +102,161 @@ def test_bootstrap_brackets_the_point_estimate():
 def test_curve_with_missing_layers_is_rejected():
     with pytest.raises(ValueError, match="expected 5"):
         effective_depth(None, _frame({"kl": [1.0, 0.5], "overlap": [0.0, 1.0]}), n_layers=5)
+
+
+# --- the continuous statistics (method.md §12): hand-computed curves ------------------------------
+
+
+def test_lens_centroids_by_hand():
+    from effdepth_core.probes.shared.lens import centroid_kl, centroid_overlap
+
+    # a step: all 8 nats removed by layer 2 (h_2 → h_3); kl[5] = 0 is implied
+    assert centroid_kl(np.array([8.0, 8.0, 8.0, 0.0, 0.0])) == 2.0
+    # a ramp 4, 3, 2, 1 → 0: one nat removed by each of layers 0..3
+    assert centroid_kl(np.array([4.0, 3.0, 2.0, 1.0])) == 1.5
+    # only removals weigh: layer 0 removes 1, layer 1's rise (1 → 3) weighs 0, layer 2 removes 3
+    assert centroid_kl(np.array([2.0, 1.0, 3.0, 0.0])) == pytest.approx((0 * 1 + 2 * 3) / 4)
+    # overlap gained at layer 1 (0 → .5) and at layer 3 (.5 → ov[4] = 1)
+    assert centroid_overlap(np.array([0.0, 0.0, 0.5, 0.5])) == 2.0
+    assert centroid_kl(np.zeros(4)) is None  # nothing is ever removed: no depth
+
+
+def test_crossings_read_between_layers_by_hand():
+    from effdepth_core.probes.cosine import crossing_cosine
+    from effdepth_core.probes.shared.lens import crossing_kl, crossing_overlap
+
+    # KL threshold 0.5 × 8 = 4, reached between kl[1] = 6 and kl[2] = 2 half the way: 1 + (6 − 4) / (6 − 2)
+    assert crossing_kl(np.array([8.0, 6.0, 2.0, 1.0, 0.5])) == 1.5
+    assert crossing_kl(np.array([3.9, 8.0, 1.0])) == 0.0  # layer 0 is already below: 0
+    # overlap 0.3 between 0.1 (layer 1) and 0.5 (layer 2): 1 + 0.2 / 0.4
+    assert crossing_overlap(np.array([0.0, 0.1, 0.5, 0.9, 1.0])) == pytest.approx(1.5)
+    # the last crossing from −0.1 (layer 4) to 0.2 (layer 5): 4 + 0.1 / 0.3
+    c = np.array([0.1, -0.2, 0.0, -0.3, -0.1, 0.2, 0.3])
+    assert crossing_cosine(c) == pytest.approx(4 + 1 / 3)
+    assert crossing_cosine(np.array([0.1, 0.2, -0.1, -0.2])) is None
+
+
+def test_the_crossing_is_averaged_over_the_rule_threshold_range():
+    from types import SimpleNamespace
+
+    from effdepth_core import registry
+    from effdepth_core.depth import averaged_crossing
+
+    rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_overlap")
+    # an overlap hovering at 0.3 before it rises: each threshold's crossing by hand
+    ov = np.array([0.29, 0.31, 0.29, 0.31, 0.9, 1.0])
+    expected = []
+    for t in rule.thresholds[1]:
+        first = next(i for i in range(len(ov) - 1) if ov[i] > t)
+        expected.append(0.0 if first == 0 else first - 1 + (t - ov[first - 1]) / (ov[first] - ov[first - 1]))
+    settings = SimpleNamespace(overlap_threshold=0.3)
+    assert averaged_crossing(rule, {"overlap": ov}, settings) == pytest.approx(np.mean(expected))
+    assert 1.8 < np.mean(expected) < 2.0  # between the thresholds that fire at layer 0–1 and at 4
+
+
+def test_the_statistics_move_continuously_where_the_integer_ed_jumps():
+    from types import SimpleNamespace
+
+    from effdepth_core import registry
+    from effdepth_core.depth import statistic_of
+
+    rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_kl")
+    settings = SimpleNamespace(kl_fraction=0.5)
+    values = {}
+    for delta in (-1e-6, 1e-6):  # layer 3 just under, then just over, half the maximum (5)
+        kl = np.array([10.0, 8.0, 6.0, 5.0 + delta, 2.0, 1.0])
+        values[delta] = {s: statistic_of(rule, {"kl": kl}, SimpleNamespace(**vars(settings)), s) for s in
+                         ("ed", "crossing", "centroid")}  # fmt: skip
+    low, high = values[-1e-6], values[1e-6]
+    assert (low["ed"], high["ed"]) == (3.0, 4.0)  # the paper's ED jumps a whole layer
+    assert abs(high["crossing"] - low["crossing"]) < 1e-4  # the averaged crossing moves by ~δ
+    assert abs(high["centroid"] - low["centroid"]) < 1e-5  # so does the centroid
+
+
+def test_effective_depth_gives_the_primary_statistic_with_its_interval():
+    rng = np.random.default_rng(1)
+    curves = [list(np.linspace(10, 0, 11) ** 1.5 / 10 + rng.normal(0, 0.3, 11)) for _ in range(15)]
+    tokens = list(rng.integers(3, 9, 15))
+    overlap = [list(np.clip(np.linspace(0, 1, 11) + rng.normal(0, 0.05, 11), 0, 1)) for _ in range(15)]
+    lens = pl.concat([_per_example(curves, "kl", tokens), _per_example(overlap, "overlap", tokens)])
+    result = effective_depth(None, lens, n_layers=10, n_bootstrap=300)
+    kl = result["logit_lens_kl"]
+    pooled = (np.array(curves) * np.array(tokens)[:, None]).sum(0) / sum(tokens)
+    removed = np.maximum(np.append(pooled[:10], 0.0)[:-1] - np.append(pooled[:10], 0.0)[1:], 0)
+    assert kl.statistic == "centroid"
+    assert kl.depth == pytest.approx((np.arange(10) * removed).sum() / removed.sum())
+    assert kl.depth_ratio == pytest.approx((kl.depth + 1) / 10)
+    assert kl.depth_low < kl.depth < kl.depth_high and kl.depth_high - kl.depth_low < 3
+    table = depth_table(result)
+    assert table.filter(pl.col("rule") == "logit_lens_kl")["depth"].item() == kl.depth
+
+
+def test_the_two_tests_of_a_comparison_by_hand():
+    from effdepth_core.depth import compare, margin
+
+    assert margin(0.02, 28) == 1 / 28 and margin(0.1, 28) == 0.1  # never under one layer of the deeper model
+    assert compare(-0.01, 0.02, 0.05).verdict == "agree"
+    small = compare(0.01, 0.03, 0.05)
+    assert small.different and small.equivalent and small.verdict == "a small difference within the paper's margin"
+    assert compare(0.06, 0.10, 0.05).verdict == compare(-0.3, -0.06, 0.05).verdict == "disagree"
+    unsettled = compare(0.02, 0.08, 0.05)
+    assert unsettled.verdict == "cannot tell" and "excludes 0" in unsettled.reason
+    wide = compare(-0.08, 0.02, 0.05)
+    assert wide.verdict == "cannot tell" and "includes 0" in wide.reason and not wide.different
+    assert compare(None, None, 0.05).verdict == "cannot tell"
+
+
+def test_a_difference_of_centroids_paired_and_independent():
+    from effdepth_core import registry
+    from effdepth_core.depth import difference_draws
+
+    rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_kl")
+    settings = SimpleNamespace(kl_fraction=0.5)
+    rng = np.random.default_rng(2)
+    early = [list(np.r_[8.0, 8.0, rng.uniform(0, 0.5, 6)]) for _ in range(10)]  # removed at layer 1
+    late = [list(np.r_[8.0, 8.0, 8.0, rng.uniform(0, 0.5, 5)]) for _ in range(10)]  # one layer later
+    first, second = _per_example(early, "kl", [4] * 10), _per_example(late, "kl", [4] * 10)
+    point, draws = difference_draws(rule, first, first, (8, 8), settings, paired=True, statistic="centroid")
+    assert point == 0.0 and np.all(draws == 0.0)  # a frame against itself, resampled together
+    point, draws = difference_draws(rule, second, first, (8, 8), settings, paired=False, statistic="centroid")
+    # the 8 nats leave one layer later; the small tails (< 0.5 nats of 8) move the centroid little
+    assert 0.8 < point < 1.2 and np.all((draws > 0.7) & (draws < 1.3))
+    ratio, _ = difference_draws(rule, second, first, (8, 8), settings, paired=False, statistic="centroid", ratio=True)
+    assert ratio == pytest.approx(point / 8)
+
+
+def test_the_norm_crossing_and_nonfinite_curves_by_hand():
+    from effdepth_core.probes.norm import crossing_norm
+    from effdepth_core.probes.shared.lens import crossing_overlap
+
+    # final norm 10: half of it (5) is passed between layer 1 (4) and layer 2 (8): 1 + 1/4
+    assert crossing_norm(np.array([1.0, 4.0, 8.0, 9.0, 10.0]), 0.5) == 1.25
+    assert crossing_norm(np.array([6.0, 7.0, 10.0]), 0.5) == 0.0  # layer 0 already past it
+    from effdepth_core import registry
+    from effdepth_core.depth import statistic_of
+
+    rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_overlap")
+    curve = np.array([0.0, np.nan, 0.5, 1.0])
+    assert np.isnan(crossing_overlap(curve))  # the raw function propagates NaN …
+    assert (
+        statistic_of(rule, {"overlap": curve}, SimpleNamespace(overlap_threshold=0.3), "crossing") is None
+    )  # … never reported
+
+
+def test_the_table_shows_the_continuous_statistic_and_validation_guards_it():
+    from effdepth_core.display import format_table, summary_problem
+    from effdepth_core.labels import format_depth
+
+    entry = {"ed": 20, "ratio": 21 / 30, "ci_low": 19, "ci_high": 21, "statistic": "centroid", "depth": 19.44,
+             "depth_ratio": 20.44 / 30, "depth_low": 18.91, "depth_high": 20.12}  # fmt: skip
+    assert format_depth(entry) == "19.4 (0.68) [18.9–20.1]"
+    assert format_depth({"ed": None}) == "—"
+    summary = {"model": "m", "task": "gsm8k", "n_layers": 30, "n_examples": 10, "logit_lens_kl": entry}
+    assert summary_problem(summary) is None
+    table = format_table([summary])
+    assert "lens KL depth" in table and "19.4 (0.68) [18.9–20.1]" in table and "'depth' cell" in table
+    # a statistic where the ED is undefined is checked too (the case it exists for)
+    for bad in ({"depth": "abc"}, {"depth": 99.0, "depth_ratio": 100 / 30}, {"depth_ratio": 0.5},
+                {"depth_low": 21.0, "depth_high": 18.0}, {"statistic": "mean"}):  # fmt: skip
+        broken = {**summary, "logit_lens_kl": {**entry, "ed": None, "ratio": None, **bad}}
+        assert summary_problem(broken) is not None, bad

@@ -76,3 +76,31 @@ def test_nothing_non_finite_is_cached(tmp_path, monkeypatch):
     with pytest.raises(NonFiniteActivationError, match="cosine probe produced 6 NaN"):
         results.run(settings, ["cosine"], tmp_path / "run", loaded=loaded, examples=examples)
     assert not list((tmp_path / "run").glob("cosine*.parquet"))
+
+
+def test_deferred_finite_checks_raise_the_first_failing_one_when_the_block_ends(monkeypatch):
+    """On a GPU, ``require_finite`` inside ``finite_checks_deferred`` records its check on the device
+    and the block raises at its end, naming the first failing check (the CPU made to defer too)."""
+    import torch
+
+    from effdepth_core import trace
+    from effdepth_core.errors import NonFiniteActivationError
+
+    monkeypatch.setattr(trace, "_CHECKED_AT_ONCE", ())  # CPU tensors take the accelerator's road
+
+    def tensor(*values):
+        return torch.tensor(values)
+
+    reached = []
+    with pytest.raises(NonFiniteActivationError, match="layer 1 of model 'm'"):
+        with trace.finite_checks_deferred():
+            trace.require_finite(tensor(1.0), "layer 0", "m")
+            trace.require_finite(tensor(float("nan")), "layer 1", "m")
+            trace.require_finite(tensor(float("inf")), "layer 2", "m")
+            reached.append("end of block")  # nothing raised inside: the checks waited
+    assert reached == ["end of block"]
+    with pytest.raises(ValueError, match="inner"):  # an error inside the block is not swallowed
+        with trace.finite_checks_deferred():
+            raise ValueError("inner")
+    with pytest.raises(NonFiniteActivationError):  # outside the block a check raises at once
+        trace.require_finite(tensor(float("nan")), "layer 3", "m")

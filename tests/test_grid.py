@@ -303,3 +303,41 @@ def test_quiet_cells_draw_no_bars_of_their_own(models, tmp_path):
         cell.quiet()
     assert all(cell.record.settings.progress is False for cell in plan)
     assert map_settings(mapped.pair, mapped.shared, mapped.results_dir)[0].progress is False
+
+
+def test_the_gpu_rates_are_those_paper_scale_measured():
+    """``cost.GPU_RATES`` recomputed from the committed H200 output: each probe's seconds ÷ its
+    ``work`` (integrated gradients on the layers it attributed, a share of all of them)."""
+    import re
+    from types import SimpleNamespace
+
+    from effdepth_core import registry
+    from effdepth_core.book.cost import GPU_RATES, gpu_rate
+    from effdepth_core.probes.spec import Shape
+
+    shapes = {"smollm2-135m": Shape(30, 576, 49152, 134515008), "Qwen2.5-1.5B": Shape(28, 1536, 151936, 1543714304),
+              "Qwen2.5-7B": Shape(28, 3584, 152064, 7615616512), "Qwen2.5-14B": Shape(48, 5120, 152064, 14770033664),
+              "Qwen2.5-32B": Shape(64, 5120, 152064, 32763876352)}  # fmt: skip
+    output = Path(__file__).resolve().parents[1] / "benchmarks" / "output"
+    text = (output / "paper_scale-h200.txt").read_text().split("== after")[-1]
+    text += (output / "paper_scale-large-h200.txt").read_text()
+    measured, model = {}, None
+    for line in text.splitlines():
+        if found := re.match(r"== (\S+) \(random weights", line):
+            model = found.group(1)
+        elif found := re.match(r"(cosine|lens|skip|erasure|igrad)\s+(\d+)×(\d+)(.*?)\s{2,}([\d.]+)\s", line):
+            name, n, tokens, rest, seconds = found.groups()
+            probe, shape = {"lens": "logit_lens"}.get(name, name), shapes[model]
+            positions = re.search(r"(\d+) positions", rest)
+            settings = SimpleNamespace(skip_parts="layer", skip_variants="future", igrad_steps=256, lens="logit",
+                                       skip_positions=int(positions.group(1)) if positions else 4)  # fmt: skip
+            layers = re.search(r"layers ([\d,]+)", rest)
+            share = len(layers.group(1).split(",")) / shape.n_layers if layers else 1.0
+            work = registry.get(probe).work(shape, settings, [int(tokens)] * int(n)) * share
+            measured[probe, shape.n_params] = float(seconds) / work
+    table = {(probe, n): rate for probe, rows in GPU_RATES.items() for n, rate in rows}
+    assert table.keys() == measured.keys()
+    for key, rate in table.items():
+        assert rate == pytest.approx(measured[key], rel=1e-3), key  # a transcription check: 4 significant digits
+    assert gpu_rate("cosine", 1_000_000_000) == (GPU_RATES["cosine"][1][1], True)  # nearest: 1.5B
+    assert gpu_rate("prune", 10**9)[1] is False

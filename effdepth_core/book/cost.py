@@ -2,7 +2,9 @@
 layers × vocabulary × the probe's settings) times a rate measured on this code — seconds per
 operation of that probe on that model, the median over the runs already cached. A model or probe
 without a measurement borrows the rate of the nearest measured model (by parameters), then of any
-probe. GPU hours have no measurement yet: they are the operations at ``GPU_OPS_PER_SECOND``.
+probe. GPU hours use the rates ``benchmarks/paper_scale.py`` measured on an NVIDIA H200 in
+bfloat16 (``GPU_RATES``, the nearest measured model size by parameters); a probe it did not
+measure (pruning, early exit, the tuned lens, the map) takes ``GPU_OPS_PER_SECOND``.
 
 Prompt tokens are estimated as characters / ``CHARS_PER_TOKEN`` both when calibrating and when
 estimating, so a tokenizer's real ratio enters the measured rate, not the error."""
@@ -23,10 +25,37 @@ from ..rundir import EXAMPLES, METADATA, read_metadata
 from ..settings import RunSettings
 
 CHARS_PER_TOKEN = 4.0
-# An assumption, not a measurement (no GPU run has been made with this code): the operations per
-# second a probe sustains on one data-centre GPU in bfloat16, ~15% of an H100's dense peak — small
-# models are launch- and memory-bound far below the peak.
+# Seconds per operation (``ProbeSpec.work``) of each probe on one NVIDIA H200 in bfloat16, by model
+# size in parameters: ``benchmarks/paper_scale.py --device cuda`` on random-weight copies of
+# smollm2-135m's and Qwen2.5-1.5B/7B/14B/32B's configurations (benchmarks/output/paper_scale-h200.txt
+# and paper_scale-large-h200.txt; tests/test_grid.py recomputes this table from those files).
+# Small models are launch-bound: their rate per operation is ~10-100x the large ones'. Each is one
+# timing printed to 2 decimals (a 0.04 s cosine is ±12 %), and integrated gradients' is Riemann-256's
+# (the default adaptive rule refines 8 evaluations per round: slower per operation on a GPU).
+GPU_RATES: dict[str, tuple[tuple[int, float], ...]] = {
+    "cosine": ((134515008, 1.239e-13), (1543714304, 1.080e-14), (7615616512, 2.188e-15),
+               (14770033664, 2.539e-15), (32763876352, 2.162e-15)),
+    "logit_lens": ((134515008, 4.235e-14), (1543714304, 1.135e-14), (7615616512, 5.100e-15),
+                   (14770033664, 4.155e-15), (32763876352, 4.036e-15)),
+    "skip": ((134515008, 2.478e-13), (1543714304, 2.532e-14), (7615616512, 8.452e-15),
+             (14770033664, 5.343e-15), (32763876352, 3.788e-15)),
+    "erasure": ((134515008, 5.012e-13), (1543714304, 3.354e-14), (7615616512, 7.165e-15),
+                (14770033664, 4.702e-15), (32763876352, 2.989e-15)),
+    "igrad": ((134515008, 1.022e-14), (1543714304, 2.416e-15), (7615616512, 2.084e-15),
+              (14770033664, 2.231e-15), (32763876352, 2.430e-15)),
+}  # fmt: skip
+# For the probes paper_scale.py does not time: an assumption, the operations per second a probe
+# sustains on one data-centre GPU in bfloat16 (~15% of an H100's dense peak).
 GPU_OPS_PER_SECOND = 1.5e14
+
+
+def gpu_rate(probe: str, n_params: int) -> tuple[float, bool]:
+    """Seconds per operation of ``probe`` on one H200 for a model of ``n_params`` parameters (the
+    nearest measured size), and whether it was measured (else ``1 / GPU_OPS_PER_SECOND``)."""
+    measured = GPU_RATES.get(probe)
+    if not measured:
+        return 1 / GPU_OPS_PER_SECOND, False
+    return min(measured, key=lambda entry: abs(math.log(entry[0] / n_params)))[1], True
 
 
 def token_lengths(texts: Iterable[str]) -> list[int]:
@@ -214,7 +243,9 @@ def estimate(
     for probe in probes:
         work = registry.get(probe).work(shape, settings, lengths)
         rate, source = calibration.rate(settings.model, probe, shape.n_params)
-        total = total + Estimate(None if rate is None else work * rate, work / GPU_OPS_PER_SECOND, source)
+        total = total + Estimate(
+            None if rate is None else work * rate, work * gpu_rate(probe, shape.n_params)[0], source
+        )
     return total
 
 
@@ -246,4 +277,14 @@ def task_lengths(settings: RunSettings, n: int | None = None) -> list[int]:
     return token_lengths(texts)
 
 
-__all__ = ["GPU_OPS_PER_SECOND", "NOTHING", "Calibration", "Estimate", "estimate", "shape_of", "task_lengths"]
+__all__ = [
+    "GPU_OPS_PER_SECOND",
+    "GPU_RATES",
+    "NOTHING",
+    "Calibration",
+    "Estimate",
+    "estimate",
+    "gpu_rate",
+    "shape_of",
+    "task_lengths",
+]

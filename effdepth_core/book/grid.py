@@ -356,8 +356,9 @@ class GridPlan:
         models = len({m.model for m in self.calibration.measurements})
         return (
             f"effdepth grid: estimated {sum(cpu) / 3600:.2f} CPU hours (rates measured on this machine's cached "
-            f"runs of {models} model(s)); on a GPU at least {hours(sum(gpu))} (its operations at an assumed "
-            f"{GPU_OPS_PER_SECOND:.1e}/s, not measured)" + (f"; {unknown} cell(s) of unknown cost" if unknown else "")
+            f"runs of {models} model(s)); on one H200 GPU {hours(sum(gpu))} (the rates benchmarks/paper_scale.py "
+            f"measured there, bfloat16; pruning, early exit, the tuned lens and the map at an assumed "
+            f"{GPU_OPS_PER_SECOND:.1e} operations/s)" + (f"; {unknown} cell(s) of unknown cost" if unknown else "")
         )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ..depth import ed_samples, n_examples, resample_weights
+from ..depth import difference_draws, interval, with_setting
 from ..probes.shared.reduce import token_weighted_mean
 from ..probes.spec import Rule
 
@@ -82,55 +82,6 @@ def robust(checks: Sequence[tuple[str, str]]) -> tuple[str, str | None]:
         if verdict != main:
             return "cannot tell", f"{main} at the book's settings, {verdict} {what}"
     return main, None
-
-
-def difference_draws(
-    rule: Rule,
-    first: pl.DataFrame,
-    second: pl.DataFrame,
-    n_layers: tuple[int, int],
-    settings: Any,
-    paired: bool,
-    ratio: bool = False,
-    n_bootstrap: int = N_BOOTSTRAP,
-    seed: int = 0,
-    other_rule: Rule | None = None,
-) -> tuple[float | None, np.ndarray]:
-    """ED(first) − ED(second) (or the difference of their ratios) and its bootstrap draws (NaN where
-    a rule found no layer). ``paired``: the same prompts, resampled together (only the prompts both
-    frames have, from the first, are used); otherwise the two are resampled independently.
-    ``other_rule`` reads ``second`` (e.g. the tuned-lens rule beside the logit-lens one)."""
-    if paired:
-        shared = min(n_examples(first), n_examples(second))
-        first = first.filter(pl.col("example") < shared)
-        second = second.filter(pl.col("example") < shared)
-        weights = other = resample_weights(shared, n_bootstrap, seed)
-    else:
-        weights = resample_weights(n_examples(first), n_bootstrap, seed)
-        other = resample_weights(n_examples(second), n_bootstrap, seed + 1)
-    a, draws_a = ed_samples(rule, first, n_layers[0], settings, weights)
-    b, draws_b = ed_samples(other_rule or rule, second, n_layers[1], settings, other)
-
-    def scale(values, layers: int):
-        return (values + 1) / layers if ratio else values
-
-    if a is None or b is None:
-        return None, np.full(n_bootstrap, np.nan)
-    point = float(scale(np.float64(a), n_layers[0]) - scale(np.float64(b), n_layers[1]))
-    return point, scale(draws_a, n_layers[0]) - scale(draws_b, n_layers[1])
-
-
-def interval(point: float | None, draws: np.ndarray) -> dict:
-    """The point, the 95 % percentile interval of the defined draws, and the share of them defined."""
-    defined = draws[~np.isnan(draws)]
-    if point is None or not defined.size:
-        return {"point": point, "low": None, "high": None, "defined": float(defined.size / max(draws.size, 1))}
-    return {
-        "point": point,
-        "low": float(np.percentile(defined, 2.5)),
-        "high": float(np.percentile(defined, 97.5)),
-        "defined": float(defined.size / draws.size),
-    }
 
 
 def ed_difference(*args, **kwargs) -> dict:
@@ -213,21 +164,8 @@ def variants(rule: Rule, settings: Any, seed: int) -> list[tuple[str, Any, int]]
         own = getattr(settings, name, None)
         words = name.replace("_", " ")
         shown = {v: f"{v:g}".replace("-", "−") for v in values}  # the typographic minus, as in the findings
-        out += [(f"at {words} {shown[v]}", _With(settings, name, v), seed) for v in values if own is None or v != own]
+        out += [
+            (f"at {words} {shown[v]}", with_setting(settings, name, v), seed) for v in values if own is None or v != own
+        ]
     out += [(f"under bootstrap seed {seed + k}", settings, seed + k) for k in range(1, OTHER_SEEDS + 1)]
     return out
-
-
-def with_setting(settings: Any, name: str, value: Any) -> Any:
-    """``settings`` with one attribute replaced."""
-    return _With(settings, name, value)
-
-
-class _With:
-    """``settings`` with one attribute replaced (a rule reads its threshold from its settings)."""
-
-    def __init__(self, settings: Any, name: str, value: Any):
-        self._settings, self._name, self._value = settings, name, value
-
-    def __getattr__(self, attribute: str) -> Any:
-        return self._value if attribute == self._name else getattr(self._settings, attribute)

@@ -68,10 +68,21 @@ def ed_cosine(mean_cos: np.ndarray) -> int | None:
     return int(crossings[-1]) if crossings.size else None
 
 
-def _cosine_rule(curves: Mapping[str, np.ndarray], settings) -> int | None:
+def crossing_cosine(mean_cos: np.ndarray) -> float | None:
+    """``ed_cosine``'s crossing read between layers: l + the share of the way from c[l] < 0 to
+    c[l+1] >= 0 at which the straight line between them reaches 0 (in (l, l+1])."""
+    c = np.asarray(mean_cos, dtype=float)
+    ed = ed_cosine(c)
+    return None if ed is None else ed - c[ed] / (c[ed + 1] - c[ed])
+
+
+def _mean_cosine(curves: Mapping[str, np.ndarray], settings) -> np.ndarray:
     # the crossing is of 0 (SPEC §1); the book's robustness rule moves that level (``cosine_zero``)
-    zero = getattr(settings, "cosine_zero", 0.0)
-    return ed_cosine(np.mean([curves[name] for name in COSINE_PARTS], axis=0) - zero)
+    return np.mean([curves[name] for name in COSINE_PARTS], axis=0) - getattr(settings, "cosine_zero", 0.0)
+
+
+def _cosine_rule(curves: Mapping[str, np.ndarray], settings) -> int | None:
+    return ed_cosine(_mean_cosine(curves, settings))
 
 
 SPEC = ProbeSpec(
@@ -87,6 +98,7 @@ SPEC = ProbeSpec(
             _cosine_rule,
             lambda settings: "the mean cosine never crosses from negative to non-negative",
             thresholds=("cosine_zero", (-0.03, -0.02, -0.01, 0.0, 0.01, 0.02, 0.03)),
+            crossing=lambda curves, settings: crossing_cosine(_mean_cosine(curves, settings)),
         ),
     ),
     charts=(Chart("cosine", "contribution_bars", "cosine"),),

@@ -69,7 +69,7 @@ def _map_fast(
     if not run.reuses_prefixes:
         return _map_rows(loaded, split, baselines, max_rows, run, step)
     measure, n_layers = split.measured, loaded.n_layers
-    effects = torch.zeros(n_layers + 1, split.n_tokens)  # [layer 0..L, position]
+    effects = torch.zeros(n_layers + 1, split.n_tokens, device=loaded.head_device)  # [layer 0..L, position]
     buffer = head_buffer(loaded)
     with torch.inference_mode():
         clean_probs = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
@@ -91,7 +91,7 @@ def _map_fast(
                 )
                 effects[low:high, t] = changed
                 step(high - low)
-    return effects
+    return effects.cpu()  # one host copy per prompt
 
 
 def _map_rows(
@@ -100,7 +100,7 @@ def _map_rows(
     """Without cached keys/values (an attention kernel that takes no mask): per layer, all
     positions as batch rows replayed from that layer on over the whole prompt."""
     measure = split.measured
-    effects = torch.zeros(loaded.n_layers + 1, split.n_tokens)  # [layer 0..L, position]
+    effects = torch.zeros(loaded.n_layers + 1, split.n_tokens, device=loaded.head_device)  # [layer 0..L, position]
     buffer = head_buffer(loaded)
     with torch.inference_mode():
         clean_probs = torch.softmax(loaded.head(run.hidden[-1][0, measure]).float(), dim=-1)
@@ -112,9 +112,11 @@ def _map_rows(
                 hidden = run.hidden[layer].expand(len(positions), -1, -1).clone()  # [rows, token, d]
                 hidden[torch.arange(len(positions)), positions] = base
                 final = run_layers(loaded, run, layer, hidden)
-                effects[layer, positions] = output_change(loaded, clean_probs, final[:, measure], buffer=buffer)
+                effects[layer, positions.to(effects.device)] = output_change(
+                    loaded, clean_probs, final[:, measure], buffer=buffer
+                )
                 step(len(positions))
-    return effects
+    return effects.cpu()
 
 
 def _map_slow(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, step=_no_step) -> torch.Tensor:

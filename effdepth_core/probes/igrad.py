@@ -19,7 +19,10 @@ Baselines: ``"position-mean"`` (the layer's output averaged over positions; Csor
 ``"hidden-mean"`` (averaged over the hidden dimension, which the paper's code does by accident).
 
 - ``method="slow"``: one full forward + backward per (layer, step), as the published loop;
-- ``method="fast"``: per layer, the steps are batch rows replayed from layer l+1 on.
+- ``method="fast"``: per layer, the steps are batch rows replayed from layer l+1 on, as many rows
+  per pass as a memory budget allows (``rows_for_budget``: all 256 Riemann steps in one pass on a
+  GPU; 16 on a CPU); the adaptive rule halves up to ``panels`` panels per round, so its evaluations are batched
+  too.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from ..models import LoadedModel
 from ..replay import CleanRun, clean_run, run_layers
 from ..trace import Hook, intervene, require_finite, show_progress
 from .shared.answers import AnswerInput, AnswerSplit, answer_splits
-from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape
+from .spec import KEY_ALWAYS, KEY_WHEN_SET, Chart, Context, Option, ProbeSpec, Shape
 
 BASELINES = ("position-mean", "hidden-mean")
 QUADRATURES = ("riemann", "gauss", "adaptive")
@@ -56,6 +59,35 @@ _INNER_AIM = 0.1  # within the ``steps`` budget the adaptive rule refines toward
 # rounding alone leaves gaps of several % on smollm2-135m, and those layers are reported as misses
 # rather than hidden under a floor.
 _ROUNDING_SHARE = 1e-4
+
+
+def rows_for_budget(loaded: LoadedModel, n_tokens: int, first_layer: int, n_answer: int, budget_bytes: int) -> int:
+    """How many α rows one gradient pass from ``first_layer`` on may hold within ``budget_bytes``:
+    per row, the autograd activations of the replayed layers (≈ 16·d_model + 4·d_ff elements per
+    token and layer in the model's dtype, and a float32 attention map per head) and the float32
+    softmax over the vocabulary at the answer positions (three copies: logits, probabilities,
+    their gradient)."""
+    config = loaded.model.config
+    d_model = loaded.d_model
+    d_ff = int(getattr(config, "intermediate_size", None) or 4 * d_model)
+    heads = int(getattr(config, "num_attention_heads", None) or 1)
+    element = torch.finfo(loaded.dtype).bits // 8
+    per_token_layer = (16 * d_model + 4 * d_ff) * element + 4 * heads * n_tokens
+    per_row = n_tokens * max(1, loaded.n_layers - first_layer) * per_token_layer + 12 * n_answer * loaded.vocab_size
+    return max(1, budget_bytes // per_row)
+
+
+CPU_ROWS = 16  # a CPU's α rows per pass: wider batches gain it little, and a budget would narrow them
+
+
+def default_budget_bytes(loaded: LoadedModel) -> int | None:
+    """The memory the fast path's batch rows may take: half of the GPU's free memory on CUDA; None
+    elsewhere (``CPU_ROWS`` rows per pass)."""
+    device = loaded.input_device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 2
+    return None
 
 
 def gap_floor(ends: torch.Tensor) -> float:
@@ -118,7 +150,8 @@ class LayerPath:
     split: AnswerSplit
     layer: int
     baseline: torch.Tensor  # [1, token, d]
-    max_rows: int = 16
+    max_rows: int = 16  # α rows per replay pass
+    panels: int = 1  # panels the adaptive rule halves per round (1: always the worst one)
 
     @property
     def h(self) -> torch.Tensor:
@@ -170,7 +203,8 @@ class LayerPath:
     ) -> PathIntegral:
         """Gauss panels refined where completeness fails: on a panel [a, b] the attributions must
         sum to target(b) − target(a), so each panel's gap is an exact, free error indicator of the
-        path integral there. The panel with the largest gap is halved (2 × 4 gradient evaluations)
+        path integral there. The panel with the largest gap is halved (2 × 4 gradient evaluations),
+        with up to ``panels`` − 1 more whose gaps exceed their equal share of the goal, in one pass
 
         - while fewer than ``steps`` evaluations are spent and the gaps add up to more than a tenth
           of ``tolerance`` × |target change| (the old fixed-budget rule at the default tolerance);
@@ -206,23 +240,31 @@ class LayerPath:
         def gap(bound: tuple[float, float]) -> float:
             return abs(float(attributions[bound].sum()) - (ends[bound][1] - ends[bound][0]))
 
-        def refine() -> bool:
+        def goal() -> float | None:
+            """What the panel gaps must add up to before the next round (None: stop refining)."""
             gaps = sum(map(gap, attributions))
             if used + 2 * _PANEL_ORDER <= steps:
-                return gaps > aim
-            return used + 2 * _PANEL_ORDER <= max_steps and gaps > allowed
+                return aim if gaps > aim else None
+            return allowed if used + 2 * _PANEL_ORDER <= max_steps and gaps > allowed else None
 
-        while refine():
-            worst = max(attributions, key=gap)
-            a, b = worst
-            middle = (a + b) / 2
-            f_middle = float(self.targets_at(torch.tensor([middle]))[0])
-            halves = [(a, middle), (middle, b)]
+        while (target := goal()) is not None:
+            # the worst panel, and up to ``panels`` − 1 more of the largest gaps that exceed their
+            # equal share of the goal (some panel always does while the gaps add up to more), as
+            # long as the evaluations stay within the budget of this phase
+            limit = steps if used + 2 * _PANEL_ORDER <= steps else max_steps
+            room = max(1, (limit - used) // (2 * _PANEL_ORDER))
+            ranked = sorted(attributions, key=gap, reverse=True)
+            share = target / len(ranked)
+            chosen = [ranked[0]] + [b for b in ranked[1 : min(self.panels, room)] if gap(b) > share]
+            middles = [(a + b) / 2 for a, b in chosen]
+            f_middles = self.targets_at(torch.tensor(middles, dtype=torch.float64)).tolist()
+            halves = [half for (a, b), m in zip(chosen, middles, strict=True) for half in ((a, m), (m, b))]
             for half, value in zip(halves, panel_attributions(halves), strict=True):
                 attributions[half] = value
-            ends[halves[0]], ends[halves[1]] = (ends[worst][0], f_middle), (f_middle, ends[worst][1])
-            del attributions[worst], ends[worst]
-            used += 2 * _PANEL_ORDER
+            for (a, b), m, f_m in zip(chosen, middles, f_middles, strict=True):
+                ends[(a, m)], ends[(m, b)] = (ends[(a, b)][0], f_m), (f_m, ends[(a, b)][1])
+                del attributions[(a, b)], ends[(a, b)]
+            used += 2 * _PANEL_ORDER * len(chosen)
         return PathIntegral(
             sum(attributions.values()),
             torch.tensor([float(f_edges[-1]), float(f_edges[0])]),
@@ -288,11 +330,13 @@ def integrated_gradients(
     baseline: str = "position-mean",
     method: str = "fast",
     layers: Sequence[int] | None = None,
-    max_rows: int = 16,
+    max_rows: int | None = None,
     progress: bool | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     max_steps: int | None = None,
     slow_block: int = 1,
+    panels: int = 1,
+    memory_budget_mb: int | None = None,
 ) -> pl.DataFrame:
     """Per-layer integrated-gradient attributions to every position towards the answer tokens.
 
@@ -308,9 +352,15 @@ def integrated_gradients(
     gradient evaluations are spent; the fixed rules spend ``steps`` and are only checked. Every
     layer that misses the tolerance is named in one warning at the end. ``slow_block``: the values
     of α the slow path evaluates per forward pass (1: the oracle; 16: the published script).
+    ``max_rows``: α rows per pass of the fast path (default: as many as ``memory_budget_mb`` holds,
+    by default half the GPU's free memory; 16 on a CPU without a budget); ``panels``: panels the adaptive rule
+    halves per round (1, the default, always halves the single worst one; more batch its
+    evaluations on a GPU, a slightly different refinement to the same tolerance).
     """
     if slow_block < 1:
         raise ValueError(f"slow_block must be at least 1, got {slow_block}")
+    if panels < 1 or (max_rows is not None and max_rows < 1):
+        raise ValueError(f"panels and max_rows must be at least 1, got {panels} and {max_rows}")
     if method not in ("fast", "slow"):
         raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
     check_tolerance(tolerance, max_steps, steps)
@@ -324,6 +374,7 @@ def integrated_gradients(
         nodes, weights = quadrature_rule(quadrature, steps)
     splits = answer_splits(loaded, examples)
     chosen = list(range(loaded.n_layers)) if layers is None else list(layers)
+    budget = default_budget_bytes(loaded) if memory_budget_mb is None else memory_budget_mb << 20
     rows: dict[str, list] = {k: [] for k in ("example", "layer", "position", "metric", "value")}
     misses: list[str] = []
 
@@ -338,7 +389,10 @@ def integrated_gradients(
             run = clean_run(loaded, split.without_last())  # by causality the last token cannot matter
             for layer in chosen:
                 base = make_baseline(run.hidden[layer + 1], baseline)
-                path = LayerPath(loaded, run, split, layer, base, max_rows)
+                width = max_rows or CPU_ROWS
+                if max_rows is None and budget is not None:
+                    width = rows_for_budget(loaded, run.n_tokens, layer + 1, len(split.targets), budget)
+                path = LayerPath(loaded, run, split, layer, base, width, panels)
                 if quadrature == "adaptive":
                     result = path.adaptive(steps, tolerance, max_steps)
                 elif method == "fast":
@@ -421,6 +475,14 @@ IGRAD_MAX_STEPS = Option(
     type=int,
     minimum=1,
 )
+IGRAD_PANELS = Option(
+    "igrad_panels",
+    1,
+    "panels the adaptive rule halves per round (igrad; 1 halves the worst one; 8 batches a GPU's work)",
+    type=int,
+    minimum=1,
+    key=KEY_WHEN_SET,
+)
 
 
 def _check(settings, facts) -> None:
@@ -453,6 +515,7 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.Da
         progress=context.progress,
         tolerance=settings.igrad_tol,
         max_steps=settings.igrad_max_steps,
+        panels=settings.igrad_panels,
     )
 
 
@@ -486,7 +549,7 @@ SPEC = ProbeSpec(
     name="igrad",
     title="integrated gradients",
     compute=_compute,
-    options=(IGRAD_STEPS, IGRAD_QUADRATURE, IGRAD_BASELINE, IGRAD_TOL, IGRAD_MAX_STEPS),
+    options=(IGRAD_STEPS, IGRAD_QUADRATURE, IGRAD_BASELINE, IGRAD_TOL, IGRAD_MAX_STEPS, IGRAD_PANELS),
     cell=_cell,
     charts=(Chart("igrad", "attribution_heatmap", "igrad_by_example"),),
     unit="layer",

@@ -43,6 +43,16 @@ def ed_norm(norm: np.ndarray, fraction: float) -> int | None:
     return int(above[0]) if above.size else None
 
 
+def crossing_norm(norm: np.ndarray, fraction: float) -> float | None:
+    """``ed_norm`` read between layers (the straight line from the last layer at or under the
+    threshold to the first above it; 0 when layer 0 is already above)."""
+    values = np.asarray(norm, dtype=float)
+    ed, threshold = ed_norm(values, fraction), fraction * values[-1]
+    if ed is None or ed == 0:
+        return None if ed is None else 0.0
+    return ed - 1 + (threshold - values[ed - 1]) / (values[ed] - values[ed - 1])
+
+
 NORM_FRACTION = Option(
     "norm_fraction",
     0.5,
@@ -72,6 +82,7 @@ SPEC = ProbeSpec(
             _rule,
             lambda s: f"the residual norm never exceeds {s.norm_fraction} of the final one before layer L",
             needs_final_layer=True,
+            crossing=lambda curves, settings: crossing_norm(curves["norm"], settings.norm_fraction),
         ),
     ),
     charts=(Chart("norm", "metric_curves", "norm"),),

@@ -123,7 +123,7 @@ def _effects_fast(
     n_layers = loaded.n_layers
     part, measure = group[0].part, group[0].measure
     layers = torch.tensor([i.layer for i in group])
-    effects = torch.zeros(len(group), n_layers)
+    effects = torch.zeros(len(group), n_layers, device=run.hidden[0].device)  # on the host once, at the end
     start = int(layers.min())
     stop = run.n_tokens if stop is None else stop
     active = 0  # rows are sorted by layer: rows [0, active) are running
@@ -148,10 +148,10 @@ def _effects_fast(
                         values[row : row + 1, :, :record].clone(),
                     )
             clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, measure]
-            effects[:active, layer] = _relative_change(clean_delta, (out - hidden)[:, measure]).cpu()
+            effects[:active, layer] = _relative_change(clean_delta, (out - hidden)[:, measure])
             hidden = out
         outputs = None if clean_probs is None else output_change(loaded, clean_probs, hidden[:, measure], buffer=buffer)
-    return effects, outputs
+    return effects.cpu(), None if outputs is None else outputs.cpu()
 
 
 def _future_fast(
@@ -168,7 +168,7 @@ def _future_fast(
     clean h_{s+1}[t:] and replays positions t.. only, attending to those prefixes."""
     n_layers, t = loaded.n_layers, group[0].position
     skipped = [item.layer for item in group]  # sorted
-    effects = torch.zeros(len(group), n_layers)
+    effects = torch.zeros(len(group), n_layers, device=run.hidden[0].device)  # on the host once, at the end
     hidden = run.hidden[0][:, :0].new_empty(0, run.n_tokens - t, run.hidden[0].shape[-1])  # [rows, token ≥ t, d]
     active = 0
     with torch.inference_mode():
@@ -183,10 +183,10 @@ def _future_fast(
             values = torch.cat([prefixes[s, layer][1][:, :, :t] for s in skipped[:active]])
             out, _ = run_suffix_layer(loaded, run, layer, hidden, t, (keys, values))
             clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, t:]
-            effects[:active, layer] = _relative_change(clean_delta, out - hidden).cpu()
+            effects[:active, layer] = _relative_change(clean_delta, out - hidden)
             hidden = out
         outputs = output_change(loaded, clean_probs, hidden, buffer=buffer)
-    return effects, outputs
+    return effects.cpu(), outputs.cpu()
 
 
 def _effects_slow(

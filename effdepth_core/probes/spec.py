@@ -109,7 +109,13 @@ class Option:
 class Rule:
     """An effective-depth rule: ``find(curves, settings)`` → ED (a layer index) or None, where
     ``curves`` holds each of ``metrics`` as an array over layers 0..L-1 (0..L with
-    ``needs_final_layer``) of the token-weighted mean. ``reason`` says why no layer was found."""
+    ``needs_final_layer``) of the token-weighted mean. ``reason`` says why no layer was found.
+
+    Its continuous statistics (``depth.py``, method.md §12): ``crossing(curves, settings)`` is the
+    same crossing read between layers (linear interpolation; a float, None where ``find`` finds
+    none), averaged over ``thresholds``; ``centroid(curves)`` a threshold-free depth (the lens
+    rules: the mean layer at which the distance to the output is removed). The primary statistic
+    is the centroid where the rule has one, else the threshold-averaged crossing."""
 
     key: str  # as in effective_depth.json
     label: str  # tables and charts
@@ -119,6 +125,8 @@ class Rule:
     needs_final_layer: bool = False
     frame: str | None = None  # the probe's per-example frame it reads (default: the probe's own)
     thresholds: tuple[str, tuple[float, ...]] | None = None  # (setting, values): the book's sensitivity view
+    crossing: Callable[[Mapping[str, Any], Any], float | None] | None = None
+    centroid: Callable[[Mapping[str, Any]], float | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,16 @@ import torch
 from tqdm.auto import tqdm
 
 from ...models import LoadedModel
-from ...trace import Batch, LayerTrace, forward, iter_batches, show_progress, tokenize, trace_layers
+from ...trace import (
+    Batch,
+    LayerTrace,
+    finite_checks_deferred,
+    forward,
+    iter_batches,
+    show_progress,
+    tokenize,
+    trace_layers,
+)
 from .reduce import per_example_frame
 
 # per traced layer: (its row in the output's layer axis, the measurement per token), the
@@ -41,23 +50,33 @@ def per_token_means(
     counts = torch.tensor([ids.numel() for ids in token_lists])
     with tqdm(total=len(token_lists), desc=title, unit="prompt", disable=not show_progress(progress)) as bar:
         for batch in iter_batches(token_lists, batch_size, loaded.input_device, max_tokens=max_tokens):
-            mask = batch.mask  # [batch, token]
-            owner = torch.arange(len(batch.examples), device=mask.device)[:, None].expand_as(mask)[mask].cpu()
-            rows = torch.zeros(len(batch.examples), n_rows, len(metrics))  # [batch, layer, metric]
-            on_layer_of_batch = measure(batch)
-
-            def on_layer(trace: LayerTrace, rows=rows, mask=mask, owner=owner, of_batch=on_layer_of_batch) -> None:
-                for row, values in of_batch(trace):
-                    if values.dim() == 3:  # [batch, token, metric]
-                        rows[:, row] = (values * mask.float().to(values.device)[..., None]).sum(1).cpu()
-                    else:  # [real token, metric]
-                        rows[:, row].index_add_(0, owner, values.cpu())
-
-            with trace_layers(loaded, on_layer, sublayers=sublayers):
-                forward(loaded, batch)
-            sums[batch.examples] = rows
+            # sums kept on the device and finite checks deferred until the batch ends (the batch's
+            # setup, the lens's first pass, included): no host synchronisation per layer
+            with finite_checks_deferred():
+                rows = _batch_sums(loaded, batch, n_rows, len(metrics), measure(batch), sublayers)
+            sums[batch.examples] = rows.cpu()
             bar.update(len(batch.examples))
     return per_example_frame(sums, counts, metrics)
+
+
+def _batch_sums(
+    loaded: LoadedModel, batch: Batch, n_rows: int, n_metrics: int, of_batch: LayerMeasure, sublayers: bool
+) -> torch.Tensor:
+    """Each prompt's token sums of the measurement ``[batch, layer, metric]``, on the device."""
+    mask = batch.mask  # [batch, token]
+    rows = torch.zeros(len(batch.examples), n_rows, n_metrics, device=loaded.head_device)
+    owner = torch.arange(len(batch.examples), device=mask.device)[:, None].expand_as(mask)[mask].to(rows.device)
+
+    def on_layer(trace: LayerTrace) -> None:
+        for row, values in of_batch(trace):
+            if values.dim() == 3:  # [batch, token, metric]
+                rows[:, row] = (values * mask.float().to(values.device)[..., None]).sum(1).to(rows.device)
+            else:  # [real token, metric]
+                rows[:, row].index_add_(0, owner, values.to(rows.device, rows.dtype))
+
+    with trace_layers(loaded, on_layer, sublayers=sublayers):
+        forward(loaded, batch)
+    return rows
 
 
 def each_batch(per_layer: LayerMeasure) -> Callable[[Batch], LayerMeasure]:

@@ -30,13 +30,16 @@ class Translator(Protocol):
 LENS_METRICS = ("kl", "overlap")
 
 
-def _chunk_rows(vocab: int, budget_bytes: int) -> int:
-    # rows of the head matmul; past ~256 rows larger chunks only cost memory (measured on a 2-core
-    # CPU before cache blocking: 64 rows 24.0 s, 256 rows 18.4 s, 1024 rows 19.3 s for one lens run)
-    return max(1, min(256, budget_bytes // (8 * vocab)))
+def _chunk_rows(vocab: int, budget_bytes: int, device: torch.device) -> int:
+    # rows of the head matmul; on a CPU past ~256 rows larger chunks only cost memory (measured on
+    # a 2-core CPU before cache blocking: 64 rows 24.0 s, 256 rows 18.4 s, 1024 rows 19.3 s for one
+    # lens run); a GPU is kept busy by thousands
+    cap = 256 if device.type == "cpu" else 8192
+    return max(1, min(cap, budget_bytes // (8 * vocab)))
 
 
-_BLOCK_ROWS = 16  # rows of vocabulary-sized work kept in cache together (measured: 16 fastest)
+_BLOCK_ROWS = 16  # CPU: rows of vocabulary-sized work kept in cache together (measured: 16 fastest)
+DEFAULT_BUDGET_MB = {"cpu": 512}  # the lens's memory budget by device type; 4096 MB elsewhere
 
 
 def lens_token_metrics(
@@ -97,8 +100,13 @@ def _decode_measure(
     require_finite(final_logp, "the final distribution (final norm + LM head on the last layer's output)", loaded.name)
     final_top = final_logp.topk(top_k, dim=-1).indices  # [token, k]
 
+    # the real tokens' rows of a [batch, token, d] tensor: indices found once per batch, then
+    # gathered per layer without the host synchronisation a boolean mask costs on a GPU
+    real = mask.flatten().nonzero().squeeze(1)
+
     def decode(layer: int, residual: torch.Tensor) -> tuple[int, torch.Tensor]:
-        states = residual[mask] if lens is None else lens.translate(layer, residual[mask])
+        states = residual.flatten(0, 1).index_select(0, real.to(residual.device))  # [token, d_model]
+        states = states if lens is None else lens.translate(layer, states)
         per_token = lens_token_metrics(loaded, states, final_logp, final_top, buffers)
         what = "logit-lens decode (final norm + LM head)" if lens is None else "tuned-lens decode"
         require_finite(per_token, f"the {what} of layer {layer}'s input", loaded.name)
@@ -118,7 +126,7 @@ def logit_lens(
     prompts: Sequence[str | torch.Tensor],
     top_k: int = 5,
     batch_size: int = 4,
-    memory_budget_mb: int = 512,
+    memory_budget_mb: int | None = None,
     progress: bool | None = None,
     lens: Translator | None = None,
 ) -> pl.DataFrame:
@@ -128,14 +136,19 @@ def logit_lens(
 
     Two passes per batch: one to get the final distribution p, one that decodes each layer's
     input as the forward pass reaches it. Peak extra memory is p for the batch plus one token
-    chunk of vocabulary-sized temporaries, independent of the number of layers.
+    chunk of vocabulary-sized temporaries, independent of the number of layers: within
+    ``memory_budget_mb`` (default 512 MB on a CPU, 4096 MB on a GPU).
     """
     _check_top_k(top_k, loaded.vocab_size, loaded.name)
+    device = loaded.head_device
+    if memory_budget_mb is None:
+        memory_budget_mb = DEFAULT_BUDGET_MB.get(device.type, 4096)
     budget = memory_budget_mb << 20
-    chunk = _chunk_rows(loaded.vocab_size, budget // 2)
+    chunk = _chunk_rows(loaded.vocab_size, budget // 2, device)
+    block = _BLOCK_ROWS if device.type == "cpu" else chunk  # a GPU's softmax/KL/top-k pass takes the whole chunk
     # p for a batch costs 4·vocab bytes per token: bound the real tokens per batch by half the budget
     max_tokens = max(1, (budget // 2) // (4 * loaded.vocab_size))
-    buffers = tuple(torch.empty(rows, loaded.vocab_size, device=loaded.head_device) for rows in (chunk, _BLOCK_ROWS))
+    buffers = tuple(torch.empty(rows, loaded.vocab_size, device=device) for rows in (chunk, block))
     if lens is not None and lens.n_layers != loaded.n_layers:
         raise EffdepthError(
             f"the tuned lens has {lens.n_layers} translators but {loaded.name} has {loaded.n_layers} layers"
@@ -173,6 +186,44 @@ def ed_overlap(overlap: np.ndarray, threshold: float = OVERLAP_THRESHOLD) -> int
     return int(above[0]) if above.size else None
 
 
+def crossing_kl(kl: np.ndarray, fraction: float = KL_FRACTION) -> float | None:
+    """``ed_kl`` read between layers: where the straight line from kl[l-1] to kl[l] = the first
+    value below the threshold reaches it (in (l-1, l]; 0 when layer 0 is already below)."""
+    kl = np.asarray(kl, dtype=float)
+    ed, threshold = ed_kl(kl, fraction), fraction * kl.max()
+    if ed is None or ed == 0:
+        return None if ed is None else 0.0
+    return ed - 1 + (kl[ed - 1] - threshold) / (kl[ed - 1] - kl[ed])
+
+
+def crossing_overlap(overlap: np.ndarray, threshold: float = OVERLAP_THRESHOLD) -> float | None:
+    """``ed_overlap`` read between layers, as ``crossing_kl`` (a rising curve)."""
+    ov = np.asarray(overlap, dtype=float)
+    ed = ed_overlap(ov, threshold)
+    if ed is None or ed == 0:
+        return None if ed is None else 0.0
+    return ed - 1 + (threshold - ov[ed - 1]) / (ov[ed] - ov[ed - 1])
+
+
+def centroid_kl(kl: np.ndarray) -> float | None:
+    """The mean layer at which the KL to the output is removed: layer l (it turns h_l into h_{l+1})
+    weighs max(kl[l] − kl[l+1], 0) for l = 0..L-1, with kl[L] = 0 (the output itself). None when
+    no layer removes any (a curve that is 0 throughout)."""
+    k = np.append(np.asarray(kl, dtype=float), 0.0)
+    weights = np.maximum(k[:-1] - k[1:], 0.0)
+    total = weights.sum()
+    return float(np.arange(weights.size) @ weights / total) if total > 0 else None
+
+
+def centroid_overlap(overlap: np.ndarray) -> float | None:
+    """The mean layer at which the top-k overlap with the output is gained: layer l weighs
+    max(ov[l+1] − ov[l], 0), with ov[L] = 1."""
+    o = np.append(np.asarray(overlap, dtype=float), 1.0)
+    weights = np.maximum(o[1:] - o[:-1], 0.0)
+    total = weights.sum()
+    return float(np.arange(weights.size) @ weights / total) if total > 0 else None
+
+
 def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
     """The two lens rules for a lens probe: ``<prefix>_kl`` and ``<prefix>_overlap``."""
 
@@ -190,6 +241,8 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
             kl,
             lambda s: f"KL never falls below {s.kl_fraction} of its maximum",
             thresholds=("kl_fraction", (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7)),
+            crossing=lambda curves, settings: crossing_kl(curves["kl"], settings.kl_fraction),
+            centroid=lambda curves: centroid_kl(curves["kl"]),
         ),
         Rule(
             f"{prefix}_overlap",
@@ -198,6 +251,8 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
             overlap,
             lambda s: f"top-k overlap never exceeds {s.overlap_threshold}",
             thresholds=("overlap_threshold", (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)),
+            crossing=lambda curves, settings: crossing_overlap(curves["overlap"], settings.overlap_threshold),
+            centroid=lambda curves: centroid_overlap(curves["overlap"]),
         ),
     )
 

@@ -1,0 +1,72 @@
+"""float32 against bfloat16 end to end on a CPU: the residual cosine and the logit lens of a real
+model on GSM8K prompts, each probe's seconds in both dtypes, and where the time goes (torch.profiler:
+matrix products against everything else).
+
+    python benchmarks/dtype_cost.py [--model qwen2.5-coder-1.5b] [--n 4] [--threads 1]
+
+On this project's CPU (AMX) a bfloat16 matrix product runs several times a float32 one, but a probe
+is more than its products: the lens's softmax, KL and top-k over the vocabulary run in float32 in
+both dtypes (method.md §8), as do the cosine's norms. The last table says how much of each probe's
+time is matrix products, so the end-to-end ratio can be read from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from effdepth_core.models import load_model
+from effdepth_core.probes import logit_lens, residual_cosine
+from effdepth_core.tasks import load_task
+
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::_scaled_dot_product")
+
+
+def profiled(fn) -> tuple[float, float]:
+    """Seconds of one call, and the share of its CPU time in matrix products (attention included)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - started
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    products = sum(e.self_cpu_time_total for e in events if e.key.startswith(MATMUL) or "mkldnn" in e.key)
+    return seconds, products / total if total else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--n", type=int, default=4, help="GSM8K prompts (default 4)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = [e.prompt for e in load_task("gsm8k", n=args.n, seed=0)]
+    threads = torch.get_num_threads()
+    print(f"{args.model}, {args.n} GSM8K prompts, CPU with {threads} thread(s), torch {torch.__version__}")
+    print(f"{'dtype':9s} {'probe':11s} {'seconds':>8s} {'matrix products':>16s}")
+    seconds: dict[tuple[str, str], float] = {}
+    for dtype in ("float32", "bfloat16"):
+        loaded = load_model(args.model, dtype=dtype, progress=False)
+        probes = {
+            "cosine": lambda loaded=loaded: residual_cosine(loaded, prompts, progress=False),
+            "logit lens": lambda loaded=loaded: logit_lens(loaded, prompts, progress=False),
+        }
+        for name, fn in probes.items():
+            fn()  # warm-up: the first forward is several times slower
+            seconds[dtype, name], share = profiled(fn)
+            print(f"{dtype:9s} {name:11s} {seconds[dtype, name]:8.2f} {share:16.0%}", flush=True)
+        del loaded, probes
+    for name in ("cosine", "logit lens"):
+        print(f"{name}: float32 ÷ bfloat16 = {seconds['float32', name] / seconds['bfloat16', name]:.2f}×")
+    total = sum(seconds["float32", n] for n in ("cosine", "logit lens"))
+    total_bf16 = sum(seconds["bfloat16", n] for n in ("cosine", "logit lens"))
+    print(f"cosine + logit lens: float32 ÷ bfloat16 = {total / total_bf16:.2f}×")
+
+
+if __name__ == "__main__":
+    main()
