@@ -72,6 +72,7 @@ def measure(
     answer). ``settings``: any ``RunSettings`` field or probe option (``n``, ``seed``, ``top_k``…).
     Results are kept in ``out`` or under effdepth's cache (``$EFFDEPTH_CACHE/runs``), never the
     working directory, and read back when the same model and prompts are measured again."""
+    _check_settings(settings)
     task, n = _prompts_task(prompts)
     if n is not None:
         settings.setdefault("n", n)
@@ -98,6 +99,23 @@ def measure(
         model.train(training)
         for name, p in model.named_parameters():
             p.requires_grad_(grads[name])
+
+
+def _check_settings(settings: dict[str, Any]) -> None:
+    """One line for a setting ``measure`` does not know, with the nearest valid name."""
+    import difflib
+
+    from .settings import CORE_DEFAULTS
+
+    known = [name for name in (*CORE_DEFAULTS, *registry.options()) if name not in ("model", "task", "progress")]
+    for name in settings:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise EffdepthError(
+                f"measure() got an unknown setting {name!r}{hint}; it takes {', '.join(sorted(known))} "
+                "(the same as `effdepth run --help` lists as flags)"
+            )
 
 
 def _as_the_model_is(loaded: LoadedModel, settings: dict[str, Any]) -> None:

@@ -40,6 +40,25 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"effdepth: error: {message} (see `{self.prog} --help`)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an option the command does not take is named with the command's own
+        help and the nearest option it does take (``--topk`` → did you mean ``--top-k``?)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            import difflib
+
+            command = getattr(parsed, "command", None)
+            sub = next(
+                (a.choices.get(command) for a in self._actions if isinstance(a, argparse._SubParsersAction)), None
+            )
+            target = sub or self
+            flags = [flag for action in target._actions for flag in action.option_strings if flag.startswith("--")]
+            unknown = next((e for e in extras if e.startswith("-")), extras[0])
+            close = difflib.get_close_matches(unknown.split("=")[0], flags, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            target.error(f"unknown option {unknown}{hint}" if unknown.startswith("-") else f"unexpected {unknown!r}")
+        return parsed
+
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each option's default (where it has one worth showing)."""

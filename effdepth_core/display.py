@@ -77,18 +77,47 @@ def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
     return header, [[printable(cell) for cell in row] for row in rows]
 
 
+RULE_FIELDS = ("ed", "ratio", "ci_low", "ci_high", "statistic", "depth", "depth_ratio", "depth_low", "depth_high")
+
+
+def table_records(summaries: Sequence[dict]) -> list[dict]:
+    """The runs' table for programs: one record per run with numbers as numbers — ``model, task,
+    level, digits, L, n, asked``, per ED rule its ``RULE_FIELDS`` and ``reason`` (null where
+    absent), and the text cell of each probe without rules."""
+    rules, cells = _rule_columns(summaries), _cell_columns(summaries)
+    records = []
+    for s in summaries:
+        record = {"model": s["model"], "task": s["task"], "level": s.get("level"), "digits": s.get("digits"),
+                  "L": s["n_layers"], "n": s["n_examples"], "asked": s.get("n_asked", s["n_examples"])}  # fmt: skip
+        for rule in rules:
+            entry = s.get(rule) or {}
+            record[rule] = {field: entry.get(field) for field in (*RULE_FIELDS, "reason")}
+        record.update({probe: _cell(s, probe) for probe in cells})
+        records.append(record)
+    return records
+
+
 def format_table(summaries: Sequence[dict], style: str = "text") -> str:
-    """The runs' ED table as aligned text (with a legend line and notes), CSV, Markdown or JSON."""
-    header, rows = table_rows(summaries)
+    """The runs' ED table as aligned text (with a legend line and notes) or Markdown for people;
+    JSON (``table_records``) or CSV (the same records flattened: ``<rule>_<field>`` columns) with
+    numeric fields for programs."""
     if style == "json":
-        return json.dumps([dict(zip(header, row, strict=True)) for row in rows], indent=2, ensure_ascii=False)
+        return json.dumps(table_records(summaries), indent=2, ensure_ascii=False, allow_nan=False)
     if style == "csv":
         import csv
         import io
 
+        flat = [
+            {f"{key}_{field}" if isinstance(value, dict) else key: v for key, value in record.items()
+             for field, v in (value.items() if isinstance(value, dict) else [(None, value)])}
+            for record in table_records(summaries)
+        ]  # fmt: skip
         buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows([header, *rows])
+        writer = csv.DictWriter(buffer, fieldnames=list(flat[0]) if flat else [], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(flat)
         return buffer.getvalue().rstrip("\n")
+    header, rows = table_rows(summaries)
     if style == "markdown":
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]

@@ -303,3 +303,28 @@ def test_a_cached_only_study_says_why_a_hub_model_is_missing(tmp_path, monkeypat
     assert [r.error for r in hub.records] == ["a hub model that is not downloaded here (needs internet)"] * 2
     local = study.run_study(["smollm2-135m"], specs, results_dir=tmp_path, cached_only=True)
     assert all(r.error.startswith("not computed yet") for r in local.records)
+
+
+def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
+    """The page digest follows the template's imports: editing a core module no page imports, a
+    probe's module (it counts by its revision) or adding a probe leaves every page fresh; editing a
+    module a page runs (the statistics) stales it."""
+    import shutil
+
+    from effdepth_core.book import runner
+
+    package = tmp_path / "effdepth_core"
+    shutil.copytree(runner._PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(runner, "_PACKAGE", package)
+    item = parameter_sets(ROOT, "scale", "full")[0]
+    fresh = runner.page_inputs(ROOT, item)
+    (package / "cli.py").write_text((package / "cli.py").read_text() + "\n# an unrelated edit\n")
+    (package / "probes" / "norm.py").write_text((package / "probes" / "norm.py").read_text() + "\n# same revision\n")
+    (package / "probes" / "mine.py").write_text("SPEC = None  # a new probe's module\n")
+    (package / "registry.py").write_text((package / "registry.py").read_text() + "\n# its registry line\n")
+    assert runner.page_inputs(ROOT, item) == fresh
+    (package / "depth.py").write_text((package / "depth.py").read_text() + "\n# the statistics change\n")
+    assert runner.page_inputs(ROOT, item) != fresh
+    names = [name for name, _ in runner.page_code(ROOT / "book" / "templates" / "scale.ipynb")]
+    assert "depth.py" in names and "book/findings.py" in names and "cli.py" not in names
+    assert "probe:cosine" in names and "probes/cosine.py" not in names

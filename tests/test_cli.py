@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from effdepth_core import registry
 from effdepth_core.cli import main
+from effdepth_core.errors import EffdepthError
 
 
 def _run(capsys, *argv):
@@ -161,3 +162,24 @@ def test_console_script_is_installed():
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "effdepth"]
     assert script.value == "effdepth_core.cli:main" and sys.executable
+
+
+def test_an_unknown_option_names_the_nearest_one_and_the_command_help(capsys):
+    for argv, command, nearest in (
+        (["run", "--topk", "3"], "run", "--top-k"),
+        (["table", "runs", "--formatt", "json"], "table", "--format"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert (
+            f"did you mean {nearest}?" in err and f"`effdepth {command} --help`" in err and len(err.splitlines()) == 1
+        )
+
+
+def test_measure_names_an_unknown_setting_in_the_caller_spelling():
+    import effdepth_core
+
+    with pytest.raises(EffdepthError, match=r"unknown setting 'topk' \(did you mean top_k\?\)"):
+        effdepth_core.measure("smollm2-135m", ["2 + 2 ="], topk=3)  # refused before any model loads

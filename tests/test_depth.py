@@ -260,3 +260,26 @@ def test_the_table_shows_the_continuous_statistic_and_validation_guards_it():
                 {"depth_low": 21.0, "depth_high": 18.0}, {"statistic": "mean"}):  # fmt: skip
         broken = {**summary, "logit_lens_kl": {**entry, "ed": None, "ratio": None, **bad}}
         assert summary_problem(broken) is not None, bad
+
+
+def test_the_table_for_programs_keeps_numbers_as_numbers():
+    import csv
+    import io
+    import json
+
+    from effdepth_core.display import format_table
+
+    entry = {"ed": 20, "ratio": 21 / 30, "ci_low": 19, "ci_high": 21, "statistic": "centroid", "depth": 19.44,
+             "depth_ratio": 20.44 / 30, "depth_low": 18.91, "depth_high": 20.12}  # fmt: skip
+    undefined = {"ed": None, "ratio": None, "reason": "KL never falls below 0.5 of its maximum"}
+    runs = [
+        {"model": "m", "task": "gsm8k", "n_layers": 30, "n_examples": 10, "n_asked": 12, "logit_lens_kl": entry},
+        {"model": "m", "task": "hellaswag", "n_layers": 30, "n_examples": 5, "logit_lens_kl": undefined},
+    ]
+    records = json.loads(format_table(runs, "json"))
+    assert records[0]["L"] == 30 and records[0]["n"] == 10 and records[0]["asked"] == 12
+    assert records[0]["logit_lens_kl"]["ed"] == 20 and records[0]["logit_lens_kl"]["depth_low"] == 18.91
+    assert records[1]["logit_lens_kl"]["ed"] is None and "never falls" in records[1]["logit_lens_kl"]["reason"]
+    rows = list(csv.DictReader(io.StringIO(format_table(runs, "csv"))))
+    assert float(rows[0]["logit_lens_kl_depth"]) == 19.44 and int(rows[0]["logit_lens_kl_ci_high"]) == 21
+    assert rows[1]["logit_lens_kl_ed"] == "" and rows[1]["asked"] == "5"  # n asked defaults to n kept

@@ -176,19 +176,113 @@ def write_toc(root: Path) -> Path:
 
 def page_inputs(root: Path, item: ParameterSet) -> str:
     """A digest of what an executed page is made from: its template, its resolved parameters, the
-    code of ``effdepth_core`` and the finished runs (metadata) under its results folder. Stored in
-    the page when it is executed; ``effdepth book --check`` recomputes it."""
+    finished runs (metadata and summaries) under its results folder, and the code it runs — the
+    modules of ``effdepth_core`` its template imports and, transitively, those they import
+    (``page_code``). Stored in the page when it is executed; ``effdepth book --check`` recomputes it,
+    so a page is stale only when something it reads changed."""
     digest = hashlib.sha256()
-    package = Path(__file__).resolve().parents[1]
     results = root / str(item.parameters.get("results_dir", "results"))
-    files = [root / "book" / "templates" / f"{item.section}.ipynb", *sorted(package.rglob("*.py"))]
-    files += sorted(p for p in results.rglob("*.json") if p.name in ("metadata.json", "effective_depth.json"))
+    template = root / "book" / "templates" / f"{item.section}.ipynb"
+    runs = sorted(p for p in results.rglob("*.json") if p.name in ("metadata.json", "effective_depth.json"))
+    files = [template, *runs]
     digest.update(json.dumps(item.parameters, sort_keys=True, default=str).encode())
     for path in files:
         if path.is_file():
-            name = path.relative_to(package if path.is_relative_to(package) else root).as_posix()
-            digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+            name = path.relative_to(root).as_posix().encode()
+            digest.update(name + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    for name, content in page_code(template):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(content).digest())
     return digest.hexdigest()
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+# Modules whose text a page's digest leaves out, with the reason: the registry lists every probe
+# (adding one stales no page), and a probe's module is stood for by its name and ``revision`` (a
+# change that gives other numbers bumps the revision; the cached numbers are what a page reads).
+_REGISTRY = "registry.py"
+
+
+def page_code(template: Path) -> list[tuple[str, bytes]]:
+    """The code a page runs, as (name, content) pairs in a stable order: every ``effdepth_core``
+    module its template's cells import, and every module those import (found by reading their
+    ``import`` statements, functions' included), except the probe registry and the probes' own
+    modules, which count by ``probe:<name>`` and their revision."""
+    import ast
+
+    sources = []
+    try:
+        notebook = json.loads(read_regular(template).decode("utf-8"))
+        sources = ["".join(c.get("source", "")) for c in notebook.get("cells", []) if c.get("cell_type") == "code"]
+    except (OSError, EffdepthError, ValueError):
+        pass
+    pending = [(None, text) for text in sources]
+    seen: dict[Path, bytes] = {}
+    probes: dict[str, str] = {}
+    while pending:
+        path, text = pending.pop()
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:  # a notebook cell with a magic, say: nothing more to follow there
+            continue
+        for node in ast.walk(tree):
+            for target in _imported(node, path):
+                if target in seen or (target.name == _REGISTRY and target.parent == _PACKAGE):
+                    continue
+                content = target.read_bytes()
+                spec = _probe_revision(target, content)
+                if spec is not None:
+                    probes[spec[0]] = spec[1]
+                    continue
+                seen[target] = content
+                pending.append((target, content.decode("utf-8")))
+    code = [(p.relative_to(_PACKAGE).as_posix(), seen[p]) for p in sorted(seen)]
+    return code + [(f"probe:{name}", revision.encode()) for name, revision in sorted(probes.items())]
+
+
+def _imported(node, path: Path | None) -> list[Path]:
+    """The ``effdepth_core`` module files an import statement names (relative ones from ``path``)."""
+    import ast
+
+    names: list[str] = []
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            if path is None:
+                return []
+            base = path.parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            parts = base.relative_to(_PACKAGE.parent).parts
+            module = ".".join([*parts, *([node.module] if node.module else [])])
+        else:
+            module = node.module or ""
+        names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+    found = []
+    for name in names:
+        if name != "effdepth_core" and not name.startswith("effdepth_core."):
+            continue
+        parts = name.split(".")[1:]
+        candidates = [_PACKAGE / "__init__.py"]
+        if parts:
+            candidates = [_PACKAGE.joinpath(*parts[:-1], parts[-1] + ".py"), _PACKAGE.joinpath(*parts, "__init__.py")]
+        for candidate in candidates:
+            if candidate.is_file():
+                found.append(candidate)
+                break
+    return found
+
+
+def _probe_revision(path: Path, content: bytes) -> tuple[str, str] | None:
+    """(name, revision) of a probe's own module (one that declares ``SPEC = ProbeSpec(``), else None."""
+    if path.parent.name != "probes" or b"\nSPEC = ProbeSpec(" not in content:
+        return None
+    from .. import registry
+
+    for name, spec in registry.specs().items():
+        if spec.compute.__module__ == f"effdepth_core.probes.{path.stem}" or name == path.stem:
+            return name, str(spec.revision)
+    return path.stem, "unregistered"
 
 
 def execute(

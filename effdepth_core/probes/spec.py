@@ -79,7 +79,11 @@ class Option:
             if fraction and not 0 < value < 1:
                 return f"must be a fraction between 0 and 1 (exclusive), got {value}"
             if self.open_interval and not ((low is None or value > low) and (high is None or value < high)):
-                return f"must be in ({low}, {high}), got {value!r}"
+                if high is None:
+                    return f"must be greater than {low:g}, got {value!r}"
+                if low is None:
+                    return f"must be less than {high:g}, got {value!r}"
+                return f"must be in ({low:g}, {high:g}), got {value!r}"
             if not self.open_interval and ((low is not None and value < low) or (high is not None and value > high)):
                 bounds = f"at least {low:g}" if high is None else f"in {low:g}..{high:g}"
                 return f"must be {bounds}, got {value!r}"
