@@ -33,7 +33,10 @@ def test_a_run_cached_before_the_registry_loads_unchanged(tmp_path, monkeypatch)
     monkeypatch.setattr(results, "load_model", no_model)
     result = results.run(settings, ["cosine", "logit_lens"], out)
     expected = json.loads((LEGACY / "effective_depth.json").read_text())
-    assert {k: result.summary[k] for k in expected} == expected
+    # every number it held is unchanged; the continuous statistics (method.md §12) are added beside them
+    kept = {k: ({f: v[f] for f in expected[k]} if isinstance(v, dict) else v) for k, v in result.summary.items()}
+    assert {k: kept[k] for k in expected} == expected
+    assert all(result.summary[rule]["statistic"] in ("crossing", "centroid") for rule in ("cosine", "logit_lens_kl"))
     assert json.loads((out / "metadata.json").read_text()) == metadata  # read, not rewritten
 
 
