@@ -332,24 +332,45 @@ def main(argv: list[str] | None = None) -> None:
         help="print the paper's grid's GPU time from the measured rates; measure nothing",
     )
     args = parser.parse_args(argv)  # fmt: skip
+    for name in (
+        "n",
+        "tokens",
+        "short_tokens",
+        "answer_tokens",
+        "skip_positions",
+        "igrad_steps",
+        "igrad_layers",
+        "threads",
+    ):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.short_tokens is not None and args.answer_tokens >= args.short_tokens:
+        parser.error(f"--answer-tokens ({args.answer_tokens}) must be fewer than --short-tokens ({args.short_tokens})")
+    if args.tokens < 16:
+        parser.error(f"--tokens must be at least 16 (skip positions start at token 8), got {args.tokens}")
+    if args.tiny and (args.sizes or args.n or args.tokens != 150):
+        parser.error("--tiny sets its own sizes, prompts and lengths: leave out --sizes, --n and --tokens")
     if args.tiny:
         args.tokens, args.short_tokens, args.n, args.igrad_steps = 24, 10, 2, 8
         sizes = ["tiny"]
     else:
+        if args.sizes is not None and not args.sizes.strip():
+            parser.error("--sizes is empty; give some of 135M, 1.5B, 7B, 14B, 32B")
         sizes = (args.sizes or ("135M,1.5B,7B,14B,32B" if args.device.startswith("cuda") else "1.5B")).split(",")
     unknown = [s for s in sizes if s not in CONFIGS]
     if unknown:
         parser.error(f"unknown size(s) {', '.join(unknown)}; choose from 135M, 1.5B, 7B, 14B, 32B")
     args.probes = args.probes.split(",")
     if set(args.probes) - set(PROBES):
-        parser.error(f"unknown probe(s) in --probes; choose from {', '.join(PROBES)}")
+        unknown_probes = ", ".join(sorted(set(args.probes) - set(PROBES)))
+        parser.error(f"unknown probe(s) {unknown_probes} in --probes; choose from {', '.join(PROBES)}")
     if args.paper_grid:
         paper_grid()
         return
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
-        print("no CUDA GPU on this machine: nothing measured (run this where `torch.cuda.is_available()`)")
-        return
+        print("paper_scale: no CUDA GPU on this machine: nothing measured (run it where one is)", file=sys.stderr)
+        sys.exit(2)
     if args.threads:
         torch.set_num_threads(args.threads)
     # bfloat16 rounding leaves integrated gradients short of their completeness tolerance on random

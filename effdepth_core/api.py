@@ -108,9 +108,10 @@ def _check_settings(settings: dict[str, Any]) -> None:
     from .settings import CORE_DEFAULTS
 
     known = [name for name in (*CORE_DEFAULTS, *registry.options()) if name not in ("model", "task", "progress")]
+    arguments = ("probes", "tokenizer", "out", "progress")  # measure's own, which a misspelling may mean
     for name in settings:
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(name, [*known, *arguments], n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise EffdepthError(
                 f"measure() got an unknown setting {name!r}{hint}; it takes {', '.join(sorted(known))} "

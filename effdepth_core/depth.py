@@ -6,6 +6,7 @@ centroids, threshold-free. The rules themselves are declared by their probes (``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -295,6 +296,8 @@ def interval(point: float | None, draws: np.ndarray) -> dict:
 def margin(paper_spread: float, n_layers: int) -> float:
     """The "no change" margin of a comparison of ratios: the paper's own spread, but never less than
     one layer of the deeper model (1/L), which no layer statistic can resolve below."""
+    if not (isinstance(n_layers, int) and n_layers >= 1) or not math.isfinite(paper_spread) or paper_spread < 0:
+        raise ValueError(f"a margin needs a spread >= 0 and L >= 1, got {paper_spread!r} and {n_layers!r}")
     return max(float(paper_spread), 1.0 / n_layers)
 
 
@@ -316,9 +319,24 @@ class Comparison:
 
 
 def compare(low: float | None, high: float | None, margin: float) -> Comparison:
-    """Judge a difference's 95 % interval ``[low, high]`` against 0 and against ±``margin``."""
-    if low is None or high is None:
+    """Judge a difference's 95 % interval ``[low, high]`` against 0 and against ±``margin``.
+
+    Args:
+        low, high: the interval's ends (None or NaN: the statistic is undefined).
+        margin: the "no change" margin (``margin``), finite and >= 0.
+
+    Returns:
+        The ``Comparison``: both tests and the verdict.
+
+    Raises:
+        ValueError: a reversed interval, or a margin that is negative or not finite.
+    """
+    if not (isinstance(margin, int | float) and math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"the margin must be a finite number >= 0, got {margin!r}")
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return Comparison(low, high, margin, False, False, "cannot tell", "the statistic is undefined")
+    if low > high:
+        raise ValueError(f"the interval is reversed: [{low}, {high}]")
     different = low > 0 or high < 0
     equivalent = -margin <= low and high <= margin
     if equivalent:

@@ -185,7 +185,9 @@ _FACTS = ("model", "task", "n_layers", "n_examples", "n_asked", "level", "digits
 def _depth_problem(entry: dict, n_layers: int) -> str | None:
     """Why a rule's continuous statistic is not one effdepth wrote (None when it is, or is absent)."""
     if entry.get("depth") is None:
-        return None
+        others = ("statistic", "depth_ratio", "depth_low", "depth_high")
+        parts = any(entry.get(k) is not None for k in others)
+        return "continuous statistic has parts without a value" if parts else None
     depth, ratio, low, high = (entry.get(k) for k in ("depth", "depth_ratio", "depth_low", "depth_high"))
     if entry.get("statistic") not in ("crossing", "centroid") or not all(map(_finite_number, (depth, ratio))):
         return "continuous statistic is not a named finite number"
@@ -204,8 +206,11 @@ def summary_problem(summary) -> str | None:
     inside the model; depth scores finite numbers (or null); cells text."""
     if not isinstance(summary, dict) or not {"model", "task", "n_layers", "n_examples"} <= summary.keys():
         return "not an effdepth summary"
-    if not all(type(summary[k]) is int and summary[k] > 0 for k in ("n_layers", "n_examples")):
+    if not all(type(summary[k]) is int and 0 < summary[k] < 10**7 for k in ("n_layers", "n_examples")):
         return "not an effdepth summary (layer or example count)"
+    for key in ("n_asked", "level", "digits"):  # counts a run records, when it records them
+        if summary.get(key) is not None and not (type(summary[key]) is int and 0 <= summary[key] < 10**9):
+            return f"its {key} is not a count"
     if not all(isinstance(summary[k], str) and summary[k].isprintable() for k in ("model", "task")):
         return "its model or task is not a printable name"
     n_layers = summary["n_layers"]
@@ -222,7 +227,11 @@ def summary_problem(summary) -> str | None:
         problem = _depth_problem(entry, n_layers)  # a continuous statistic may stand where the ED is undefined
         if problem:
             return f"its {rule} {problem}"
+        if entry.get("reason") is not None and not isinstance(entry["reason"], str):
+            return f"its {rule} reason is not text"
         if entry["ed"] is None:
+            if any(entry.get(k) is not None for k in ("ratio", "ci_low", "ci_high")):
+                return f"its {rule} has a ratio or interval without an ED"
             continue
         ratio = entry.get("ratio")
         if not (layer(entry["ed"]) and _finite_number(ratio)):

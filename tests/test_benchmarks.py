@@ -39,7 +39,11 @@ def test_the_paper_grid_estimate_runs(capsys):
     assert "Qwen2.5-32B: 3 models" in out and "in all" in out
 
 
-@pytest.mark.parametrize("argv", [["--sizes", "3B"], ["--probes", "lens,attn"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--sizes", "3B"], ["--probes", "lens,attn"], ["--sizes", ""], ["--n", "0"], ["--tokens", "3"],
+     ["--igrad-steps", "0"], ["--short-tokens", "8", "--answer-tokens", "8"], ["--tiny", "--n", "3"]],
+)  # fmt: skip
 def test_paper_scale_refuses_unknown_sizes_and_probes(argv, capsys):
     with pytest.raises(SystemExit) as exited:
         paper_scale.main(argv)

@@ -183,3 +183,5 @@ def test_measure_names_an_unknown_setting_in_the_caller_spelling():
 
     with pytest.raises(EffdepthError, match=r"unknown setting 'topk' \(did you mean top_k\?\)"):
         effdepth_core.measure("smollm2-135m", ["2 + 2 ="], topk=3)  # refused before any model loads
+    with pytest.raises(EffdepthError, match=r"did you mean progress\?"):  # measure's own arguments too
+        effdepth_core.measure("smollm2-135m", ["2 + 2 ="], progres=False)

@@ -203,7 +203,12 @@ def test_the_two_tests_of_a_comparison_by_hand():
     assert unsettled.verdict == "cannot tell" and "excludes 0" in unsettled.reason
     wide = compare(-0.08, 0.02, 0.05)
     assert wide.verdict == "cannot tell" and "includes 0" in wide.reason and not wide.different
-    assert compare(None, None, 0.05).verdict == "cannot tell"
+    assert compare(None, None, 0.05).verdict == compare(0.1, float("nan"), 0.05).verdict == "cannot tell"
+    for low, high, width in ((0.2, -0.2, 0.05), (-0.01, 0.01, -0.05), (0.0, 0.1, float("inf"))):
+        with pytest.raises(ValueError):  # a reversed interval or an impossible margin is a caller's bug
+            compare(low, high, width)
+    with pytest.raises(ValueError):
+        margin(0.05, 0)
 
 
 def test_a_difference_of_centroids_paired_and_independent():
@@ -257,9 +262,13 @@ def test_the_table_shows_the_continuous_statistic_and_validation_guards_it():
     assert "lens KL depth" in table and "19.4 (0.68) [18.9–20.1]" in table and "'depth' cell" in table
     # a statistic where the ED is undefined is checked too (the case it exists for)
     for bad in ({"depth": "abc"}, {"depth": 99.0, "depth_ratio": 100 / 30}, {"depth_ratio": 0.5},
-                {"depth_low": 21.0, "depth_high": 18.0}, {"statistic": "mean"}):  # fmt: skip
-        broken = {**summary, "logit_lens_kl": {**entry, "ed": None, "ratio": None, **bad}}
+                {"depth_low": 21.0, "depth_high": 18.0}, {"statistic": "mean"}, {"ratio": float("nan")},
+                {"depth": None}, {"reason": {"a": 1}}):  # fmt: skip
+        broken = {**summary, "logit_lens_kl": {**entry, "ed": None, "ratio": None, "ci_low": None, "ci_high": None,
+                                               **bad}}  # fmt: skip
         assert summary_problem(broken) is not None, bad
+    for key, value in (("n_asked", float("nan")), ("level", float("inf")), ("n_layers", 10**400), ("digits", "6")):
+        assert summary_problem({**summary, key: value}) is not None, key  # never a number JSON cannot hold
 
 
 def test_the_table_for_programs_keeps_numbers_as_numbers():
