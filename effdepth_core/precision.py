@@ -1,5 +1,7 @@
-"""Sample sizes set by precision: grow a run's ``n`` until the 95 % bootstrap interval of each of
-its EDs is at most ±``halfwidth`` layers, or a cap. A bootstrap over a handful of prompts gives
+"""Sample sizes set by precision: grow a run's ``n`` until the 95 % bootstrap interval of each rule's
+primary depth statistic (``depth.primary_statistic``, in layers) is at most ±``halfwidth`` layers,
+or a cap. The integer ED's interval is not the yardstick: it is often zero-width at any ``n`` and
+jumps by whole layers where it is not. A bootstrap over a handful of prompts gives
 intervals that look precise and are not, so an interval counts only from ``n_min`` (20) prompts on.
 
 Each step is an ordinary cached run (``results.run``) whose directory is named by its ``n``; a
@@ -25,10 +27,11 @@ from .settings import RunSettings, default_out_dir
 
 @dataclass(frozen=True)
 class Precision:
-    """The rule: every ED's interval width ``ci_high − ci_low`` at most ``2 × halfwidth``, counted
-    from ``n_min`` prompts; at most ``n_max`` prompts; steps of at least ``step`` prompts."""
+    """The rule: every primary statistic's interval width ``depth_high − depth_low`` (layers) at most
+    ``2 × halfwidth``, counted from ``n_min`` prompts; at most ``n_max`` prompts; steps of at least
+    ``step`` prompts."""
 
-    halfwidth: float = 1.0
+    halfwidth: float = 0.5
     n_min: int = 20
     n_max: int = 100
     step: int = 10
@@ -49,19 +52,19 @@ class Precision:
             raise EffdepthError(f"precision {value} is not a rule: halfwidth > 0, 1 <= n_min <= n_max, step >= 1")
         return rule
 
-    def widths(self, result: RunResult) -> dict[str, int]:
-        """Interval width per ED rule whose ED is defined (an undefined ED has nothing to make precise)."""
+    def widths(self, result: RunResult) -> dict[str, float]:
+        """Interval width in layers per rule whose statistic is defined (nothing else to make precise)."""
         return {
-            key: depth.ci_high - depth.ci_low
+            key: depth.depth_high - depth.depth_low
             for key, depth in result.depth.items()
-            if depth.ed is not None and depth.ci_low is not None and depth.ci_high is not None
+            if depth.depth_low is not None and depth.depth_high is not None
         }
 
     def met(self, result: RunResult) -> bool:
         n = int(result.summary["n_examples"])
         return n >= self.n_min and all(w <= 2 * self.halfwidth for w in self.widths(result).values())
 
-    def next_n(self, n: int, widths: Mapping[str, int]) -> int:
+    def next_n(self, n: int, widths: Mapping[str, float]) -> int:
         """The next step: the n at which the widest interval would meet the rule if it shrinks as
         1/√n, at least ``step`` more, at most twice ``n``, rounded up to a multiple of ``step``."""
         widest = max(widths.values(), default=0)
@@ -77,7 +80,7 @@ class PreciseRun:
     result: RunResult | None
     steps: list[int]
     stopped: str  # "met", "cap", "data", "not computed"
-    widths: dict[str, int]
+    widths: dict[str, float]
 
     @property
     def n(self) -> int:
@@ -86,16 +89,16 @@ class PreciseRun:
     def reason(self, rule: Precision) -> str:
         widest = max(self.widths.values(), default=0)
         if self.stopped == "met":
-            return f"every interval within ±{rule.halfwidth:g} at n = {self.n}"
+            return f"every depth interval within ±{rule.halfwidth:g} layers at n = {self.n}"
         if self.stopped == "cap":
-            return f"the cap of {rule.n_max} prompts reached; widest interval {widest} {_layers(widest)}"
+            return f"the cap of {rule.n_max} prompts reached; widest interval {_layers(widest)}"
         if self.stopped == "data":
-            return f"the data set has only {self.n} prompts here; widest interval {widest} {_layers(widest)}"
+            return f"the data set has only {self.n} prompts here; widest interval {_layers(widest)}"
         return "not computed yet"
 
 
-def _layers(count: int) -> str:
-    return "layer" if count == 1 else "layers"
+def _layers(width: float) -> str:
+    return f"{width:.2f} layers"
 
 
 def precise_run(
@@ -145,7 +148,7 @@ def precise_run(
         n = rule.next_n(n, widths)
 
 
-def _cached_widths(out: Path, key: str, probes: Sequence[str]) -> tuple[int, dict[str, int]] | None:
+def _cached_widths(out: Path, key: str, probes: Sequence[str]) -> tuple[int, dict[str, float]] | None:
     """A finished step's example count and interval widths, from its ``effective_depth.json`` (its
     sha256 checked against the metadata): what the walk decided on, without a bootstrap."""
     from .rundir import SUMMARY, read_metadata, verified_files
@@ -167,8 +170,8 @@ def _cached_widths(out: Path, key: str, probes: Sequence[str]) -> tuple[int, dic
     widths = {}
     for rule in registry.rules():
         entry = summary.get(rule)
-        if isinstance(entry, dict) and entry.get("ed") is not None and entry.get("ci_low") is not None:
-            widths[rule] = int(entry["ci_high"]) - int(entry["ci_low"])
+        if isinstance(entry, dict) and entry.get("depth_low") is not None and entry.get("depth_high") is not None:
+            widths[rule] = float(entry["depth_high"]) - float(entry["depth_low"])
     return int(summary["n_examples"]), widths
 
 

@@ -55,7 +55,7 @@ def plans(section: str, parameters: Mapping) -> list[StudyPlan]:
         levels = difficulty_specs(parameters.get("math"), parameters.get("arithmetic"), parameters.get("skip"), precise)
         level_models = tuple(parameters.get("level_models") or models)
         extra = tuple(parameters.get("sensitivity_tasks") or ())
-        by_model = {m: (*tasks, *extra) for m in level_models} if extra else {}
+        by_model = {m: (*tasks, *extra) for m in models} if extra else {}
         return [StudyPlan("tasks", models, tasks, by_model), StudyPlan("levels", level_models, tuple(levels))]
     if section == "long_cot":
         pairs = parameters.get("pairs") or []
