@@ -14,7 +14,8 @@ from effdepth_core.book import findings, findings_beyond, findings_long_cot, plo
 
 
 def _summary(rows: list[tuple]) -> pl.DataFrame:
-    """(model, L, task, rule, ed, ci_low, ci_high) → a Study.summary()-like frame."""
+    """(model, L, task, rule, ed, ci_low, ci_high) → a Study.summary()-like frame, the primary
+    statistic equal to the ED with the same interval."""
     out = []
     for model, n_layers, task, rule, ed, low, high in rows:
         out.append(
@@ -28,6 +29,11 @@ def _summary(rows: list[tuple]) -> pl.DataFrame:
                 "ci_high": high,
                 "ratio_low": (low + 1) / n_layers,
                 "ratio_high": (high + 1) / n_layers,
+                "depth": float(ed),
+                "depth_ratio": (ed + 1) / n_layers,
+                "depth_low": float(low),
+                "depth_high": float(high),
+                "depth_degenerate": None,
                 "reason": None,
                 "n_layers": n_layers,
                 "n_params": n_layers * 10**6,
@@ -98,11 +104,14 @@ def test_difficulty_finding_follows_the_intervals():
         "m, from HellaSwag→GSM8K alone: **we agree**." in small
         and "Not counted: cosine GSM8K→AIME24 (n = 3 < 20" in small
     )
-    degenerate = summary.with_columns(
-        pl.when(pl.col("task") == "aime24").then(pl.lit("it fires at layer 0")).otherwise(None).alias("degenerate")
-    )
+    flagged = pl.when(pl.col("task") == "aime24").then(pl.lit("it fires at layer 0")).otherwise(None)
+    degenerate = summary.with_columns(flagged.alias("depth_degenerate"), flagged.alias("degenerate"))
     text = findings.difficulty_finding(degenerate, paper=paper, between=_between([]))
-    assert "Degenerate (see the methods page) and left out of the verdicts" in text and "m AIME24 cosine ED 21" in text
+    assert (
+        "Degenerate primary statistics (see the methods page), left out of the verdicts: m AIME24 cosine depth 21."
+        in text
+    )
+    assert "Degenerate integer EDs (the paper's rule; its panel only, the verdicts do not read it): m AIME24" in text
 
 
 def _checked(own: tuple[float, float, float], variant: str, other: tuple[float, float, float]) -> pl.DataFrame:
@@ -111,16 +120,19 @@ def _checked(own: tuple[float, float, float], variant: str, other: tuple[float, 
     return rows.with_columns(pl.Series("variant", ["", variant]))
 
 
-def test_the_robustness_rule_turns_a_verdict_into_cannot_tell_at_another_threshold():
-    """(a) the smollm2 case of the issue: a gap beyond the paper's spread at the cosine rule's 0 that
-    falls within it at a zero level of −0.03 is not a disagreement."""
+def test_the_robustness_rule_turns_a_verdict_into_cannot_tell_at_another_check():
+    """(a) a gap beyond the paper's spread under the book's seed that falls within it under another
+    is not a disagreement; an interval that excludes 0 inside the margin is the small difference."""
     paper = reference.paper_table1()
     summary = _difficulty_summary()
-    moved = _checked((0.27, 0.20, 0.27), "at cosine zero −0.03", (0.07, 0.02, 0.10))
+    moved = _checked((0.27, 0.20, 0.27), "under bootstrap seed 2", (0.07, 0.02, 0.10))
     text = findings.difficulty_finding(summary, paper=paper, between=moved)
     assert "m, from HellaSwag→GSM8K alone: **we cannot tell**." in text
-    assert "cannot tell: disagree at the book's settings, agree at cosine zero −0.03" in text
-    held = _checked((0.27, 0.20, 0.27), "at cosine zero −0.03", (0.30, 0.25, 0.35))
+    assert (
+        "cannot tell: disagree at the book's settings, a small difference within the paper's margin under "
+        "bootstrap seed 2" in text
+    )
+    held = _checked((0.27, 0.20, 0.27), "under bootstrap seed 2", (0.30, 0.25, 0.35))
     assert "m, from HellaSwag→GSM8K alone: **we disagree**." in findings.difficulty_finding(
         summary, paper=paper, between=held
     )
@@ -133,6 +145,25 @@ def test_the_robustness_rule_turns_a_verdict_into_cannot_tell_under_another_seed
     seeded = _checked((0.27, 0.20, 0.27), "under bootstrap seed 1", (0.27, 0.10, 0.27))
     text = findings.difficulty_finding(summary, paper=paper, between=seeded)
     assert "m, from HellaSwag→GSM8K alone: **we cannot tell**." in text and "cannot tell under bootstrap seed 1" in text
+
+
+def test_two_tests_per_comparison_and_a_margin_of_at_least_one_layer():
+    """A difference inside the margin that excludes 0 is "a small difference within the paper's
+    margin" (both tests pass); the margin is the paper's spread, floored at one layer of the model
+    (lens overlap: spread 0.05 < 1/18, so an 18-layer model's ±0.053 interval agrees)."""
+    paper = reference.paper_table1()
+    summary = _difficulty_summary()
+    small = findings.difficulty_finding(
+        summary, paper=paper, between=_between([("hellaswag", "gsm8k", 0.03, 0.01, 0.05)])
+    )
+    assert "m, from HellaSwag→GSM8K alone: **we agree: a small difference within the paper's margin**." in small
+    spread = findings.paper_spread(paper, "lens overlap", "task")
+    assert spread < 1 / 18
+    overlap = _between([("hellaswag", "gsm8k", 0.0, -0.053, 0.053)]).with_columns(rule=pl.lit("lens overlap"))
+    shallow = findings.difficulty_finding(summary, paper=paper, between=overlap.with_columns(n_layers=pl.lit(18)))
+    deep = findings.difficulty_finding(summary, paper=paper, between=overlap.with_columns(n_layers=pl.lit(30)))
+    assert "alone: **we agree**." in shallow and f"±{1 / 18:.2f}" in shallow
+    assert "alone: **we cannot tell**." in deep  # 1/30 < the spread: the paper's spread is the margin
 
 
 def test_the_robustness_rule_judges_the_papers_cells_and_ours_by_one_artefact_test():
@@ -218,7 +249,7 @@ def test_scale_finding_separates_within_and_across_families():
     paper = reference.paper_table1()
     agree = findings.scale_finding(summary, paper, _within((2.0, 1.0, 3.0), (0.0, -0.02, 0.03)))
     assert "Within one family, q-0.5b → q-1.5b on the same prompts: **we agree**." in agree
-    assert "Cosine: ED +2.0 [+1.0, +3.0] layers" in agree
+    assert "Cosine: depth +2.0 [+1.0, +3.0] layers" in agree
     wider = findings.scale_finding(summary, paper, _within((2.0, -1.0, 5.0), (0.0, -0.2, 0.2)))
     assert "**we cannot tell**" in wider  # the same centres, wider intervals
     shrinks = findings.scale_finding(summary, paper, _within((-3.0, -4.0, -2.0), (-0.2, -0.3, -0.15)))
@@ -377,21 +408,21 @@ def test_lens_finding_verdict_follows_the_intervals():
     assert "**no**" in findings_beyond.lens_finding(summary, None, _lenses([(0, -1, 1), (0.5, -0.5, 1.0)]))
     assert "**yes**" in findings_beyond.lens_finding(summary, None, _lenses([(-8, -9, -7), (6, 5, 7)]))
     said = findings_beyond.lens_finding(summary, None, _lenses([(0, -1, 1), (-8, -9, -7)]))
-    assert "**in part**: 1 of 2 usable EDs move" in said
+    assert "**in part**: 1 of 2 usable depths move" in said
     # an interval that straddles the ±1 band decides nothing: the answer is qualified, never mixed
     said = findings_beyond.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (-8, -9, -7)]))
-    assert "**yes, where the intervals can tell**: 1 of 2 usable EDs move" in said
+    assert "**yes, where the intervals can tell**: 1 of 2 usable depths move" in said
     assert "1 cannot tell (an interval across ±1 layer, or a robustness check failed)" in said
     said = findings_beyond.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (0, -1, 1)]))
-    assert "**no, where the intervals can tell**: 1 of 2 usable EDs stay" in said
+    assert "**no, where the intervals can tell**: 1 of 2 usable depths stay" in said
     said = findings_beyond.lens_finding(summary, None, _lenses([(-1, -3, 0.5), (1, 0.5, 3)]))
-    assert "**we cannot tell**: no usable ED provably moves or stays; 2 intervals across ±1 layer at every" in said
+    assert "**we cannot tell**: no usable depth provably moves or stays; 2 intervals across ±1 layer at every" in said
     # an ED that moves at the book's threshold but stays at another: the headline names that test, not
     # its interval (the tuned-lens headlines once blamed the intervals for threshold failures)
     robust = _lenses([(-2.0, -3.0, -2.0), (-1.0, -3.0, 0.5)]).with_columns(variant=pl.lit(""))
     shifted = robust.head(1).with_columns(point=pl.lit(0.0), low=pl.lit(-1.0), high=pl.lit(1.0), variant=pl.lit("t"))
     said = findings_beyond.lens_finding(summary, None, pl.concat([robust, shifted]))
-    assert "no usable ED provably moves or stays; 1 of 2 usable EDs change with a threshold or the seed" in said
+    assert "no usable depth provably moves or stays; 1 of 2 usable depths change with the bootstrap seed" in said
     assert "and 1 interval across ±1 layer at every check" in said
     # a degenerate or small cell never counts, and is named
     kept = findings_beyond.lens_finding(

@@ -69,10 +69,13 @@ def test_spearman_permutation_p_values_by_hand():
 
 
 def test_a_verdict_turns_into_cannot_tell_when_intervals_widen():
-    assert stats.interval_verdict(-0.02, 0.03, 0.05) == "agree"
-    assert stats.interval_verdict(-0.08, 0.10, 0.05) == "cannot tell"  # the same centre, a wider interval
-    assert stats.interval_verdict(0.06, 0.20, 0.05) == "disagree"
-    assert stats.interval_verdict(None, None, 0.05) == "cannot tell"
+    from effdepth_core.book.findings import SMALL, judge
+
+    assert judge(-0.02, 0.03, 0.05) == "agree"
+    assert judge(-0.08, 0.10, 0.05) == "cannot tell"  # the same centre, a wider interval
+    assert judge(0.06, 0.20, 0.05) == "disagree"
+    assert judge(0.01, 0.04, 0.05) == SMALL  # excludes 0, inside the margin: both tests pass
+    assert judge(None, None, 0.05) == "cannot tell"
 
 
 def test_threshold_sensitivity_of_the_lens_rules_by_hand():

@@ -10,11 +10,14 @@ from them and can be tested on frames made by hand:
   (independent prompts: an unpaired bootstrap), and the rank correlation over ordered levels;
 - ``between_lenses``: per model, task and rule, the paired difference tuned − logit lens.
 
-Degenerate EDs (``stats.degenerate``) and intervals from fewer than ``MIN_INTERVAL_N`` prompts never
-decide a comparison: their rows say so (``excluded``). Each comparison comes as several rows, one per
-check of the robustness rule (``variant``: "" for the book's own threshold and bootstrap seed, then
-each other threshold of the rule's range and each other seed, ``stats.variants``); the findings show
-the first and decide on all of them.
+Every comparison is of the rule's primary statistic (``depth.primary_statistic``: the lens
+centroids, the cosine crossing interpolated and averaged over its threshold range — threshold-free,
+so no threshold can move it), in ``point, low, high``; the paper's integer ED beside it, from the same
+resamples, in ``ed_point, ed_low, ed_high`` (a panel: it decides nothing). Degenerate depths
+(``stats.degenerate`` of the primary statistic) and intervals from fewer than ``MIN_INTERVAL_N``
+prompts never decide a comparison: their rows say so (``excluded``). Each comparison comes as several
+rows, one per check of the robustness rule (``variant``: "" for the book's own bootstrap seed, then
+each other seed, ``stats.variants``); the findings show the first and decide on all of them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from .. import registry
-from ..depth import resample_weights
+from ..depth import primary_statistic, resample_weights
 from .reference import RULE_LABELS
 from .stats import N_BOOTSTRAP, difference_draws, interval, spearman_test, variants
 from .study import MIN_INTERVAL_N, RunRecord, Study
@@ -58,12 +61,14 @@ def _frames(study: Study, model: str, task: str, label: str) -> tuple[RunRecord,
 
 def _excluded(summary: pl.DataFrame, cells: Sequence[tuple[str, str]], label: str) -> str | None:
     """Why any of ``cells`` (model, task) cannot decide a comparison of rule ``label``."""
+    primary = "depth" in summary.columns  # the statistic that decides; a legacy summary has only the ED
+    value, flag = ("depth", "depth_degenerate") if primary else ("ed", "degenerate")
     for model, task in cells:
         row = summary.filter(model=model, task=task, rule=label)
-        if not row.height or row["ed"][0] is None:
-            return f"{model} {task}: no ED"
-        if row["degenerate"][0] is not None:
-            return f"{model} {task}: degenerate ({row['degenerate'][0]})"
+        if not row.height or row[value][0] is None:
+            return f"{model} {task}: no {'depth statistic' if primary else 'ED'}"
+        if row[flag][0] is not None:
+            return f"{model} {task}: degenerate ({row[flag][0]})"
         if not row["interval_counts"][0]:
             return f"{model} {task}: n = {row['n_examples'][0]} < {MIN_INTERVAL_N}, no interval that counts"
     return None
@@ -71,14 +76,18 @@ def _excluded(summary: pl.DataFrame, cells: Sequence[tuple[str, str]], label: st
 
 def _checks(
     rule, first, second, layers, settings, paired, ratio=False, seed=0, other_rule=None, n_bootstrap=N_BOOTSTRAP
-):
-    """``(variant, point, draws)`` of one difference under every check of the robustness rule."""
+) -> list[tuple[str, dict, dict, np.ndarray]]:
+    """One difference under every check of the robustness rule: ``(variant, primary, ed, draws)``,
+    the primary statistic's ``interval`` and the integer ED's (``ed_point, ed_low, ed_high``), both
+    from the same resamples, and the primary statistic's draws."""
+    statistic = primary_statistic(rule) or "ed"
     out = []
-    for what, changed, s in variants(rule, settings, seed):
-        point, draws = difference_draws(
-            rule, first, second, layers, changed, paired, ratio, n_bootstrap, s, other_rule=other_rule
-        )
-        out.append((what, point, draws))
+    for what, changed, s in variants(rule, settings, seed, thresholds=statistic == "ed"):
+        common = (rule, first, second, layers, changed, paired, ratio, n_bootstrap, s)
+        point, draws = difference_draws(*common, other_rule=other_rule, statistic=statistic)
+        ed = interval(*difference_draws(*common, other_rule=other_rule, statistic="ed"))
+        shown = {f"ed_{k}": ed[k] for k in ("point", "low", "high")}
+        out.append((what, interval(point, draws), shown, draws))
     return out
 
 
@@ -90,6 +99,9 @@ _SCHEMA = {
     "point": pl.Float64,
     "low": pl.Float64,
     "high": pl.Float64,
+    "ed_point": pl.Float64,
+    "ed_low": pl.Float64,
+    "ed_high": pl.Float64,
     "n": pl.Int64,
     "excluded": pl.String,
 }
@@ -112,6 +124,7 @@ def within_family(
         _, rule = _rule(label)
         pooled: dict[tuple[str, str], list[np.ndarray]] = {}
         points: dict[tuple[str, str], list[float]] = {}
+        eds: dict[tuple[str, str], list[float | None]] = {}
         for task in tasks:
             (rs, fs), (rb, fb) = _frames(study, small, task, label), _frames(study, big, task, label)
             if fs is None or fb is None:
@@ -121,21 +134,23 @@ def within_family(
             layers = (int(rb.result.summary["n_layers"]), int(rs.result.summary["n_layers"]))
             for measure in ("ed", "ratio"):
                 checks = _checks(rule, fb, fs, layers, rb.settings, True, measure == "ratio", seed, None, n_bootstrap)
-                for what, point, draws in checks:
+                for what, primary, ed, draws in checks:
                     rows.append(
                         {
                             "variant": what,
                             "rule": label,
                             "task": task,
                             "measure": measure,
-                            **interval(point, draws),
+                            **primary,
+                            **ed,
                             "n": shared,
                             "excluded": why,
                         }
                     )
-                    if why is None and point is not None:
+                    if why is None and primary["point"] is not None:
                         pooled.setdefault((measure, what), []).append(draws)
-                        points.setdefault((measure, what), []).append(point)
+                        points.setdefault((measure, what), []).append(primary["point"])
+                        eds.setdefault((measure, what), []).append(ed["ed_point"])
         for (measure, what), values in points.items():
             rows.append(
                 {
@@ -144,6 +159,9 @@ def within_family(
                     "task": "all",
                     "measure": measure,
                     **interval(float(np.mean(values)), np.mean(pooled[(measure, what)], axis=0)),
+                    "ed_point": _mean_or_none(eds[(measure, what)]),
+                    "ed_low": None,
+                    "ed_high": None,
                     "n": None,
                     "excluded": None,
                 }
@@ -156,20 +174,26 @@ def within_family(
     return frame.with_columns(pl.lit(small).alias("small"), pl.lit(big).alias("big"))
 
 
+def _mean_or_none(values: Sequence[float | None]) -> float | None:
+    return None if any(v is None for v in values) else float(np.mean(values))
+
+
 def across_models(summary: pl.DataFrame, rules: Sequence[str] = tuple(RULE_LABELS.values())) -> pl.DataFrame:
     """Per rule and yardstick of size (``against``: ``parameters`` or ``layers``, L), over the models:
-    the Spearman correlation of size with the mean ED over the tasks (degenerate cells and cells whose
-    interval does not count left out), its permutation p-value and the smallest p the number of
-    models allows, and the spread of the mean ratios."""
+    the Spearman correlation of size with the mean depth (the primary statistic) over the tasks
+    (degenerate cells and cells whose interval does not count left out), its permutation p-value and
+    the smallest p the number of models allows, and the spread of the mean ratios."""
     rows = []
     counts = pl.col("interval_counts") if "interval_counts" in summary.columns else pl.lit(True)
+    # the primary statistic where the summary has it (a legacy summary: the integer ED)
+    value, ratio, flag = (
+        ("depth", "depth_ratio", "depth_degenerate") if "depth" in summary.columns else ("ed", "ratio", "degenerate")
+    )
     for label in rules:
-        cells = summary.filter(
-            pl.col("rule") == label, pl.col("ed").is_not_null(), pl.col("degenerate").is_null(), counts
-        )
+        cells = summary.filter(pl.col("rule") == label, pl.col(value).is_not_null(), pl.col(flag).is_null(), counts)
         means = (
             cells.group_by("model", "n_params", "n_layers")
-            .agg(pl.col("ed").mean(), pl.col("ratio").mean())
+            .agg(pl.col(value).mean().alias("ed"), pl.col(ratio).mean().alias("ratio"))
             .sort("n_params", "model")
         )
         for against, column in (("parameters", "n_params"), ("layers", "n_layers")):
@@ -219,16 +243,20 @@ def between_tasks(
             (ra, fa), (rb, fb) = _frames(study, model, first, label), _frames(study, model, second, label)
             layers = (int(rb.result.summary["n_layers"]), int(ra.result.summary["n_layers"]))
             why = _excluded(summary, [(model, first), (model, second)], label)
-            for what, point, draws in _checks(rule, fb, fa, layers, rb.settings, False, True, seed, None, n_bootstrap):
+            for what, primary, ed, _ in _checks(
+                rule, fb, fa, layers, rb.settings, False, True, seed, None, n_bootstrap
+            ):
                 rows.append(
                     {
                         "variant": what,
                         "rule": label,
                         "first": first,
                         "second": second,
-                        **interval(point, draws),
+                        **primary,
+                        **ed,
                         "n_first": int(ra.result.summary["n_examples"]),
                         "n_second": int(rb.result.summary["n_examples"]),
+                        "n_layers": max(layers),
                         "excluded": why,
                     }
                 )
@@ -241,24 +269,30 @@ def between_tasks(
         "low": pl.Float64,
         "high": pl.Float64,
         "defined": pl.Float64,
+        "ed_point": pl.Float64,
+        "ed_low": pl.Float64,
+        "ed_high": pl.Float64,
         "n_first": pl.Int64,
         "n_second": pl.Int64,
+        "n_layers": pl.Int64,
         "excluded": pl.String,
     }
     return pl.DataFrame(rows, schema=schema).with_columns(pl.lit(model).alias("model"))
 
 
 def level_trend(summary: pl.DataFrame, model: str, order: Sequence[str], rules: Sequence[str]) -> pl.DataFrame:
-    """Per rule: Spearman of level rank (position in ``order``) with ED over the levels whose ED is
-    defined and not degenerate, its permutation p-value and the smallest p the levels allow."""
+    """Per rule: Spearman of level rank (position in ``order``) with the primary depth statistic (a
+    legacy summary: the ED) over the levels where it is defined and not degenerate, its permutation
+    p-value and the smallest p the levels allow."""
     rows = []
+    value, flag = ("depth", "depth_degenerate") if "depth" in summary.columns else ("ed", "degenerate")
     for label in rules:
         cells = summary.filter(model=model, rule=label).filter(
-            pl.col("task").is_in(list(order)), pl.col("ed").is_not_null(), pl.col("degenerate").is_null()
+            pl.col("task").is_in(list(order)), pl.col(value).is_not_null(), pl.col(flag).is_null()
         )
         rank = {t: i for i, t in enumerate(order)}
         ranked = sorted(cells.iter_rows(named=True), key=lambda r: rank[r["task"]])
-        test = spearman_test([rank[r["task"]] for r in ranked], [r["ed"] for r in ranked])
+        test = spearman_test([rank[r["task"]] for r in ranked], [r[value] for r in ranked])
         left_out = [t for t in order if t not in {r["task"] for r in ranked}]
         rows.append(
             {
@@ -269,7 +303,7 @@ def level_trend(summary: pl.DataFrame, model: str, order: Sequence[str], rules: 
                 "min_p": test["min_p"],
                 "left_out": ", ".join(left_out) or None,
                 # the same ED at every level (at least 3): nothing to rank, and the plainest "no trend"
-                "same_ed": ranked[0]["ed"] if len(ranked) >= 3 and len({r["ed"] for r in ranked}) == 1 else None,
+                "same_ed": ranked[0][value] if len(ranked) >= 3 and len({r[value] for r in ranked}) == 1 else None,
             }
         )
     schema = {
@@ -279,7 +313,7 @@ def level_trend(summary: pl.DataFrame, model: str, order: Sequence[str], rules: 
         "p": pl.Float64,
         "min_p": pl.Float64,
         "left_out": pl.String,
-        "same_ed": pl.Int64,
+        "same_ed": pl.Float64,
     }
     return pl.DataFrame(rows, schema=schema).with_columns(pl.lit(model).alias("model"))
 
@@ -306,14 +340,15 @@ def between_lenses(study: Study, n_bootstrap: int = N_BOOTSTRAP, seed: int = 0) 
             why = _excluded(summary, [(r.model, r.label)], logit_label) or _excluded(
                 summary, [(r.model, r.label)], tuned_label
             )
-            for what, point, draws in checks:
+            for what, primary, ed, _ in checks:
                 rows.append(
                     {
                         "variant": what,
                         "model": r.model,
                         "task": r.label,
                         "lens_rule": name,
-                        **interval(point, draws),
+                        **primary,
+                        **ed,
                         "n": int(r.result.summary["n_examples"]),
                         "excluded": why,
                     }
@@ -327,6 +362,9 @@ def between_lenses(study: Study, n_bootstrap: int = N_BOOTSTRAP, seed: int = 0) 
         "low": pl.Float64,
         "high": pl.Float64,
         "defined": pl.Float64,
+        "ed_point": pl.Float64,
+        "ed_low": pl.Float64,
+        "ed_high": pl.Float64,
         "n": pl.Int64,
         "excluded": pl.String,
     }

@@ -6,16 +6,21 @@ Each paragraph opens with one claim sentence (we agree / we disagree / we cannot
 paper's claim), then its evidence in numbers with 95 % bootstrap intervals, then the qualifications;
 sentences stay short. The yardsticks are written here once:
 
-- a *ratio difference* (ED + 1) / L is "no change" when its whole interval lies within ± the paper's
-  own spread for that rule (across its models for scale, across its data sets for difficulty), a
-  change when its whole interval lies beyond it, and cannot tell otherwise (``stats.interval_verdict``);
-- an ED difference *grows* when its whole interval lies above 0;
-- a rule artefact (``stats.artefact``: the rule fires in the first layers) never decides a verdict,
-  the paper's cells and ours alike; nor does an interval over half the depth or from fewer than 20
-  prompts — they are named as qualifications;
-- the robustness rule (``stats.robust``): a verdict stands only when the same comparison gives it at
-  every threshold of its rule's range and under two other bootstrap seeds; else cannot tell, and the
-  sentence says which check it failed;
+- every comparison is of each rule's primary statistic (``depth.primary_statistic``: threshold-free,
+  continuous, in layers); the paper's integer ED stands beside it as a panel and decides nothing;
+- a *ratio difference* (x + 1) / L faces two tests, stated separately (``depth.compare``): a
+  difference (its interval excludes 0) and equivalence (its interval lies within ± the margin: the
+  paper's own spread for that rule — across its models for scale, across its data sets for
+  difficulty — but never less than one layer of the deeper model, 1/L, ``depth.margin``). Verdicts:
+  agree, a small difference within the paper's margin, disagree (the whole interval beyond it), or
+  cannot tell;
+- a depth difference *grows* when its whole interval lies above 0;
+- a rule artefact (``stats.artefact``: the statistic sits in the first layers) never decides a
+  verdict, the paper's cells and ours alike; nor does an interval over half the depth or from fewer
+  than 20 prompts — they are named as qualifications;
+- the robustness rule (``stats.robust``): a verdict stands only when the same comparison gives it
+  under two other bootstrap seeds (no threshold can move a threshold-free statistic); else cannot
+  tell, and the sentence says which check it failed;
 - a rank correlation over models or levels counts only when its permutation test can reach 5 %.
 """
 
@@ -25,8 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
+from ..depth import compare, margin
 from .reference import COMPARABLE, RULE_LABELS
-from .stats import ALPHA, artefact, interval_verdict, robust
+from .stats import ALPHA, artefact, robust
 
 TASK_ORDER = ("hellaswag", "gsm8k", "aime24")  # the paper's difficulty order
 TASK_NAMES = {"hellaswag": "HellaSwag", "gsm8k": "GSM8K", "aime24": "AIME24"}
@@ -36,7 +42,8 @@ CLAIMS = {
     "difficulty": "effective depth stays consistent from HellaSwag to GSM8K to AIME24",
 }
 MINUS = "−"
-WORDS = {"agree": "we agree", "disagree": "we disagree", "cannot tell": "we cannot tell"}
+SMALL = "a small difference within the paper's margin"
+WORDS = {"agree": "we agree", "disagree": "we disagree", "cannot tell": "we cannot tell", SMALL: f"we agree: {SMALL}"}
 
 
 def task_name(task: str) -> str:
@@ -51,7 +58,28 @@ def signed(value: float, digits: int = 0) -> str:
 def _spread(tolerance: float) -> str:
     """The yardstick of a ratio difference, said where it is used: a definition, never a verdict
     (the verdict is the bold phrase; a referee read the old "no change within …" as one)."""
-    return f"(“no change” means within the paper's own spread, ±{tolerance:.2f})"
+    return f"(“no change” means within the margin ±{tolerance:.2f}: the paper's own spread, at least one layer)"
+
+
+def judge(low: float | None, high: float | None, tolerance: float) -> str:
+    """The verdict of one ratio difference's interval against the margin (``depth.compare``)."""
+    return compare(low, high, tolerance).verdict
+
+
+def tolerance_of(spread: float, n_layers: int | None) -> float:
+    """The margin of a ratio difference: the paper's spread, at least one layer of the deeper model."""
+    return margin(spread, int(n_layers)) if n_layers else spread
+
+
+def ed_panel(row: Mapping, digits: int = 2) -> str:
+    """The paper's integer ED beside the primary statistic: ``; integer ED +4 [+4, +4]`` (an integer
+    statistic's interval may be zero-width, and says so by its name)."""
+    if row.get("ed_point") is None:
+        return ""
+    if row.get("ed_low") is None:
+        return f"; the paper's integer ED {signed(row['ed_point'], digits)}"
+    ends = f"[{signed(row['ed_low'], digits)}, {signed(row['ed_high'], digits)}]"
+    return f"; the paper's integer ED {signed(row['ed_point'], digits)} {ends}"
 
 
 def count_of(n: int, noun: str) -> str:
@@ -130,31 +158,46 @@ def paper_spread(paper: pl.DataFrame, rule: str, by: str) -> float:
 
 
 def _combine(verdicts: Sequence[str]) -> str:
-    """One verdict from several: any disagreement decides; all agreeing agrees; else cannot tell."""
+    """One verdict from several: any disagreement decides; all within the margin agree (with a
+    small difference when any interval excludes 0); else cannot tell."""
     if not verdicts:
         return "cannot tell"
     if "disagree" in verdicts:
         return "disagree"
-    return "agree" if all(v == "agree" for v in verdicts) else "cannot tell"
+    if all(v in ("agree", SMALL) for v in verdicts):
+        return SMALL if SMALL in verdicts else "agree"
+    return "cannot tell"
 
 
 def degenerate_sentence(summary: pl.DataFrame) -> str | None:
-    """The qualification naming every degenerate ED of a summary (left out of every verdict)."""
-    if "degenerate" not in summary.columns:
-        return None
-    rows = summary.filter(pl.col("degenerate").is_not_null())
-    if not rows.height:
-        return None
-    cells = "; ".join(
-        f"{r['model']} {task_name(r['task'])} {r['rule']} ED {r['ed']}" for r in rows.iter_rows(named=True)
-    )
-    return f"Degenerate (see the methods page) and left out of the verdicts: {cells}."
+    """The qualification naming every degenerate depth of a summary: the primary statistic's (left
+    out of every verdict) and the paper's integer ED's (its panel only)."""
+    sentences = []
+    for flag, value, what in (
+        ("depth_degenerate", "depth", "Degenerate primary statistics (see the methods page), left out of the verdicts"),
+        ("degenerate", "ed", "Degenerate integer EDs (the paper's rule; its panel only, the verdicts do not read it)"),
+    ):
+        if flag not in summary.columns:
+            continue
+        rows = summary.filter(pl.col(flag).is_not_null())
+        if rows.height:
+            cells = "; ".join(
+                f"{r['model']} {task_name(r['task'])} {r['rule']} {'ED' if value == 'ed' else 'depth'} "
+                f"{_number(r[value])}"
+                for r in rows.iter_rows(named=True)
+            )
+            sentences.append(f"{what}: {cells}.")
+    return " ".join(sentences) or None
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
 
 
 def _test_words(row: Mapping, what: str, unit: str = "level") -> str:
     """A rank correlation with its test, or why it cannot be tested."""
     if row.get("same_ed") is not None:
-        return f"{what}: the same ED ({row['same_ed']}) at all {row['levels']} {unit}s, no trend"
+        return f"{what}: the same depth ({_number(row['same_ed'])}) at all {row['levels']} {unit}s, no trend"
     if row.get("rho") is None:
         return f"{what}: too few points to rank"
     rho = _rho(row["rho"])
@@ -163,10 +206,13 @@ def _test_words(row: Mapping, what: str, unit: str = "level") -> str:
     return f"{what} ρ = {rho} (permutation p = {row['p']:.2f})"
 
 
-def _within_verdict(within: pl.DataFrame, paper: pl.DataFrame | None) -> tuple[str, list[str], str]:
-    """The within-family verdict — per rule, ED grows and the ratio stays within the paper's spread,
-    pooled over the tasks, under every check of the robustness rule — its evidence sentences, and
-    the first rule's failed check (``""`` when none failed)."""
+def _within_verdict(
+    within: pl.DataFrame, paper: pl.DataFrame | None, n_layers: int | None = None
+) -> tuple[str, list[str], str]:
+    """The within-family verdict — per rule, the primary statistic grows (its interval in layers
+    above 0) and the ratio stays within the margin (the paper's spread, at least one of the
+    ``n_layers`` of the deeper model), pooled over the tasks, under every check of the robustness
+    rule — its evidence sentences, and the first rule's failed check (``""`` when none failed)."""
     verdicts, evidence, failed = [], [], ""
     if "variant" not in within.columns:  # one row per comparison: the book's own check only
         within = within.with_columns(pl.lit("").alias("variant"))
@@ -174,25 +220,30 @@ def _within_verdict(within: pl.DataFrame, paper: pl.DataFrame | None) -> tuple[s
         pooled = within.filter(rule=rule, task="all")
         if not pooled.filter(measure="ed").height or not pooled.filter(measure="ratio").height:
             continue
-        tolerance = paper_spread(paper, rule, "model") if paper is not None else 0.05
+        tolerance = tolerance_of(paper_spread(paper, rule, "model") if paper is not None else 0.05, n_layers)
         ed_rows = pooled.filter(measure="ed").select(pl.exclude("measure"))
-        ratio_rows = pooled.filter(measure="ratio").select("variant", pl.col("low").alias("r_low"),
-                                                           pl.col("high").alias("r_high"),
-                                                           pl.col("point").alias("r_point"))  # fmt: skip
+        ratio_rows = pooled.filter(measure="ratio").select(
+            "variant",
+            pl.col("low").alias("r_low"),
+            pl.col("high").alias("r_high"),
+            pl.col("point").alias("r_point"),
+            *([pl.col("ed_point").alias("r_ed")] if "ed_point" in pooled.columns else []),
+        )
         joined = ed_rows.join(ratio_rows, on="variant", how="inner", maintain_order="left")
 
-        def judge(r: Mapping, t: float = tolerance) -> str:
+        def judged(r: Mapping, t: float = tolerance) -> str:
             grows = "agree" if r["low"] is not None and r["low"] > 0 else (
                 "disagree" if r["high"] is not None and r["high"] < 0 else "cannot tell")  # fmt: skip
-            return _combine([grows, interval_verdict(r["r_low"], r["r_high"], t)])
+            return _combine([grows, judge(r["r_low"], r["r_high"], t)])
 
-        verdict, why, own = decide(joined, judge)
+        verdict, why, own = decide(joined, judged)
         if why and not failed:
             failed = f"{rule} fails a check ({why})"
         verdicts.append(verdict)
-        ratio = {"point": own["r_point"], "low": own["r_low"], "high": own["r_high"]}
+        ratio = {"point": own["r_point"], "low": own["r_low"], "high": own["r_high"], "ed_point": own.get("r_ed")}
         evidence.append(
-            f"{rule}: ED {interval_text(own, 1)} layers, ratio {interval_text(ratio)} {_spread(tolerance)}"
+            f"{rule}: depth {interval_text(own, 1)} layers, ratio {interval_text(ratio)} {_spread(tolerance)}"
+            + ed_panel(ratio)
             + (f"; cannot tell: {why}" if why else "")
         )
     return _combine(verdicts), evidence, failed
@@ -225,7 +276,8 @@ def scale_finding(
     clean = clean_paper(paper) if paper is not None else None
     if within is not None and within.height:
         small, big = within["small"][0], within["big"][0]
-        verdict, evidence, _ = _within_verdict(within, paper)
+        deeper = summary.filter(pl.col("model") == big)["n_layers"]
+        verdict, evidence, _ = _within_verdict(within, paper, int(deeper[0]) if deeper.len() else None)
         per_task = own_cells(within).filter(pl.col("task") != "all", pl.col("measure") == "ed")
         pooled = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t, pl.col("excluded").is_null()).height]
         left = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t).height and t not in pooled]
@@ -345,7 +397,8 @@ def difficulty_finding(
                 what = "operand length" if "operand" in group[0] else "level"
                 words = [_test_words(r, r["rule"], what) for r in frame.iter_rows(named=True)]
                 text.append(
-                    f"Within math, {model} by {group[0]}, rank correlation of {what} and ED: {'; '.join(words)}."
+                    f"Within math, {model} by {group[0]}, rank correlation of {what} and depth (the primary "
+                    f"statistic): {'; '.join(words)}."
                 )
     if scores is not None and scores.height:
         text.append(_depth_score_sentence(scores))
@@ -362,7 +415,7 @@ def difficulty_finding(
                 why = f" (cannot tell: {step['why']})" if step["why"] else ""
                 own = step["own"]
                 n = f" (n = {own['n_first']}/{own['n_second']})" if own.get("n_first") is not None else ""
-                steps.append(f"{step['pair']} {interval_text(own)}{n}{why}")
+                steps.append(f"{step['pair']} {interval_text(own)}{n}{ed_panel(own)}{why}")
             if steps:
                 evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(decided[0]['tolerances'][rule])}")
         verdict = _combine(verdicts)
@@ -374,7 +427,7 @@ def difficulty_finding(
         if excluded:
             text.append(f"Not counted: {'; '.join(excluded)}.")
     if len(per_model) > 1:
-        overall = per_model[0] if len(set(per_model)) == 1 else "cannot tell"
+        overall = per_model[0] if len(set(per_model)) == 1 else _overall(per_model)
         why = ""
         if len(set(per_model)) > 1:
             tally = ", ".join(f"{per_model.count(v)} {v}" for v in dict.fromkeys(per_model))
@@ -387,40 +440,58 @@ def difficulty_finding(
 
 
 def _models_and_n(summary: pl.DataFrame) -> str:
-    n = summary["n_examples"] if summary.height else None
-    models = summary["model"].n_unique() if summary.height else 0
-    return f"{count_of(models, 'model')}, n {int(n.min())}–{int(n.max())}" if n is not None else "none"
+    """``4 models, n 20–100 (counted cells)``: the models, and the prompts of the cells that count
+    (an interval from at least ``MIN_INTERVAL_N`` prompts, not degenerate)."""
+    if not summary.height:
+        return "none"
+    models = count_of(summary["model"].n_unique(), "model")
+    counted = summary
+    if "interval_counts" in summary.columns:
+        counted = counted.filter(pl.col("interval_counts"))
+    flag = "depth_degenerate" if "depth_degenerate" in summary.columns else "degenerate"
+    if flag in summary.columns:
+        counted = counted.filter(pl.col(flag).is_null())
+    if not counted.height:
+        return f"{models}, no cell that counts"
+    n = counted["n_examples"]
+    return f"{models}, n {_range(int(n.min()), int(n.max()), 0)} (counted cells)"
 
 
-def _ratio_cell(row: Mapping) -> str:
-    return interval_text(row) if row else "—"
+def _per_rule(rows: pl.DataFrame, key: str = "rule") -> str:
+    """``cosine +0.01 [−0.02, +0.04]; lens KL …``: one interval per rule, in the rules' order."""
+    parts = []
+    for rule in RULE_LABELS.values():
+        row = rows.filter(pl.col(key) == rule)
+        if row.height:
+            parts.append(f"{rule} {interval_text(row.row(0, named=True))}")
+    return "; ".join(parts) or "—"
 
 
 def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl.DataFrame | None) -> dict:
-    """The intro table's row of the scale question."""
-    verdict, effect, tolerance, failed = "cannot tell", "—", "—", ""
+    """The intro table's row of the scale question: the within-family comparison on the primary
+    statistic (every rule: the verdict combines them)."""
+    verdict, effect, tolerance, failed, counted = "cannot tell", "—", "—", "", _models_and_n(summary)
     if within is not None and within.height:
-        verdict, _, failed = _within_verdict(within, paper)
-        own = own_cells(within).filter(rule=RULE_LABELS["cosine"], task="all", measure="ratio")
-        big = within["big"][0]
-        depth = summary.filter(pl.col("model") == big)["n_layers"]
-        if own.height:
-            effect = f"cosine ratio {within['small'][0]} → {big}: {interval_text(own.row(0, named=True))}"
-        if paper is not None and depth.len():
-            spread = paper_spread(paper, RULE_LABELS["cosine"], "model")
-            tolerance = f"cosine: ±{spread:.2f} ratio ≈ ±{spread * int(depth[0]):.1f} layers of {big}"
-    n_within = None
-    if within is not None and "n" in within.columns:  # the data sets the pooled effect counts
-        n_within = own_cells(within).filter(pl.col("task") != "all", pl.col("excluded").is_null())["n"].drop_nulls()
-    if n_within is not None and n_within.len() and effect != "—":
-        effect += f", n = {int(n_within.min())}" + (
-            f"–{int(n_within.max())}" if n_within.max() != n_within.min() else ""
-        )
+        small, big = within["small"][0], within["big"][0]
+        deeper = summary.filter(pl.col("model") == big)["n_layers"]
+        depth = int(deeper[0]) if deeper.len() else None
+        verdict, _, failed = _within_verdict(within, paper, depth)
+        own = own_cells(within).filter(task="all", measure="ratio")
+        effect = f"ratio {big} − {small}, paired: {_per_rule(own)}"
+        if paper is not None:
+            margins = [(r, tolerance_of(paper_spread(paper, r, "model"), depth)) for r in RULE_LABELS.values()]
+            tolerance = "; ".join(f"{r} ±{m:.2f}" for r, m in margins)
+            if depth:
+                tolerance += f" (the ratio; ±{margins[0][1] * depth:.1f} of {big}'s {depth} layers for cosine)"
+        per_task = own_cells(within).filter(pl.col("task") != "all", pl.col("excluded").is_null())
+        if per_task.height:
+            tasks = " and ".join(task_name(t) for t in dict.fromkeys(per_task["task"].to_list()))
+            counted += f"; the pair on {tasks}, n = {_range(int(per_task['n'].min()), int(per_task['n'].max()), 0)}"
     return {
         "question": "Model scale",
         "claim": "ED grows with size, the ratio stays",
         "verdict": WORDS[verdict],
-        "models": _models_and_n(defined_cells(summary)),
+        "models": counted,
         "effect": effect,
         "tolerance": tolerance,
         "caveat": (f"{failed}; " if failed else "")
@@ -429,32 +500,33 @@ def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl
 
 
 def difficulty_headline(summary: pl.DataFrame, between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dict:
-    """The intro table's row of the difficulty question."""
-    effect, tolerance = "—", "—"
-    if between is not None and between.height:
-        steps = own_cells(between).filter(
-            pl.col("point").is_not_null(), rule=RULE_LABELS["cosine"], first="hellaswag", second="gsm8k"
+    """The intro table's row of the difficulty question: each model's steps between data sets on
+    the primary statistic, the smallest and the largest counted effect."""
+    effect, tolerance, tally = "—", "—", ""
+    steps = _task_steps(between, paper)
+    counted = [s for model_steps in steps.values() for s in model_steps if not s["excluded"]]
+    if counted:
+        ordered = sorted(counted, key=lambda s: s["own"]["point"])
+        ends = [ordered[0], ordered[-1]] if len(ordered) > 1 else ordered
+        effect = "ratio of the harder − the easier task: " + " to ".join(
+            f"{interval_text(s['own'])} ({s['own']['model']} {s['rule']} {s['pair']})" for s in ends
         )
-        if steps.height:
-            ends = [steps.sort("point").row(i, named=True) for i in (0, -1)]
-            effect = "cosine ratio HellaSwag→GSM8K " + " to ".join(
-                f"{interval_text(r)} ({r['model']})" for r in ends[: 1 if ends[0] == ends[-1] else 2]
-            )
-    if paper is not None:
-        spread = paper_spread(paper, RULE_LABELS["cosine"], "task")
-        depth = summary["n_layers"] if summary.height else None
-        if depth is not None:
-            tolerance = (
-                f"cosine: ±{spread:.2f} ratio ≈ ±{spread * int(depth.min()):.0f}–{spread * int(depth.max()):.0f} layers"
-            )
+        per_model = {m: _combine([s["verdict"] for s in ss if not s["excluded"]]) for m, ss in steps.items()}
+        tally = "; ".join(f"{m}: {WORDS[v].removeprefix('we ')}" for m, v in per_model.items())
+        margins: dict[str, list[float]] = {}
+        for model_steps in steps.values():
+            for rule, m in (model_steps[0]["tolerances"] if model_steps else {}).items():
+                margins.setdefault(rule, []).append(m)
+        tolerance = "; ".join(f"{r} ±{_range(min(m), max(m))}" for r, m in margins.items()) + " (the ratio)"
     return {
         "question": "Task difficulty",
         "claim": "ED stays consistent from HellaSwag to GSM8K to AIME24",
         "verdict": WORDS[difficulty_verdict(between, paper)],
-        "models": _models_and_n(defined_cells(summary)),
+        "models": _models_and_n(summary),
         "effect": effect,
         "tolerance": tolerance,
-        "caveat": "AIME24 at ≤ 400 tokens has 3–4 prompts (shown, not counted); a ≤ 1000-token cap on one model",
+        "caveat": (f"per model: {tally}; " if tally else "")
+        + "AIME24 at ≤ 400 tokens has 3–4 prompts (shown, not counted); its ≤ 1000-token cells count",
     }
 
 
@@ -463,8 +535,8 @@ HEADLINE_COLUMNS = {
     "claim": "the paper's claim",
     "verdict": "our verdict",
     "models": "models and n",
-    "effect": "effect [95 % interval]",
-    "tolerance": "tolerance",
+    "effect": "effect, primary statistic [95 % interval]",
+    "tolerance": "margin",
     "caveat": "main caveat",
 }
 
@@ -479,26 +551,37 @@ def headline_table(rows: Sequence[Mapping]) -> str:
 
 def _task_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dict[str, list[dict]]:
     """Per model, each step between two data sets per rule, decided by the robustness rule against
-    the paper's spread: ``rule, pair, excluded, verdict, why, own`` (the book's own row) and the
-    rules' ``tolerances``."""
+    the margin (the paper's spread, at least one of the model's layers): ``rule, pair, excluded,
+    verdict, why, own`` (the book's own row) and the rules' ``tolerances``."""
     if between is None or not between.height:
         return {}
-    tolerances = {r: paper_spread(paper, r, "task") if paper is not None else 0.05 for r in RULE_LABELS.values()}
+    spreads = {r: paper_spread(paper, r, "task") if paper is not None else 0.05 for r in RULE_LABELS.values()}
     out: dict[str, list[dict]] = {}
     for model in between["model"].unique(maintain_order=True).to_list():
         steps = out.setdefault(model, [])
+        rows = between.filter(model=model)
+        depth = rows["n_layers"].drop_nulls().max() if "n_layers" in rows.columns else None
+        tolerances = {r: tolerance_of(spread, depth) for r, spread in spreads.items()}
         for rule, tolerance in tolerances.items():
-            for (first, second), checks in between.filter(model=model, rule=rule).group_by(
-                ["first", "second"], maintain_order=True
-            ):
+            for (first, second), checks in rows.filter(rule=rule).group_by(["first", "second"], maintain_order=True):
                 step = {"rule": rule, "pair": f"{task_name(first)}→{task_name(second)}", "tolerances": tolerances}
                 own = own_cells(checks).row(0, named=True)
                 if own["excluded"]:
                     steps.append({**step, "excluded": own["excluded"], "verdict": None, "why": None, "own": own})
                     continue
-                verdict, why, own = decide(checks, lambda r, t=tolerance: interval_verdict(r["low"], r["high"], t))
+                verdict, why, own = decide(checks, lambda r, t=tolerance: judge(r["low"], r["high"], t))
                 steps.append({**step, "excluded": None, "verdict": verdict, "why": why, "own": own})
     return out
+
+
+def _overall(per_model: Sequence[str]) -> str:
+    """One verdict over models: theirs where they all give one, agreement where every model lies
+    within the margin (some with a small difference), else cannot tell."""
+    if not per_model:
+        return "cannot tell"
+    if len(set(per_model)) == 1:
+        return per_model[0]
+    return SMALL if set(per_model) <= {"agree", SMALL} else "cannot tell"
 
 
 def difficulty_verdict(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> str:
@@ -506,7 +589,7 @@ def difficulty_verdict(between: pl.DataFrame | None, paper: pl.DataFrame | None)
     per_model = [
         _combine([s["verdict"] for s in steps if not s["excluded"]]) for steps in _task_steps(between, paper).values()
     ]
-    return per_model[0] if per_model and len(set(per_model)) == 1 else "cannot tell"
+    return _overall(per_model)
 
 
 def _depth_score_sentence(scores: pl.DataFrame) -> str:

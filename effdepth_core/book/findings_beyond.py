@@ -5,22 +5,23 @@ verdict is decided here from numbers with intervals; the shared wording is ``fin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import polars as pl
 
 from ..probes.prune import FINAL_KEPT
-from .findings import MINUS, count_of, decide, interval_text, own_cells, task_name
-from .stats import interval_verdict
+from .findings import MINUS, SMALL, count_of, decide, ed_panel, interval_text, judge, own_cells, task_name
 
 
 def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses: pl.DataFrame | None = None) -> str:
-    """Is ED an artefact of the logit lens? The paired difference ED(tuned) − ED(logit) per model,
-    task and lens rule (``lenses``: ``evidence_beyond.between_lenses``): no when every usable difference
-    lies within ±1 layer, yes when every one lies beyond it, in part when some provably move and some
-    provably stay, a qualified yes or no when the others' intervals reach across ±1, else cannot tell;
-    degenerate EDs and
-    intervals from fewer than 20 prompts never count. And how well the translators fit."""
+    """Is ED an artefact of the logit lens? The paired difference of the primary depth statistic,
+    tuned − logit lens, per model, task and lens rule (``lenses``: ``evidence.between_lenses``; the
+    integer ED's beside it): no when every usable difference lies within ±1 layer (the margin; a
+    small difference when its interval also excludes 0), yes when every one lies beyond it, in part
+    when some provably move and some provably stay, a qualified yes or no when the others' intervals
+    reach across ±1, else cannot tell; degenerate depths and intervals from fewer than 20 prompts
+    never count. And how well the translators fit."""
     question = "**Is ED an artefact of the logit lens?**"
     if lenses is None or not lenses.height:
         return f"{question} No tuned lens was run on this page: **we cannot tell**."
@@ -28,19 +29,19 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
     decided = []  # (verdict, why, the book's own row) per model, task and lens rule
     for _, checks in usable.group_by(["model", "task", "lens_rule"], maintain_order=True):
         if own_cells(checks)["low"][0] is not None:
-            decided.append(decide(checks, lambda r: interval_verdict(r["low"], r["high"], 1.0)))
-    verdicts = [verdict for verdict, _, _ in decided]
+            decided.append(decide(checks, lambda r: judge(r["low"], r["high"], 1.0)))
+    verdicts = ["agree" if verdict == SMALL else verdict for verdict, _, _ in decided]  # within a layer
     if not verdicts:
         answer = "**we cannot tell**: no usable pair of EDs"
     elif all(v == "agree" for v in verdicts):
-        answer = "**no**: the tuned lens puts every usable ED within a layer of the logit lens's"
+        answer = "**no**: the tuned lens puts every usable depth within a layer of the logit lens's"
     elif all(v == "disagree" for v in verdicts):
-        answer = "**yes**: every usable tuned-lens ED moves by more than a layer"
+        answer = "**yes**: every usable tuned-lens depth moves by more than a layer"
     else:
         moved = sum(v == "disagree" for v in verdicts)
         stayed = sum(v == "agree" for v in verdicts)
         unclear = len(verdicts) - moved - stayed  # intervals that reach across ±1 layer
-        of = f"of {len(verdicts)} usable EDs"
+        of = f"of {len(verdicts)} usable depths"
         tail = f"; {unclear} cannot tell (an interval across ±1 layer, or a robustness check failed)" if unclear else ""
         if moved and stayed:  # some EDs provably move, some provably stay: a mixed answer
             stay = "stays" if stayed == 1 else "stay"
@@ -51,20 +52,20 @@ def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses:
             answer = f"**no, where the intervals can tell**: {stayed} {of} stay within a layer{tail}"
         else:  # name the test that failed: a verdict that changes across the checks, or the interval itself
             changed = sum(why is not None for _, why, _ in decided)
-            reasons = [f"{changed} {of} change with a threshold or the seed"] if changed else []
+            reasons = [f"{changed} {of} change with the bootstrap seed"] if changed else []
             if changed < len(verdicts):
                 reasons.append(f"{count_of(len(verdicts) - changed, 'interval')} across ±1 layer at every check")
-            answer = f"**we cannot tell**: no usable ED provably moves or stays; {' and '.join(reasons)}"
+            answer = f"**we cannot tell**: no usable depth provably moves or stays; {' and '.join(reasons)}"
     text = [f"{question} {answer}."]
     for model in dict.fromkeys(own["model"] for _, _, own in decided):
         cells = [
             f"{task_name(own['task'])} {own['lens_rule']} {interval_text(own, 1)}"
-            + (f" (n = {own['n']})" if own.get("n") is not None else "")
+            + (f" (n = {own['n']}{ed_panel(own, 0)})" if own.get("n") is not None else "")
             + (f" (cannot tell: {why})" if why else "")
             for _, why, own in decided
             if own["model"] == model
         ]
-        text.append(f"{model}, tuned − logit in layers: {'; '.join(cells)}.")
+        text.append(f"{model}, tuned − logit depth in layers: {'; '.join(cells)}.")
     excluded = own_cells(lenses).filter(pl.col("excluded").is_not_null())
     if excluded.height:
         cells = [f"{r['model']} {task_name(r['task'])} {r['lens_rule']}" for r in excluded.iter_rows(named=True)]
@@ -338,3 +339,124 @@ def beyond_finding(
             early_exit_finding(exits),
         ]
     return "\n\n".join(paragraphs) or "Nothing was measured on this page."
+
+
+# --- the intro table's rows of the questions beyond the paper ------------------------------------
+
+
+def _answer(text: str, after: str = "?**") -> str:
+    """The bold answer a finding gives after ``after`` (its question): ``in part``, ``no``, …"""
+    match = re.search(r"\*\*(.+?)\*\*", text.split(after, 1)[-1])
+    return match.group(1).removeprefix("we ") if match else "cannot tell"
+
+
+def _row(question: str, claim: str, verdicts: Sequence[str], models: str, effect: str, margin: str, caveat: str):
+    return {"question": question, "claim": claim, "verdict": "; ".join(verdicts) or "cannot tell",
+            "models": models, "effect": effect or "—", "tolerance": margin, "caveat": caveat}  # fmt: skip
+
+
+def _n_range(values: Sequence[int]) -> str:
+    low, high = min(values), max(values)
+    return f"n = {low}" if low == high else f"n = {low}–{high}"
+
+
+def beyond_headlines(pages: Sequence[Mapping]) -> list[dict]:
+    """The intro table's rows for the lens artefact, pruning, early exit and the cross-model map, one
+    verdict per model (``model: answer``) and the largest effect that counts. ``pages``: per page of
+    the fourth section, its ``model`` (or None for the map's) and the frames its findings read
+    (``summary, costs, exits, lenses``; ``mapped, pair, statistic, seed_checks`` for the map)."""
+    lens_verdicts, lens_effects, lens_n = [], [], []
+    prune_verdicts, prune_effects, prune_n = [], [], []
+    exit_verdicts, exit_effects, exit_n = [], [], []
+    rows = []
+    for page in pages:
+        model, lenses = page.get("model"), page.get("lenses")
+        if model is None:
+            continue
+        if lenses is not None and lenses.height:
+            lens_verdicts.append(f"{model}: {_answer(lens_finding(page['summary'], None, lenses))}")
+            usable = own_cells(lenses).filter(pl.col("excluded").is_null(), pl.col("low").is_not_null())
+            if usable.height:
+                top = usable.sort(pl.col("point").abs(), descending=True).row(0, named=True)
+                lens_effects.append(f"{model} {task_name(top['task'])} {top['lens_rule']} {interval_text(top, 1)}")
+                lens_n += usable["n"].to_list()
+        costs = page.get("costs")
+        if costs is not None and costs.height and costs.filter("counted").height:
+            counted = costs.filter("counted", variant="")
+            prune_verdicts.append(f"{model}: {_answer(pruning_finding(costs), 'The block after ED:')}")
+            top = counted.sort("k", descending=True).row(0, named=True)
+            if top["ratio"] is not None:
+                spread = f" [{top['ratio_low']:.1f}, {top['ratio_high']:.1f}]" if top["ratio_low"] is not None else ""
+                prune_effects.append(f"{model} {task_name(top['task'])} k = {top['k']}: {top['ratio']:.1f}×{spread}")
+            prune_n += counted["n"].to_list()
+        exits = page.get("exits")
+        if exits is not None and exits.height and exits.filter("counted").height:
+            counted = exits.filter("counted")
+            exit_verdicts.append(f"{model}: {_answer(early_exit_finding(exits))}")
+            low = counted.sort("cost").row(0, named=True)
+            exit_effects.append(
+                f"{model} {task_name(low['task'])} ({low['lens']} lens): {_nats(low['cost'])} "
+                f"[{_nats(low['cost_low'])}, {_nats(low['cost_high'])}] nats"
+            )
+            exit_n += counted["n"].to_list()
+    rows.append(
+        _row(
+            "Lens artefact (beyond)",
+            "(ours) the tuned lens moves the lens depths by more than a layer",
+            lens_verdicts,
+            f"{count_of(len(lens_verdicts), 'model')}, {_n_range(lens_n)}" if lens_n else "no tuned lens run",
+            "tuned − logit depth, the largest per model: " + "; ".join(lens_effects) if lens_effects else "",
+            "±1 layer",
+            "a tuned lens trained here on a CPU budget; the other models have none",
+        )
+    )
+    rows.append(
+        _row(
+            "Pruning after ED (beyond)",
+            "(ours) the block right after ED is the cheapest to cut",
+            prune_verdicts,
+            f"{count_of(len(prune_verdicts), 'model')}, {_n_range(prune_n)}" if prune_n else "not run",
+            "ΔNLL of the block after ED ÷ the best alternative's, largest budget: " + "; ".join(prune_effects)
+            if prune_effects
+            else "",
+            "1× (the best alternative's cost), 95 % intervals over prompts",
+            "where ED + k passes the final layer the block is moved back and is not after ED",
+        )
+    )
+    rows.append(
+        _row(
+            "Early exit at ED (beyond)",
+            "(ours) the layers after ED are idle",
+            exit_verdicts,
+            f"{count_of(len(exit_verdicts), 'model')}, {_n_range(exit_n)}" if exit_n else "not run",
+            "answer NLL of exiting after ED, the smallest per model: " + "; ".join(exit_effects)
+            if exit_effects
+            else "",
+            "0 nats (any cost), 95 % intervals over prompts",
+            "runs of 10 prompts on short tasks",
+        )
+    )
+    for page in pages:
+        pair, statistic = page.get("pair"), page.get("statistic")
+        if not pair:
+            continue
+        text = map_finding(page["mapped"], pair["small"], pair["big"], statistic, page.get("seed_checks") or ())
+        effect = (
+            f"share of {pair['small']}'s layers mapped within {statistic['slack']:.1f} layers of equal relative "
+            f"depth: {statistic['share']:.0%} [{statistic['low']:.0%}, {statistic['high']:.0%}]; column-centred "
+            f"{statistic['centred_share']:.0%} [{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}]"
+            if statistic
+            else ""
+        )
+        rows.append(
+            _row(
+                "Cross-model map (beyond)",
+                f"(ours) {pair['big']} stretches {pair['small']}'s computation",
+                [_answer(text)],
+                f"one pair, {statistic['test_prompts']:.0f} test prompts" if statistic else "not computed",
+                effect,
+                "yes above ⅔ of the layers, no below ⅓",
+                "one pair of one family",
+            )
+        )
+    return rows

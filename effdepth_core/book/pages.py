@@ -381,30 +381,38 @@ class BeyondPage(Page):
         pair = self.p.get("pair")
         return map_study(pair, self.defaults, self.results_dir, self.cached_only) if pair else pl.DataFrame()
 
-    def frames(self) -> dict[str, pl.DataFrame]:
+    @cached_property
+    def evidence(self) -> dict:
+        """What the findings read: the frames of the lens, pruning and early-exit questions, and the
+        map's statistic under the book's bootstrap seed and the next two (the verdict must not
+        depend on the seed)."""
+        seeds = [self.bootstrap_seed + k for k in range(3)]
+        statistics = [evidence_beyond.map_statistic(self.mapped, seed=s) for s in seeds] if self.mapped.height else []
         return {
+            "model": (self.p.get("models") or [None])[0] if len(self.p.get("models") or []) == 1 else None,
             "summary": self.summary,
             "fit": self.runs.frame("tuned_lens_fit"),
             "costs": evidence_beyond.pruning_costs(self.runs, seed=self.bootstrap_seed),
             "exits": evidence_beyond.early_exit_costs(self.runs, self.summary, seed=self.bootstrap_seed),
-            "lenses": evidence.between_lenses(self.runs),
+            "lenses": evidence.between_lenses(self.runs, seed=self.bootstrap_seed),
+            "mapped": self.mapped,
+            "pair": self.p.get("pair"),
+            "statistic": statistics[0] if statistics else None,
+            "seed_checks": statistics[1:],
         }
 
     def findings(self) -> str:
-        f = self.frames()
-        seeds = [self.bootstrap_seed + k for k in range(3)]  # the verdict must not depend on the seed
-        statistics = [evidence_beyond.map_statistic(self.mapped, seed=s) for s in seeds] if self.mapped.height else []
-        statistic = statistics[0] if statistics else None
+        f = self.evidence
         return findings_beyond.beyond_finding(
             f["summary"],
             f["fit"],
             f["costs"],
             f["exits"],
-            self.mapped,
-            self.p.get("pair"),
+            f["mapped"],
+            f["pair"],
             lenses=f["lenses"],
-            statistic=statistic,
-            seed_checks=statistics[1:],
+            statistic=f["statistic"],
+            seed_checks=f["seed_checks"],
         )
 
     def chart(self, name: str):

@@ -393,23 +393,26 @@ def findings_markdown(root: Path, profile: str = "full", bootstrap_seed: int | N
         return open_page(item.section, parameters, cached_only=True, root=root)
 
     from .findings import headline_table
+    from .findings_beyond import beyond_headlines
     from .findings_long_cot import long_cot_headline
 
     scale_sets = parameter_sets(root, "scale", profile)
     widest = page(max(scale_sets, key=lambda s: len(s.parameters.get("models") or [])))
     long_cot = [page(item) for item in parameter_sets(root, "long_cot", profile)]
     difficulty = [page(item) for item in parameter_sets(root, "difficulty", profile)]
+    beyond = [(item, page(item)) for item in parameter_sets(root, "beyond", profile)]
     heads = [
         widest.headline(),
         *([long_cot_headline(long_cot)] if long_cot else []),
         *(p.headline() for p in difficulty),
+        *(beyond_headlines([shown.evidence for _, shown in beyond]) if beyond else []),
     ]
     paragraphs = [headline_table(heads), widest.findings()]
     for item, shown in zip(parameter_sets(root, "long_cot", profile), long_cot, strict=True):  # one page per family
         paragraphs.append(shown.findings().replace("**Long-CoT training.**", f"**{item.title}.**", 1))
     paragraphs += [p.findings() for p in difficulty]
-    for item in parameter_sets(root, "beyond", profile):
-        text = page(item).findings()
+    for item, shown in beyond:
+        text = shown.findings()
         if text and "Nothing was measured" not in text:
             models = item.parameters.get("models") or []
             lead = f"**{item.title}.**" if len(models) == 1 else "**Beyond the paper.**"  # the map names its pair

@@ -10,7 +10,6 @@
   both are measured on the same prompts (two lenses of one run), independent otherwise (two tasks);
 - ``spearman_test``: a rank correlation with its exact permutation p-value (and the smallest p
   the number of points allows, so that "too few to test" is a number, not a feeling);
-- ``interval_verdict``: agree / disagree / cannot tell from an interval against a tolerance;
 - ``threshold_sensitivity``: ED as a rule's threshold varies, per run.
 """
 
@@ -57,18 +56,23 @@ def artefact(ed: int | None, n_layers: int) -> str | None:
     0 — not the depth a model uses. The paper's cells carry only ED and L, so this test needs nothing
     else: one rule for its cells and ours."""
     if ed is not None and ed <= early_layers(n_layers):
-        return f"it fires at layer {ed}, in the first layers (0–{early_layers(n_layers)} of {n_layers})"
+        return f"it fires at layer {_layer(ed)}, in the first layers (0–{early_layers(n_layers)} of {n_layers})"
     return None
 
 
-def degenerate(ed: int | None, ci_low: int | None, ci_high: int | None, n_layers: int) -> str | None:
-    """Why an ED of ours is degenerate (None when it is not): an ``artefact``, or an interval wider
-    than half the depth."""
+def degenerate(ed: float | None, ci_low: float | None, ci_high: float | None, n_layers: int) -> str | None:
+    """Why a depth of ours is degenerate (None when it is not): an ``artefact``, or an interval wider
+    than half the depth. One rule for the integer ED and the primary (continuous) statistic."""
     if ed is None:
         return None
     if ci_low is not None and ci_high is not None and ci_high - ci_low > n_layers / 2:
-        return f"its interval [{ci_low}–{ci_high}] spans more than half the {n_layers} layers"
+        return f"its interval [{_layer(ci_low)}–{_layer(ci_high)}] spans more than half the {n_layers} layers"
     return artefact(ed, n_layers)
+
+
+def _layer(value: float) -> str:
+    """A layer index as written: whole layers as integers, a continuous statistic to one decimal."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
 
 
 def robust(checks: Sequence[tuple[str, str]]) -> tuple[str, str | None]:
@@ -128,18 +132,6 @@ def _pearson(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum() / denominator) if denominator else 0.0
 
 
-def interval_verdict(low: float | None, high: float | None, tolerance: float) -> str:
-    """``agree`` (the whole interval within ±tolerance: no change beyond it), ``disagree`` (the
-    whole interval beyond it, on one side) or ``cannot tell``."""
-    if low is None or high is None:
-        return "cannot tell"
-    if -tolerance <= low and high <= tolerance:
-        return "agree"
-    if low > tolerance or high < -tolerance:
-        return "disagree"
-    return "cannot tell"
-
-
 def threshold_sensitivity(rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any) -> pl.DataFrame:
     """ED of ``rule`` on the run's curve as its threshold setting takes each of ``rule.thresholds``:
     ``threshold, ed, ratio`` (null where the rule finds no layer)."""
@@ -155,11 +147,12 @@ def threshold_sensitivity(rule: Rule, frame: pl.DataFrame, n_layers: int, settin
     return pl.DataFrame(rows, schema={"threshold": pl.Float64, "ed": pl.Int64, "ratio": pl.Float64}, orient="row")
 
 
-def variants(rule: Rule, settings: Any, seed: int) -> list[tuple[str, Any, int]]:
+def variants(rule: Rule, settings: Any, seed: int, thresholds: bool = True) -> list[tuple[str, Any, int]]:
     """The robustness rule's checks of one comparison: (what was varied, settings, bootstrap seed) —
-    the book's own first, then every other threshold of the rule's range, then the other seeds."""
+    the book's own first, then every other threshold of the rule's range (unless ``thresholds`` is
+    False: a threshold-free statistic, which no threshold can move), then the other seeds."""
     out = [("", settings, seed)]
-    if rule.thresholds is not None:
+    if thresholds and rule.thresholds is not None:
         name, values = rule.thresholds
         own = getattr(settings, name, None)
         words = name.replace("_", " ")

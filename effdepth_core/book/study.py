@@ -120,7 +120,9 @@ class Study:
     def summary(self) -> pl.DataFrame:
         """ED per (model, task, rule): ``ed, ratio, ci_low, ci_high, reason``, the interval's
         ``width`` and whether it counts (``n_examples`` ≥ ``MIN_INTERVAL_N``), why the ED is
-        ``degenerate`` (``stats.degenerate``; null when it is not), where the sample-size rule
+        ``degenerate`` (``stats.degenerate``; null when it is not), the primary statistic (``statistic,
+        depth, depth_ratio, depth_low, depth_high``, ``depth_degenerate`` by the same test: the one that
+        decides the verdicts), where the sample-size rule
         stopped (``precision``: met, cap, data; null for a fixed n), plus model facts."""
         from .stats import degenerate
 
@@ -135,6 +137,7 @@ class Study:
                 ratio = lambda v, n=n_layers: None if v is None else (v + 1) / n  # noqa: E731
                 low, high, ed = entry.get("ci_low"), entry.get("ci_high"), entry.get("ed")
                 why = degenerate(ed, low, high, n_layers)
+                depth, d_low, d_high = (entry.get(k) for k in ("depth", "depth_low", "depth_high"))
                 rows.append(
                     {
                         "model": r.model,
@@ -149,6 +152,12 @@ class Study:
                         "width": None if low is None or high is None else high - low,
                         "interval_counts": int(s["n_examples"]) >= MIN_INTERVAL_N,
                         "degenerate": why,
+                        "statistic": entry.get("statistic"),
+                        "depth": depth,
+                        "depth_ratio": ratio(depth),
+                        "depth_low": d_low,
+                        "depth_high": d_high,
+                        "depth_degenerate": degenerate(depth, d_low, d_high, n_layers),
                         "precision": r.walk.stopped if r.walk is not None else None,
                         "reason": entry.get("reason"),
                         "n_layers": n_layers,
@@ -169,6 +178,12 @@ class Study:
             "width": pl.Int64,
             "interval_counts": pl.Boolean,
             "degenerate": pl.String,
+            "statistic": pl.String,
+            "depth": pl.Float64,
+            "depth_ratio": pl.Float64,
+            "depth_low": pl.Float64,
+            "depth_high": pl.Float64,
+            "depth_degenerate": pl.String,
             "precision": pl.String,
             "reason": pl.String,
             "n_layers": pl.Int64,
