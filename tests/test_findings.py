@@ -535,7 +535,7 @@ def test_map_finding_verdict_follows_the_numbers():
 
     stretched = _map([0, 2, 4, 6, 8])
     said = findings_beyond.map_finding(stretched, "small", "big", map_statistic(stretched))
-    assert "**yes**" in said and "For 100% [100%, 100%] of the 3 inner layers" in said
+    assert "**yes**" in said and "(the column bias), for 100% [100%, 100%] of the 3 inner layers" in said
     # chance: equal depth 2, 4, 6 of big layers 0..8, slack 1 layer: 3 of the 9 layers each
     assert "a best layer drawn at random would do so for 33%" in said
     assert "shuffled pairs give 1.00–1.00" in said and "at most 0.0e+00 on the diagonal beyond layer 0" in said
@@ -578,18 +578,23 @@ def test_the_map_verdict_names_its_interval_and_holds_under_other_seeds():
 
     stretched = _map([0, 2, 4, 6, 8])
     statistic = map_statistic(stretched)
-    middle = {**statistic, "low": 0.52, "high": 0.70, "centred_low": 0.22, "centred_high": 0.26}
+    middle = {**statistic, "low": 0.22, "high": 0.26, "centred_low": 0.52, "centred_high": 0.70}
     said = findings_beyond.map_finding(stretched, "small", "big", middle)
-    assert "**we cannot tell**: the interval [52%, 70%] lies neither above ⅔ of the layers (yes) nor below ⅓" in said
+    assert (
+        "**we cannot tell**: the column-centred share's interval [52%, 70%] lies neither above ⅔ of the layers "
+        "(yes) nor below ⅓" in said
+    )
     assert "**yes**" in findings_beyond.map_finding(stretched, "small", "big", statistic, [statistic, statistic])
-    said = findings_beyond.map_finding(stretched, "small", "big", statistic, [statistic, {**statistic, "low": 0.6}])
+    other = {**statistic, "centred_low": 0.6}
+    said = findings_beyond.map_finding(stretched, "small", "big", statistic, [statistic, other])
     assert "**we cannot tell**: the verdict changes with the bootstrap seed (yes at this seed, we cannot tell" in said
 
 
 def test_a_column_bias_alone_cannot_decide_the_map():
     """The diagonal is there (a slope of 0.01 per layer away from 2m), but the last big layers are
     easier to predict from any small layer (0.06 per layer lower): every raw best layer is the last
-    one ("no"); removing each big layer's mean error finds the diagonal ("yes"): cannot tell."""
+    one ("no"); removing each big layer's mean error finds the diagonal: the column-centred share,
+    the verdict's statistic, says yes and the raw share is reported beside it."""
     from effdepth_core.book.evidence_beyond import map_statistic
 
     biased = _map([0, 2, 4, 6, 8], error=lambda m, b: 0.6 + abs(b - 2 * m) / 100 - 0.06 * b)
@@ -597,7 +602,8 @@ def test_a_column_bias_alone_cannot_decide_the_map():
     assert statistic["share"] == 0.0 and statistic["centred_share"] == 1.0  # raw: all at 8, 2 from m=3's 6
     assert statistic["easiest_big_layer"] == 8
     said = findings_beyond.map_finding(biased, "small", "big", statistic)
-    assert "**we cannot tell**: with each big layer's mean error removed (the column-bias check)" in said
+    assert "**yes**: the best layers follow equal relative depth, column bias removed" in said
+    assert "Without that correction the share is 0% [0%, 0%]" in said
 
 
 def test_beyond_charts_build_from_probe_frames():
@@ -615,10 +621,11 @@ def test_beyond_charts_build_from_probe_frames():
     assert isinstance(plots.pruning_curves(pl.DataFrame()), plots.Note)
 
 
-def _prune_study(after: list[float], angular: list[float], influence: list[float], tokens: list[int]):
-    """A study of one pruning run on L = 4 layers with lens-overlap ED 1: per prompt, the answer NLL
-    increase of removing layer 2 (the block after ED), layer 1 (least angular distance) and layer 3
-    (block influence's pick, the same layer as block 3); layer 0 costs 9 nats. Clean NLL 1.0 everywhere."""
+def _prune_study(after: list[float], angular: list[float], influence: list[float], tokens: list[int], ed: int = 3):
+    """A study of one pruning run on L = 6 layers with lens-overlap ED 3 (past the first layers, so not
+    an artefact): per prompt, the answer NLL increase of removing layer 4 (the block after ED), layer 3
+    (least angular distance) and layer 5 (block influence's pick, the same layer as block 5); layer 0
+    costs 9 nats (layers 1 and 2 are not cut). Clean NLL 1.0 everywhere."""
     from types import SimpleNamespace
 
     from effdepth_core.book.study import RunRecord, Study
@@ -627,10 +634,10 @@ def _prune_study(after: list[float], angular: list[float], influence: list[float
     rows = []
     for e, t in enumerate(tokens):
         rows.append((e, "none", 0, None, "", "answer_nll", 1.0, t))
-        for start, extra in ((0, 9.0), (1, angular[e]), (2, after[e]), (3, influence[e])):
+        for start, extra in ((0, 9.0), (3, angular[e]), (4, after[e]), (5, influence[e])):
             rows.append((e, "block", 1, start, str(start), "answer_nll", 1.0 + extra, t))
-            rows.append((e, "block", 1, start, str(start), "angular_distance", 0.1 if start == 1 else 0.5, 7))
-        rows.append((e, "shortgpt", 1, None, "3", "answer_nll", 1.0 + influence[e], t))
+            rows.append((e, "block", 1, start, str(start), "angular_distance", 0.1 if start == 3 else 0.5, 7))
+        rows.append((e, "shortgpt", 1, None, "5", "answer_nll", 1.0 + influence[e], t))
     schema = {"example": pl.Int64, "rule": pl.String, "k": pl.Int64, "start": pl.Int64, "removed": pl.String,
               "metric": pl.String, "value": pl.Float64, "n_tokens": pl.Int64}  # fmt: skip
     rows += [(*r[:5], "answer_accuracy", 0.5, r[7]) for r in rows if r[5] == "answer_nll"]
@@ -638,7 +645,7 @@ def _prune_study(after: list[float], angular: list[float], influence: list[float
     result = SimpleNamespace(
         per_example={"prune": per_example},
         curves={"prune": prune_summary(per_example)},
-        summary={"n_layers": 4, "n_examples": len(tokens), "logit_lens_overlap": {"ed": 1}},
+        summary={"n_layers": 6, "n_examples": len(tokens), "logit_lens_overlap": {"ed": ed}},
     )
     return Study([RunRecord("m", "GSM8K", None, ["prune", "logit_lens"], result=result)])
 
@@ -653,7 +660,8 @@ def test_pruning_costs_against_hand_computed_means():
     costs = pruning_costs(_prune_study(after, angular, influence, tokens)).filter(variant="")
     row = costs.row(0, named=True)
     weighted = lambda values: sum(v * t for v, t in zip(values, tokens, strict=True)) / sum(tokens)  # noqa: E731
-    assert row["removed"] == "2" and row["best_alternative"] == "block influence"
+    assert row["removed"] == "4" and row["best_alternative"] == "block influence"
+    assert row["percentile"] == 0 and row["blocks"] == 4  # the cheapest of the 4 single-layer blocks cut
     assert row["delta_nll"] == pytest.approx(weighted(after), rel=1e-12)  # float64 sums of ten terms
     assert row["difference"] == pytest.approx(weighted(after) - weighted(influence), rel=1e-12)
     assert row["ratio"] == pytest.approx(weighted(after) / weighted(influence), rel=1e-12)
@@ -665,6 +673,10 @@ def test_pruning_costs_against_hand_computed_means():
     assert row["low"] < 0 < row["high"] and row["verdict"] == "unclear"
     few = pruning_costs(_prune_study(after[:4], angular[:4], influence[:4], tokens[:4]))
     assert not few["counted"].any()
+    costly = pruning_costs(_prune_study([3.0] * 10, angular, influence, tokens)).filter(variant="")
+    assert costly["percentile"][0] == 0.5  # angular distance's (2 nats) and influence's (~1) blocks cost less
+    # an ED in the first layers (1 of 6: an artefact) places no block: nothing is shown as counted
+    assert not pruning_costs(_prune_study(after, angular, influence, tokens, ed=1)).height
 
 
 def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():

@@ -232,3 +232,51 @@ def paper_vs_ours(table: pl.DataFrame) -> alt.Chart:
         .add_params(rule)
         .properties(width=CONTENT_WIDTH - 180, height=alt.Step(18))
     )
+
+
+@_needs_data
+def differences_against_margin(steps: pl.DataFrame) -> alt.Chart:
+    """Each model's difference of the primary statistic's ratio between two data sets with its 95 %
+    interval (``steps``: ``model, rule, pair, point, low, high, margin, counted``), one panel per rule,
+    against the grey band of its margin (±, the paper's spread, at least one layer); a difference
+    whose cell does not count (n < 20, degenerate) is drawn hollow and grey."""
+    frame = _rounded(
+        steps.with_columns(
+            pl.format("{} · {}", "model", "pair").alias("step"),
+            (-pl.col("margin")).alias("margin_low"),
+            pl.lit(0.0).alias("zero"),
+            pl.when(pl.col("counted")).then(pl.lit("counts")).otherwise(pl.lit("shown, not counted")).alias("cell"),
+        ),
+        ("point", "low", "high", "margin", "margin_low"),
+    )
+    y = alt.Y("step:N", title=None, sort=None, axis=alt.Axis(labelLimit=320))
+    base = alt.Chart()
+    band = base.mark_bar(color="#ddd", height=12).encode(y=y, x="margin_low:Q", x2="margin:Q")
+    zero = base.mark_rule(color="#888").encode(x="zero:Q")
+    bars = base.mark_rule().encode(y=y, x=alt.X("low:Q", title="ratio difference (harder − easier)"), x2="high:Q",
+                                   color=alt.Color("cell:N", title=None, scale=_CELL))  # fmt: skip
+    points = base.mark_point(size=60).encode(
+        y=y,
+        x="point:Q",
+        color=alt.Color("cell:N", scale=_CELL),
+        fill=alt.Fill("cell:N", scale=_CELL_FILL, legend=None),
+        tooltip=[
+            "model:N",
+            "rule:N",
+            "pair:N",
+            alt.Tooltip("point:Q", format="+.3f"),
+            alt.Tooltip("low:Q", format="+.3f"),
+            alt.Tooltip("high:Q", format="+.3f"),
+            alt.Tooltip("margin:Q", format=".3f", title="margin ±"),
+            "cell:N",
+        ],
+    )
+    return (
+        alt.layer(band, zero, bars, points)
+        .properties(width=CONTENT_WIDTH / 3 - 40)
+        .facet(column=alt.Column("rule:N", title=None, sort=RULE_ORDER), data=frame)
+    )
+
+
+_CELL = alt.Scale(domain=["counts", "shown, not counted"], range=["#1f4e79", "#aaa"])
+_CELL_FILL = alt.Scale(domain=["counts", "shown, not counted"], range=["#1f4e79", "white"])

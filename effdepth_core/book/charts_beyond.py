@@ -117,20 +117,36 @@ def pruning_curves(prune: pl.DataFrame, summary: pl.DataFrame | None = None, rul
 def early_exit_curves(
     exits: pl.DataFrame, summary: pl.DataFrame | None = None, rule: str = "lens overlap"
 ) -> alt.Chart:
-    """Per exit layer: the share of tokens whose top-1 is already the final one (top) and the answer
-    NLL when exiting there (bottom), per lens; the dotted line marks exiting right after ED."""
-    frame = _rounded(
-        exits.with_columns(pl.format("{} lens", "lens").alias("lens")).select(
-            "model", "task", "lens", "layer", "metric", "value"
+    """Per exit layer: the share of tokens whose top-1 is already the final one (top), the answer NLL
+    when exiting there, and its cost per layer saved ((NLL(l) − NLL(L)) / (L − l), bottom), per lens;
+    the dotted line marks exiting right after ED."""
+    frame = exits.with_columns(pl.format("{} lens", "lens").alias("lens")).select(
+        "model", "task", "lens", "layer", "metric", "value"
+    )
+    nll = frame.filter(metric="answer_nll")
+    run = ["model", "task", "lens"]
+    final = nll.filter(pl.col("layer") == pl.col("layer").max().over(run)).select(
+        *run, pl.col("layer").alias("depth"), pl.col("value").alias("final")
+    )
+    per_layer = (
+        nll.join(final, on=run)
+        .filter(pl.col("layer") < pl.col("depth"))
+        .select(
+            *run,
+            "layer",
+            pl.lit("cost_per_layer").alias("metric"),
+            ((pl.col("value") - pl.col("final")) / (pl.col("depth") - pl.col("layer"))).alias("value"),
         )
     )
+    frame = _rounded(pl.concat([frame, per_layer.select(frame.columns)]))
     pickers = _picker_params(frame, ("model", "task"))
     lens_scale = _lens_scale(frame["lens"].unique().to_list())
 
     def panel(metric: str, title: str, first: bool) -> alt.LayerChart:
         part = frame.filter(metric=metric)
         # the NLL of layer 0 (the embeddings decoded) is ~10x the rest: symlog keeps the later layers readable
-        y = _symlog(part["value"], f"{title} (symlog)") if metric == "answer_nll" else alt.Y("value:Q", title=title)
+        symlog = metric in ("answer_nll", "cost_per_layer")
+        y = _symlog(part["value"], f"{title} (symlog)") if symlog else alt.Y("value:Q", title=title)
         line = (
             alt.Chart(part)
             .mark_line(point=alt.OverlayMarkDef(size=20))
@@ -153,6 +169,7 @@ def early_exit_curves(
     return alt.vconcat(
         panel("agreement", "tokens whose top-1 is the final top-1", True),
         panel("answer_nll", "answer NLL when exiting here (nats)", False),
+        panel("cost_per_layer", "ΔNLL per layer saved (nats)", False),
     )
 
 

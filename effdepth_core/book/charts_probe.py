@@ -22,30 +22,69 @@ from .render import (
 
 
 @_accepts_probe_frames
-def contribution_bars(cosine: pl.DataFrame, width: int = CONTENT_WIDTH) -> alt.Chart:
-    """Per layer: cosine of each sublayer's write with the residual it reads (top) and its size
-    relative to that residual (bottom); dropdowns pick the model and task, the legend highlights a
-    sublayer."""
-    frame = _rounded(
-        cosine.select("model", "task", "layer", "metric", "value").with_columns(
-            pl.col("metric").str.split("_").list.get(0).alias("kind"),
-            pl.col("metric").str.split("_").list.get(1).replace(SUBLAYERS).alias("sublayer"),
-        )
+def contribution_bars(
+    cosine: pl.DataFrame, width: int = CONTENT_WIDTH, summary: pl.DataFrame | None = None
+) -> alt.Chart:
+    """Per layer: cosine of each sublayer's write with the residual it reads (top), with the mean of
+    the three cosines the ED rule reads (line) and, where ``summary`` gives them (rows of ``rule``
+    "cosine" with ``ed``, and ``model``/``task``), its ED (dashed) — and each write's size relative to
+    that residual (bottom); dropdowns pick the model and task, the legend highlights a sublayer."""
+    from ..probes.cosine import COSINE_PARTS
+
+    frame = cosine.select("model", "task", "layer", "metric", "value").with_columns(
+        pl.col("metric").str.split("_").list.get(0).alias("kind"),
+        pl.col("metric").str.split("_").list.get(1).replace(SUBLAYERS).alias("sublayer"),
     )
+    mean = (
+        frame.filter(pl.col("metric").is_in(COSINE_PARTS))
+        .group_by("model", "task", "layer", maintain_order=True)
+        .agg(pl.col("value").mean())
+        .with_columns(pl.lit("mean").alias("kind"), pl.lit("mean of the three (the rule's curve)").alias("sublayer"))
+    )
+    parts = [frame, mean.with_columns(pl.lit("cos_mean").alias("metric")).select(frame.columns)]
+    if summary is not None and {"rule", "ed"} <= set(summary.columns):
+        eds = summary.filter(pl.col("rule") == "cosine", pl.col("ed").is_not_null())
+        if {"model", "task"} <= set(eds.columns) and eds.height:
+            parts.append(
+                eds.select("model", "task", pl.col("ed").cast(pl.Int64).alias("layer")).with_columns(
+                    pl.lit("ed").alias("metric"),
+                    pl.lit(0.0).alias("value"),
+                    pl.lit("ed").alias("kind"),
+                    pl.lit("ED").alias("sublayer"),
+                )
+            )
+    frame = _rounded(pl.concat(parts, how="vertical_relaxed"))
     pick = alt.selection_point(fields=["sublayer"], bind="legend")
+    order = list(SUBLAYERS.values())
     base = (
         alt.Chart()
         .mark_bar()
         .encode(
             x=alt.X("layer:O", title="layer"),
-            xOffset=alt.XOffset("sublayer:N", sort=list(SUBLAYERS.values())),
-            color=alt.Color("sublayer:N", sort=list(SUBLAYERS.values()), title="sublayer"),
+            xOffset=alt.XOffset("sublayer:N", sort=order, scale=alt.Scale(domain=order)),
+            color=alt.Color("sublayer:N", sort=order, title="sublayer", scale=alt.Scale(domain=order)),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.2)),
             tooltip=["model:N", "task:N", "layer:O", "sublayer:N", alt.Tooltip("value:Q", format=".3f")],
         )
         .properties(width=width, height=170)
     )
     cos = base.transform_filter(alt.datum.kind == "cos").encode(y=alt.Y("value:Q", title="cosine with residual"))
+    line = (
+        alt.Chart()
+        .mark_line(color="#111", point=alt.OverlayMarkDef(color="#111", size=12))
+        .encode(
+            x=alt.X("layer:O"),
+            y=alt.Y("value:Q"),
+            tooltip=["model:N", "task:N", "layer:O", alt.Tooltip("value:Q", format=".3f", title="mean cosine")],
+        )
+        .transform_filter(alt.datum.kind == "mean")
+    )
+    ed = (
+        alt.Chart()
+        .mark_rule(color="#111", strokeDash=[3, 3])
+        .encode(x=alt.X("layer:O"), tooltip=[alt.Tooltip("layer:O", title="ED (cosine rule)")])
+        .transform_filter(alt.datum.kind == "ed")
+    )
     rel = base.transform_filter(alt.datum.kind == "rel").encode(  # log: layer 0 writes ~10× more than the rest
         y=alt.Y(
             "value:Q",
@@ -54,7 +93,8 @@ def contribution_bars(cosine: pl.DataFrame, width: int = CONTENT_WIDTH) -> alt.C
             axis=alt.Axis(values=[0, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50], format="~g"),  # symlog ticks land at 0, 5, 10
         )
     )
-    return _pickers(alt.vconcat(cos.add_params(pick), rel, data=frame), frame)
+    top = alt.layer(cos.add_params(pick), line, ed)
+    return _pickers(alt.vconcat(top, rel, data=frame), frame)
 
 
 @_accepts_probe_frames
@@ -84,15 +124,30 @@ def metric_curves(frame: pl.DataFrame) -> alt.VConcatChart:
 
 @_accepts_probe_frames
 def lens_curves(
-    lens: pl.DataFrame, summary: pl.DataFrame | None = None, overlap_threshold: float = 0.3
+    lens: pl.DataFrame,
+    summary: pl.DataFrame | None = None,
+    overlap_threshold: float = 0.3,
+    bands: pl.DataFrame | None = None,
 ) -> alt.VConcatChart:
     """Logit-lens KL to the final distribution (top) and top-5 overlap (bottom) per layer, one line
     per task; the ED layer of each rule is marked (``summary``: rows with ``rule`` — a label such as
     "lens KL" or a rule key such as ``logit_lens_kl``, as ``effective_depth`` and ``depth_table``
     give them — and ``ed``; ``model`` and ``task`` default to the curves' own). A dropdown picks
     the model (every layer of the chart is filtered, the ED marks too); click a legend entry to
-    highlight a task."""
+    highlight a task. ``bands`` (``stats.curve_bands``: ``low, high, n`` per layer) shade each
+    curve's 95 % bootstrap band over prompts, and the legend names each task with its n."""
     frame = _rounded(lens.select("model", "task", "layer", "metric", "value"))
+    if bands is not None and bands.height:
+        named = bands.select("model", "task", "n").unique(["model", "task"], maintain_order=True)
+        named = named.with_columns(pl.format("{} (n = {})", "task", "n").alias("shown"))
+
+        def relabel(f: pl.DataFrame) -> pl.DataFrame:  # "GSM8K" → "GSM8K (n = 20)", in every layer alike
+            shown = f.join(named.select("model", "task", "shown"), on=["model", "task"], how="left")
+            return shown.with_columns(pl.coalesce("shown", "task").alias("task")).drop("shown")
+
+        frame, bands = relabel(frame), _rounded(relabel(bands), ("value", "low", "high"))
+        if summary is not None and {"model", "task"} <= set(summary.columns):
+            summary = relabel(summary)
     if summary is not None:
         from .. import registry
 
@@ -124,6 +179,21 @@ def lens_curves(
         if first:  # one legend selection and one model dropdown, shared by both panels
             line = line.add_params(pick, *(param for _, param in models))
         layers = [line]
+        if bands is not None and bands.height:
+            layers.insert(
+                0,
+                filtered(
+                    alt.Chart(bands.filter(pl.col("metric") == metric))
+                    .mark_area(opacity=0.18)
+                    .encode(
+                        x="layer:Q",
+                        y="low:Q",
+                        y2="high:Q",
+                        color=alt.Color("task:N", title="task"),
+                        opacity=alt.condition(pick, alt.value(0.18), alt.value(0.03)),
+                    )
+                ),
+            )
         if metric == "overlap":
             layers.append(alt.Chart().mark_rule(strokeDash=[4, 4], color="#888").encode(y=alt.datum(overlap_threshold)))
         if summary is not None:

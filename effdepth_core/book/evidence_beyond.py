@@ -20,13 +20,15 @@ BASELINE_MARGIN = 0.9
 
 
 def map_statistic(mapped: pl.DataFrame, n_bootstrap: int = 1000, seed: int = 0) -> dict | None:
-    """The map's verdict statistic — the share of the small model's inner layers (1..L_small-1)
-    whose best big layer lies on the diagonal — with its 95 % bootstrap interval over test prompts,
-    and what qualifies it: the share of inner layers where the map beats the shuffled baseline, the
+    """The map's statistics — the share of the small model's inner layers (1..L_small-1) whose best
+    big layer lies on the diagonal, on the mean over test prompts of the per-prompt errors (point and
+    95 % bootstrap interval from the same statistic) — and what qualifies it:
+    the share of inner layers where the map beats the shuffled baseline, the
     errors at the best layers (map and baseline), the self-map's largest diagonal error, the counts;
     the share a best layer drawn uniformly would reach (``chance``); and the same share with each big
-    layer's mean error over the small layers removed (``centred_*``: a big layer that is easy to
-    predict from any small layer — a column bias — must not make the diagonal by itself)."""
+    layer's mean error over the small layers removed (``centred_*``, the verdict's statistic: a big
+    layer that is easy to predict from any small layer — a column bias — must not make the diagonal
+    by itself)."""
     needed = {"relative_error", "baseline_error", "self_error"}
     if "prompt" not in mapped.columns or not needed <= set(mapped["metric"].unique().to_list()):
         return None
@@ -55,6 +57,7 @@ def map_statistic(mapped: pl.DataFrame, n_bootstrap: int = 1000, seed: int = 0) 
     def centred(matrix_: np.ndarray) -> np.ndarray:
         return matrix_ - matrix_.mean(axis=0, keepdims=True)
 
+    prompt_mean = cube.mean(axis=0)  # the statistic the resamples draw: the mean over prompts, point and interval alike
     shares, centred_shares = [], []
     for w in weights:
         resampled = np.tensordot(w, cube, axes=1) / w.sum()
@@ -74,11 +77,11 @@ def map_statistic(mapped: pl.DataFrame, n_bootstrap: int = 1000, seed: int = 0) 
         return float(values[0]) if values.len() else float("nan")
 
     return {
-        "share": on_diagonal(table),
+        "share": on_diagonal(prompt_mean),
         "low": float(np.percentile(shares, 2.5)),
         "high": float(np.percentile(shares, 97.5)),
         "chance": chance,
-        "centred_share": on_diagonal(centred(table)),
+        "centred_share": on_diagonal(centred(prompt_mean)),
         "centred_low": float(np.percentile(centred_shares, 2.5)),
         "centred_high": float(np.percentile(centred_shares, 97.5)),
         "easiest_big_layer": int(column.argmin()),
@@ -120,8 +123,9 @@ def pruning_costs(
     (answer-token weighted, as the curves), ``ratio_low``/``ratio_high`` null when a resample's
     best alternative costs nothing; ``verdict`` cheaper/costlier/unclear from the difference's
     interval, "unclear" unless the next two seeds agree; ``same_layers`` when the block is the
-    alternative's; ``holds_final`` when it removes the final layer; ``counted`` when the run has at
-    least ``MIN_PRUNE_N`` prompts."""
+    alternative's; ``holds_final`` when it removes the final layer; ``percentile``, the share of the
+    run's ``blocks`` contiguous blocks of k layers that cost less (0: the cheapest of them); ``counted``
+    when the run has at least ``MIN_PRUNE_N`` prompts."""
     comparison = pruning_comparison(study)
     rows = []
     for r in study.finished:
@@ -147,6 +151,8 @@ def pruning_costs(
             if not others.height:
                 continue
             alt = np.stack([deltas(x) for x in others["removed"]])  # [alternative, example]
+            # every contiguous block of k layers the run cut, with its mean ΔNLL: the after-ED block's rank
+            blocks = r.result.curves["prune"].filter(rule="block", k=k, metric="delta_nll").select("removed", "value")
             for variant in ("", FINAL_KEPT):
                 choice = f"after ED ({rule})" + (f", {variant}" if variant else "")
                 row = budget.filter(choice=choice)
@@ -191,6 +197,8 @@ def pruning_costs(
                     if why is None and classes[-1] != classes[0]:
                         why = what
                 same = removed in others["removed"].to_list()
+                cost = blocks.filter(pl.col("removed") == removed)["value"]
+                cheaper_blocks = int((blocks["value"] < cost[0]).sum()) if cost.len() else None
                 rows.append(
                     {
                         "model": r.model,
@@ -207,6 +215,8 @@ def pruning_costs(
                         "why": why,
                         "same_layers": same,
                         "holds_final": str(int(r.result.summary["n_layers"]) - 1) in removed.split(","),
+                        "percentile": None if cheaper_blocks is None else cheaper_blocks / blocks.height,
+                        "blocks": blocks.height,
                         "n": n,
                         "counted": n >= MIN_PRUNE_N,
                     }
@@ -216,7 +226,8 @@ def pruning_costs(
         "delta_nll": pl.Float64, "best_alternative": pl.String, "best_delta_nll": pl.Float64,
         "difference": pl.Float64, "low": pl.Float64, "high": pl.Float64, "ratio": pl.Float64,
         "ratio_low": pl.Float64, "ratio_high": pl.Float64, "verdict": pl.String, "seed_stable": pl.Boolean,
-        "why": pl.String, "same_layers": pl.Boolean, "holds_final": pl.Boolean, "n": pl.Int64, "counted": pl.Boolean,
+        "why": pl.String, "same_layers": pl.Boolean, "holds_final": pl.Boolean, "percentile": pl.Float64,
+        "blocks": pl.Int64, "n": pl.Int64, "counted": pl.Boolean,
     }  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
 

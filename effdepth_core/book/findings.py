@@ -574,6 +574,28 @@ def _task_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dic
     return out
 
 
+def difference_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> pl.DataFrame:
+    """Each model's step between two data sets per rule at the book's own seed, with the margin it is
+    judged against: ``model, rule, pair, point, low, high, margin, counted`` (the difficulty chart)."""
+    rows = [
+        {
+            "model": model,
+            "rule": s["rule"],
+            "pair": s["pair"],
+            "point": s["own"]["point"],
+            "low": s["own"]["low"],
+            "high": s["own"]["high"],
+            "margin": s["tolerances"][s["rule"]],
+            "counted": not s["excluded"],
+        }
+        for model, steps in _task_steps(between, paper).items()
+        for s in steps
+    ]
+    schema = {"model": pl.String, "rule": pl.String, "pair": pl.String, "point": pl.Float64, "low": pl.Float64,
+              "high": pl.Float64, "margin": pl.Float64, "counted": pl.Boolean}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema).filter(pl.col("point").is_not_null())
+
+
 def _overall(per_model: Sequence[str]) -> str:
     """One verdict over models: theirs where they all give one, agreement where every model lies
     within the margin (some with a small difference), else cannot tell."""

@@ -123,6 +123,14 @@ def _prune_verdict(rows: pl.DataFrame) -> str:
     )
 
 
+def _rank(row: Mapping) -> str:
+    """``; 5 of the 23 blocks of 8 layers cost less``: the after-ED block among every contiguous one."""
+    if row.get("percentile") is None or not row.get("blocks"):
+        return ""
+    cheaper = round(row["percentile"] * row["blocks"])
+    return f"; {cheaper} of the {row['blocks']} contiguous blocks of {row['k']} layers cost less"
+
+
 def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
     """Is the block right after ED (of ``ed_rule``, one rule so that the verdict is not the best of
     several tries) cheaper to cut than the layers angular distance or block influence choose, budget
@@ -165,7 +173,7 @@ def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
         )
         if kept.height:
             cell += f", kept off the final layer ({kept['removed'][0]}) {multiple(kept.row(0, named=True))}"
-        cells.append(cell + f", n = {largest['n']}")
+        cells.append(cell + _rank(largest) + f", n = {largest['n']}")
     text.append(f"At the largest budget: {'; '.join(cells)} (95 % intervals over prompts).")
     plain = counted.filter(variant="")
     holding = plain.filter("holds_final").height
@@ -231,27 +239,20 @@ def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
 
 
 def _map_verdict(statistic: Mapping) -> str:
-    """The map's verdict from one statistic, before the seed check."""
-    low, high = statistic["low"], statistic["high"]
-
-    def follows(low_: float, high_: float) -> str | None:
-        return "yes" if low_ >= 2 / 3 else "no" if high_ <= 1 / 3 else None
-
-    raw = follows(low, high)
-    column_free = follows(statistic["centred_low"], statistic["centred_high"])
+    """The map's verdict from its column-centred share (the raw share can be carried by one big layer
+    that is easy to predict from any small layer), before the seed check."""
+    low, high = statistic["centred_low"], statistic["centred_high"]
     if statistic["self_max"] >= 1e-3:  # float64 normal equations: the identity to many digits
         return "**we cannot tell**: mapped onto itself the small model does not give the identity"
     if statistic["beats_baseline"] < 0.5:
         return "**we cannot tell**: the maps are no better than maps fitted on shuffled token pairs"
-    if raw is not None and raw != column_free:
-        return "**we cannot tell**: with each big layer's mean error removed (the column-bias check) it does not hold"
-    if raw == "yes":
-        return "**yes**: the best layers follow equal relative depth"
-    if raw == "no":
-        return "**no**: the best layers do not follow equal relative depth"
+    if low >= 2 / 3:
+        return "**yes**: the best layers follow equal relative depth, column bias removed"
+    if high <= 1 / 3:
+        return "**no**: with column bias removed the best layers do not follow equal relative depth"
     return (
-        f"**we cannot tell**: the interval [{low:.0%}, {high:.0%}] lies neither above ⅔ of the layers (yes) "
-        "nor below ⅓ (no)"
+        f"**we cannot tell**: the column-centred share's interval [{low:.0%}, {high:.0%}] lies neither above ⅔ "
+        "of the layers (yes) nor below ⅓ (no)"
     )
 
 
@@ -263,10 +264,10 @@ def map_finding(
     seed_checks: Sequence[Mapping] = (),
 ) -> str:
     """Does the big model stretch the small one? The share of the small model's inner layers whose
-    best-predicted big layer lies within ``evidence_beyond.STRETCH_SLACK`` of equal relative depth, with its bootstrap
-    interval over test prompts (``statistic``: ``evidence_beyond.map_statistic``), against the shuffled-pairing
-    baseline and the self-map check; ``seed_checks``, the same statistic under other bootstrap seeds,
-    must give the same verdict."""
+    best-predicted big layer lies within ``evidence_beyond.STRETCH_SLACK`` of equal relative depth,
+    column bias removed, with its bootstrap interval over test prompts (``statistic``:
+    ``evidence_beyond.map_statistic``), against the shuffled-pairing baseline and the self-map check;
+    ``seed_checks``, the same statistic under other bootstrap seeds, must give the same verdict."""
     question = f"**Does {big} stretch the computation of {small}?**"
     if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns) or statistic is None:
         return f"{question} The map was not computed: **we cannot tell**."
@@ -281,15 +282,16 @@ def map_finding(
         )
     text = [f"{question} {verdict}."]
     text.append(
-        f"For {share:.0%} [{low:.0%}, {high:.0%}] of the {statistic['inner']} inner layers of {small} the best "
-        f"{big} layer lies within {statistic['slack']:.1f} layers of equal relative depth; a best layer drawn "
-        f"at random would do so for {statistic['chance']:.0%}."
+        f"With each big layer's mean error removed (the column bias), for {statistic['centred_share']:.0%} "
+        f"[{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}] of the {statistic['inner']} inner "
+        f"layers of {small} the best {big} layer lies within {statistic['slack']:.1f} layers of equal relative "
+        f"depth; a best layer drawn at random would do so for {statistic['chance']:.0%}."
     )
     text.append(
-        f"Column bias: {big}'s layer {statistic['easiest_big_layer']} is the easiest to predict (mean error over "
-        f"the small layers {statistic['column_low']:.2f}, the hardest {statistic['column_high']:.2f}); with each big "
-        f"layer's mean removed the share is {statistic['centred_share']:.0%} "
-        f"[{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}]."
+        f"Without that correction the share is {share:.0%} [{low:.0%}, {high:.0%}] (the same statistic, the mean "
+        f"over test prompts, for point and interval): {big}'s layer {statistic['easiest_big_layer']} is the "
+        f"easiest to predict (mean error over the small layers {statistic['column_low']:.2f}, the hardest "
+        f"{statistic['column_high']:.2f})."
     )
     text.append(
         f"Best-layer errors are {statistic['best_low']:.2f}–{statistic['best_high']:.2f}; shuffled pairs give "
@@ -387,7 +389,9 @@ def beyond_headlines(pages: Sequence[Mapping]) -> list[dict]:
             top = counted.sort("k", descending=True).row(0, named=True)
             if top["ratio"] is not None:
                 spread = f" [{top['ratio_low']:.1f}, {top['ratio_high']:.1f}]" if top["ratio_low"] is not None else ""
-                prune_effects.append(f"{model} {task_name(top['task'])} k = {top['k']}: {top['ratio']:.1f}×{spread}")
+                prune_effects.append(
+                    f"{model} {task_name(top['task'])} k = {top['k']}: {top['ratio']:.1f}×{spread}{_rank(top)}"
+                )
             prune_n += counted["n"].to_list()
         exits = page.get("exits")
         if exits is not None and exits.height and exits.filter("counted").height:
@@ -442,9 +446,9 @@ def beyond_headlines(pages: Sequence[Mapping]) -> list[dict]:
             continue
         text = map_finding(page["mapped"], pair["small"], pair["big"], statistic, page.get("seed_checks") or ())
         effect = (
-            f"share of {pair['small']}'s layers mapped within {statistic['slack']:.1f} layers of equal relative "
-            f"depth: {statistic['share']:.0%} [{statistic['low']:.0%}, {statistic['high']:.0%}]; column-centred "
-            f"{statistic['centred_share']:.0%} [{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}]"
+            f"share of {pair['small']}'s layers whose best {pair['big']} layer lies within {statistic['slack']:.1f} "
+            f"layers of equal relative depth, column bias removed: {statistic['centred_share']:.0%} "
+            f"[{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}] (raw {statistic['share']:.0%})"
             if statistic
             else ""
         )

@@ -25,6 +25,7 @@ from . import (
 )
 from .sections import StudyPlan, plans
 from .sections import defaults as shared_defaults
+from .stats import curve_bands
 from .study import Study, map_study, pruning_comparison, run_study, task_label
 
 
@@ -186,8 +187,12 @@ class ScalePage(Page):
             "completeness": (self.causal, "igrad"),
         }
         frames = {
-            "cosine": lambda: plots.contribution_bars(self.runs.frame("cosine")),
-            "lens": lambda: plots.lens_curves(self.runs.frame("logit_lens"), self.summary),
+            "cosine": lambda: plots.contribution_bars(self.runs.frame("cosine"), summary=self.summary),
+            "lens": lambda: plots.lens_curves(
+                self.runs.frame("logit_lens"),
+                self.summary,
+                bands=curve_bands(self.runs.frame("logit_lens", per_example=True), seed=self.bootstrap_seed),
+            ),
             "skip": lambda: plots.skip_heatmap(self.causal.frame("skip")),
             "skip-output": lambda: plots.output_effect_bars(self.causal.frame("skip")),
             "erasure": lambda: plots.erasure_heatmap(self.causal.frame("erasure", per_example=True)),
@@ -300,6 +305,8 @@ class DifficultyPage(Page):
     def chart(self, name: str):
         if name == "tasks":
             return plots.show(plots.ed_by_task(self.by_task.summary(), self.task_order))
+        if name == "differences":
+            return plots.show(plots.differences_against_margin(findings.difference_steps(self.between, self.paper)))
         if name == "levels":
             return plots.show(plots.ed_by_task(self.by_level.summary(), self.level_order))
         if name == "sensitivity":
@@ -479,7 +486,8 @@ BEYOND_PARTS = {
     "Gromov et al.'s least angular distance between a block's input and output, and ShortGPT's k least "
     "influential layers.",
     "exit": "## Early exit: what stopping at a layer costs\n\nDecoding each layer's residual as if the model "
-    "stopped there: the share of tokens whose top-1 token is already the final one, and the answer NLL; the "
+    "stopped there: the share of tokens whose top-1 token is already the final one, the answer NLL, and that "
+    "NLL's rise over the full model's per layer saved (the price of each skipped layer at every exit); the "
     "dotted line marks exiting right after the lens-overlap ED (the layers saved are the ones to its right).",
     "map": "## Cross-model linear map: {small} → {big}\n\nHeld-out relative error of an affine map from each "
     "layer of the shallower model to each layer of the deeper one, on the same tokens of held-out prompts (left; "

@@ -25,6 +25,7 @@ from .chart_parts import (
 )
 from .charts_across import (
     depth_score_bars,
+    differences_against_margin,
     ed_against_scale,
     ed_by_task,
     paper_vs_ours,
@@ -83,6 +84,7 @@ __all__ = [
     "completeness_bars",
     "contribution_bars",
     "depth_score_bars",
+    "differences_against_margin",
     "early_exit_curves",
     "ed_against_scale",
     "ed_by_task",

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ..depth import difference_draws, interval, with_setting
+from ..depth import difference_draws, interval, resample_weights, with_setting
 from ..probes.shared.reduce import token_weighted_mean
 from ..probes.spec import Rule
 
@@ -162,3 +162,27 @@ def variants(rule: Rule, settings: Any, seed: int, thresholds: bool = True) -> l
         ]
     out += [(f"under bootstrap seed {seed + k}", settings, seed + k) for k in range(1, OTHER_SEEDS + 1)]
     return out
+
+
+def curve_bands(per_example: pl.DataFrame, n_bootstrap: int = 1000, seed: int = 0) -> pl.DataFrame:
+    """Each curve's token-weighted mean per layer with its 95 % bootstrap band over prompts (the
+    resamples the ED intervals draw: whole prompts, token-weighted): ``model, task, metric, layer,
+    value, low, high, n`` from a per-example frame (``example, layer, metric, value, n_tokens`` and
+    ``model``/``task``)."""
+    rows = []
+    for (model, task, metric), part in per_example.group_by("model", "task", "metric", maintain_order=True):
+        wide = part.pivot(on="layer", index=["example", "n_tokens"], values="value").sort("example")
+        layers = sorted(int(c) for c in wide.columns if c not in ("example", "n_tokens"))
+        counts = wide["n_tokens"].to_numpy().astype(float)  # [example]
+        sums = wide.select([str(layer) for layer in layers]).to_numpy() * counts[:, None]  # [example, layer]
+        weights = resample_weights(counts.size, n_bootstrap, seed)  # [boot, example]
+        means = (weights @ sums) / (weights @ counts)[:, None]  # [boot, layer]
+        low, high = np.percentile(means, [2.5, 97.5], axis=0)
+        mean = sums.sum(0) / counts.sum()
+        rows += [
+            (model, task, metric, layer, float(mean[i]), float(low[i]), float(high[i]), int(counts.size))
+            for i, layer in enumerate(layers)
+        ]
+    schema = {"model": pl.String, "task": pl.String, "metric": pl.String, "layer": pl.Int64, "value": pl.Float64,
+              "low": pl.Float64, "high": pl.Float64, "n": pl.Int64}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema, orient="row")

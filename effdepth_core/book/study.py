@@ -450,7 +450,9 @@ def pruning_comparison(study: Study) -> pl.DataFrame:
     """``rule_comparison`` of every run with the pruning probe, with the EDs of the same model and task
     (every rule it has, tuned lens included), plus ``model`` and ``task`` columns. Each ED is the one
     the book counts: from the run of the same model and task that asked for its probe (its own few
-    prompts' ED only when there is none)."""
+    prompts' ED only when there is none). A degenerate ED (``stats.degenerate``) places no block."""
+    from .stats import degenerate
+
     parts = []
     labels = {**RULES, **TUNED_RULE_LABELS}
     for r in study.finished:
@@ -461,8 +463,11 @@ def pruning_comparison(study: Study) -> pl.DataFrame:
             spec, _ = registry.rules()[rule]
             counted = study.record(r.model, r.label, spec.name)
             s = counted.result.summary if counted is not None else r.result.summary
-            if isinstance(s.get(rule), dict):
-                eds[label] = s[rule].get("ed")
+            entry = s.get(rule)
+            if isinstance(entry, dict) and not degenerate(
+                entry.get("ed"), entry.get("ci_low"), entry.get("ci_high"), int(s["n_layers"])
+            ):
+                eds[label] = entry.get("ed")  # a degenerate ED places no block: never shown as one that counts
         table = rule_comparison(r.result.curves["prune"], eds, int(r.result.summary["n_layers"]))
         parts.append(table.with_columns(pl.lit(r.model).alias("model"), pl.lit(r.label).alias("task")))
     return pl.concat(parts).select("model", "task", pl.exclude("model", "task")) if parts else pl.DataFrame()
