@@ -162,6 +162,19 @@ def depth_samples(
     return point, np.array([np.nan if d is None else d for d in draws], dtype=float)
 
 
+def per_prompt(
+    rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any, statistic: Statistic = "ed"
+) -> tuple[np.ndarray, np.ndarray]:
+    """``statistic`` of ``rule`` on each prompt's own curves ``[example]`` (NaN where it is
+    undefined there) and each prompt's token count ``[example]``, in the frame's example order."""
+    layers = n_layers + 1 if rule.needs_final_layer else n_layers
+    sums_counts = {m: _matrix(frame, m, layers) for m in rule.metrics}
+    counts = next(iter(sums_counts.values()))[1]
+    curves = {m: s / counts[:, None] for m, (s, _) in sums_counts.items()}  # [example, layer] per-prompt means
+    values = [statistic_of(rule, {m: c[i] for m, c in curves.items()}, settings, statistic) for i in range(counts.size)]
+    return np.array([np.nan if v is None else v for v in values], dtype=float), counts
+
+
 def ed_samples(
     rule: Rule, frame: pl.DataFrame, n_layers: int, settings: Any, weights: np.ndarray
 ) -> tuple[int | None, np.ndarray]:

@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from .. import registry
-from ..depth import primary_statistic, resample_weights
+from ..depth import per_prompt, primary_statistic, resample_weights
 from .reference import RULE_LABELS
 from .stats import N_BOOTSTRAP, difference_draws, interval, spearman_test, variants
 from .study import MIN_INTERVAL_N, RunRecord, Study
@@ -278,6 +278,87 @@ def between_tasks(
         "excluded": pl.String,
     }
     return pl.DataFrame(rows, schema=schema).with_columns(pl.lit(model).alias("model"))
+
+
+def length_control(
+    study: Study,
+    model: str,
+    first: str,
+    second: str,
+    rules: Sequence[str] = tuple(RULE_LABELS.values()),
+    n_bootstrap: int = N_BOOTSTRAP,
+    seed: int = 0,
+) -> pl.DataFrame:
+    """The prompt-length control of a step between two data sets: per rule, the mean per-prompt
+    primary statistic's ratio, ``second`` − ``first`` (``raw``), and the same difference less what
+    prompt length predicts (``adjusted``): the within-task slope of the per-prompt ratio on
+    log(tokens), pooled over both tasks, times the difference of their mean log lengths. Where the
+    two tasks' lengths do not overlap (HellaSwag ≤ 120 tokens, GSM8K ≥ 137 here), no matched pair
+    exists and this slope is the control. 95 % intervals resample prompts within each task; rows
+    ``rule, raw, raw_low, raw_high, adjusted, adjusted_low, adjusted_high, slope, n_first, n_second,
+    tokens_first, tokens_second``."""
+    rows = []
+    for label in rules:
+        _, rule = _rule(label)
+        (ra, fa), (rb, fb) = _frames(study, model, first, label), _frames(study, model, second, label)
+        if fa is None or fb is None:
+            continue
+        statistic = primary_statistic(rule) or "ed"
+        sides = []
+        for record, frame in ((ra, fa), (rb, fb)):
+            n_layers = int(record.result.summary["n_layers"])
+            values, tokens = per_prompt(rule, frame, n_layers, record.settings, statistic)
+            kept = np.isfinite(values)
+            sides.append(((values[kept] + 1) / n_layers, np.log(tokens[kept]), tokens[kept]))
+        (ya, xa, ta), (yb, xb, tb) = sides
+        if ya.size < 2 or yb.size < 2:
+            continue
+        wa = resample_weights(ya.size, n_bootstrap, seed).astype(float)  # [boot, prompt]
+        wb = resample_weights(yb.size, n_bootstrap, seed + 1).astype(float)
+        raw, adjusted, slope = _length_effects(ya, xa, yb, xb, np.ones((1, ya.size)), np.ones((1, yb.size)))
+        raws, adjusteds, _ = _length_effects(ya, xa, yb, xb, wa, wb)
+        rows.append(
+            {
+                "rule": label,
+                "raw": float(raw[0]),
+                "raw_low": float(np.percentile(raws, 2.5)),
+                "raw_high": float(np.percentile(raws, 97.5)),
+                "adjusted": float(adjusted[0]),
+                "adjusted_low": float(np.nanpercentile(adjusteds, 2.5)),
+                "adjusted_high": float(np.nanpercentile(adjusteds, 97.5)),
+                "slope": float(slope[0]),
+                "n_first": int(ya.size),
+                "n_second": int(yb.size),
+                "tokens_first": f"{int(ta.min())}–{int(ta.max())}",
+                "tokens_second": f"{int(tb.min())}–{int(tb.max())}",
+            }
+        )
+    schema = {"rule": pl.String, "raw": pl.Float64, "raw_low": pl.Float64, "raw_high": pl.Float64,
+              "adjusted": pl.Float64, "adjusted_low": pl.Float64, "adjusted_high": pl.Float64,
+              "slope": pl.Float64, "n_first": pl.Int64, "n_second": pl.Int64, "tokens_first": pl.String,
+              "tokens_second": pl.String}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema).with_columns(
+        pl.lit(model).alias("model"), pl.lit(first).alias("first"), pl.lit(second).alias("second")
+    )
+
+
+def _length_effects(
+    ya: np.ndarray, xa: np.ndarray, yb: np.ndarray, xb: np.ndarray, wa: np.ndarray, wb: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per weighting (rows of ``wa`` ``[boot, prompt]``, ``wb``): the raw difference of weighted
+    means ``ȳb − ȳa``, that difference less ``slope · (x̄b − x̄a)``, and the pooled within-task slope."""
+
+    def moments(w: np.ndarray, x: np.ndarray, y: np.ndarray):
+        total = w.sum(axis=1)
+        mx, my = w @ x / total, w @ y / total
+        return mx, my, w @ (x * y) - total * mx * my, w @ (x * x) - total * mx * mx
+
+    ax, ay, a_xy, a_xx = moments(wa, xa, ya)
+    bx, by, b_xy, b_xx = moments(wb, xb, yb)
+    spread = a_xx + b_xx
+    slope = np.divide(a_xy + b_xy, spread, out=np.full_like(spread, np.nan), where=spread > 0)
+    raw = by - ay
+    return raw, raw - slope * (bx - ax), slope
 
 
 def level_trend(summary: pl.DataFrame, model: str, order: Sequence[str], rules: Sequence[str]) -> pl.DataFrame:

@@ -382,6 +382,7 @@ def difficulty_finding(
     between: pl.DataFrame | None = None,
     trends: pl.DataFrame | None = None,
     scores: pl.DataFrame | None = None,
+    lengths: pl.DataFrame | None = None,
 ) -> str:
     """Does ED stay consistent across the data sets in ``order``? First within math (``trends``:
     ``evidence.level_trend`` rows with a ``group`` column; ``scores``: depth scores by level with
@@ -426,6 +427,10 @@ def difficulty_finding(
         text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
         if excluded:
             text.append(f"Not counted: {'; '.join(excluded)}.")
+        if lengths is not None and lengths.height:
+            control = length_sentence(lengths.filter(model=model))
+            if control:
+                text.append(control)
     if len(per_model) > 1:
         overall = per_model[0] if len(set(per_model)) == 1 else _overall(per_model)
         why = ""
@@ -594,6 +599,25 @@ def difference_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -
     schema = {"model": pl.String, "rule": pl.String, "pair": pl.String, "point": pl.Float64, "low": pl.Float64,
               "high": pl.Float64, "margin": pl.Float64, "counted": pl.Boolean}  # fmt: skip
     return pl.DataFrame(rows, schema=schema).filter(pl.col("point").is_not_null())
+
+
+def length_sentence(rows: pl.DataFrame) -> str | None:
+    """The prompt-length control beside a model's step (``evidence.length_control`` rows)."""
+    if not rows.height:
+        return None
+    first, second = task_name(rows["first"][0]), task_name(rows["second"][0])
+    parts = [
+        f"{r['rule']} {interval_text({'point': r['raw'], 'low': r['raw_low'], 'high': r['raw_high']})}, adjusted "
+        f"{interval_text({'point': r['adjusted'], 'low': r['adjusted_low'], 'high': r['adjusted_high']})}"
+        for r in rows.iter_rows(named=True)
+    ]
+    r = rows.row(0, named=True)
+    return (
+        f"Length control ({first} prompts {r['tokens_first']} tokens, {second} {r['tokens_second']}; where they do "
+        "not overlap no length-matched pair exists, so the within-task slope of each prompt's ratio on log length "
+        f"stands in): the mean per-prompt ratio difference, raw and less what length predicts: {'; '.join(parts)} "
+        "(a control stated beside the verdict, which it does not decide)."
+    )
 
 
 def _overall(per_model: Sequence[str]) -> str:

@@ -288,6 +288,18 @@ class DifficultyPage(Page):
                 parts.append(rows.filter(pl.col("second") == order[-1]))
         return pl.concat(parts).sort("model", maintain_order=True) if parts else None
 
+    @cached_property
+    def lengths(self) -> pl.DataFrame | None:
+        """The prompt-length control of each model's first step (HellaSwag → GSM8K)."""
+        order = self.task_order
+        if len(order) < 2:
+            return None
+        parts = [
+            evidence.length_control(self.by_task, m, order[0], order[1], seed=self.bootstrap_seed)
+            for m in self.p.get("models") or []
+        ]
+        return pl.concat(parts) if parts else None
+
     def findings(self) -> str:
         return findings.difficulty_finding(
             self.summary,
@@ -297,6 +309,7 @@ class DifficultyPage(Page):
             between=self.between,
             trends=self.trends(),
             scores=evidence.depth_score_intervals(self.by_level, seed=self.bootstrap_seed),
+            lengths=self.lengths,
         )
 
     def headline(self) -> dict:
