@@ -292,3 +292,17 @@ def test_the_table_for_programs_keeps_numbers_as_numbers():
     rows = list(csv.DictReader(io.StringIO(format_table(runs, "csv"))))
     assert float(rows[0]["logit_lens_kl_depth"]) == 19.44 and int(rows[0]["logit_lens_kl_ci_high"]) == 21
     assert rows[1]["logit_lens_kl_ed"] == "" and rows[1]["asked"] == "5"  # n asked defaults to n kept
+
+
+def test_the_per_prompt_statistic_reads_each_prompts_own_curve():
+    """Per prompt, the centroid of its own KL curve (not the pooled one), NaN where it is undefined:
+    a step at layer 2 (8 nats removed by h_2 → h_3), a ramp (1.5, as in the hand-computed case) and a
+    flat zero curve (nothing removed)."""
+    from effdepth_core import registry
+    from effdepth_core.depth import per_prompt
+
+    rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_kl")
+    frame = _per_example([[8.0, 8.0, 8.0, 0.0], [4.0, 3.0, 2.0, 1.0], [0.0] * 4], "kl", [3, 5, 2])
+    values, tokens = per_prompt(rule, frame, 4, SimpleNamespace(kl_fraction=0.5), "centroid")
+    assert values[0] == 2.0 and values[1] == 1.5 and np.isnan(values[2])
+    assert tokens.tolist() == [3, 5, 2]

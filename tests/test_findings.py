@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import polars as pl
 import pytest
@@ -761,3 +762,41 @@ def test_a_page_names_the_probes_that_did_not_run_and_why_instead_of_an_empty_ch
     page.not_run = lambda s, p: Page.not_run(page, s, p)
     note = Page.probe_chart(page, Study([study.records[1]]), "erasure", lambda: pytest.fail("an empty chart was built"))
     assert note.text.startswith("residual erasure: not asked for on b by params/scale.yml")
+
+
+def test_the_length_control_removes_what_length_predicts():
+    """Two data sets whose per-prompt depth follows log length alone (the same line in both): the
+    raw difference is the line's rise between their mean log lengths, and the adjusted one is 0.
+    Centroids are read off step curves: a prompt whose KL drops at layer s has centroid s."""
+    import math
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from effdepth_core.book.evidence import length_control
+    from effdepth_core.book.study import RunRecord, Study
+
+    n_layers = 12
+
+    def run(tokens: list[int]) -> SimpleNamespace:
+        rows = []
+        for e, t in enumerate(tokens):
+            step = 2 + 2 * math.log2(t / 16)  # depth = 2 + 2·log2(t/16): 16 → 2, 32 → 4, 64 → 6, 128 → 8
+            kl = [8.0 if layer <= step else 0.0 for layer in range(n_layers + 1)]
+            rows += [(e, layer, m, v, t) for layer, v in enumerate(kl) for m, v in (("kl", v), ("overlap", 0.0))]
+        frame = pl.DataFrame(rows, schema=["example", "layer", "metric", "value", "n_tokens"], orient="row")
+        return SimpleNamespace(per_example={"logit_lens": frame}, curves={}, summary={"n_layers": n_layers})
+
+    settings = SimpleNamespace(kl_fraction=0.5, overlap_threshold=0.3)
+    short, long = [16, 32, 16, 32], [64, 128, 64, 128]
+    study = Study([RunRecord("m", "a", settings, ["logit_lens"], result=run(short)),
+                   RunRecord("m", "b", settings, ["logit_lens"], result=run(long))])  # fmt: skip
+    row = length_control(study, "m", "a", "b", rules=("lens KL",), n_bootstrap=200).row(0, named=True)
+    # depths 2, 4 against 6, 8 layers: the ratio (d + 1) / 12 rises by 4 / 12
+    assert row["raw"] == pytest.approx(4 / 12, rel=1e-12)
+    # slope per unit of ln(tokens): 2 layers per doubling, i.e. 2 / ln 2 layers, / 12 in ratio
+    assert row["slope"] == pytest.approx(2 / math.log(2) / 12, rel=1e-12)
+    assert row["adjusted"] == pytest.approx(0.0, abs=1e-12) and row["n_first"] == row["n_second"] == 4
+    assert np.isclose(row["adjusted_low"], 0, atol=1e-9) or row["adjusted_low"] <= 0 <= row["adjusted_high"]
+    said = findings.length_sentence(length_control(study, "m", "a", "b", rules=("lens KL",), n_bootstrap=200))
+    assert "lens KL +0.33 [" in said and re.search(r"adjusted [+±−]0\.00 \[", said)  # 0 up to float rounding

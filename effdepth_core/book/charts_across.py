@@ -171,30 +171,26 @@ def ed_by_task(summary: pl.DataFrame, order: Sequence[str] | None = None) -> alt
 
 @_needs_data
 def depth_score_bars(scores: pl.DataFrame, order: Sequence[str] | None = None) -> alt.Chart:
-    """Depth score per difficulty group as a share of the depth (score / (L − 1)), with the mean ±
-    std of the per-prompt scores."""
-    std = pl.col("depth_score_std").fill_nan(0).fill_null(0)  # undefined for one example
-    wide = scores.pivot(on="metric", index=["model", "task", "n_layers"], values="value").with_columns(
-        (pl.col("depth_score") / (pl.col("n_layers") - 1)).alias("relative"),
-        ((pl.col("depth_score_mean") - std) / (pl.col("n_layers") - 1)).alias("low"),
-        ((pl.col("depth_score_mean") + std) / (pl.col("n_layers") - 1)).alias("high"),
-    )
-    wide = _rounded(wide, ("depth_score", "depth_score_mean", "depth_score_std", "relative", "low", "high"), 4)
+    """Depth score per difficulty group as a share of the depth: the mean per-prompt score / L with
+    its 95 % bootstrap interval over prompts (``scores``: ``evidence.depth_score_intervals``, the
+    numbers the findings quote: ``model, task, value, low, high, n``)."""
+    wide = _rounded(scores, ("value", "low", "high"), 4)
     x = alt.X("task:N", sort=list(order) if order else None, title=None, axis=alt.Axis(labelAngle=-30))
     bars = (
         alt.Chart(wide)
         .mark_bar(opacity=0.8)
         .encode(
             x=x,
-            y=alt.Y("relative:Q", title="depth score / (L − 1)", scale=alt.Scale(domain=[0, 1])),
+            y=alt.Y("value:Q", title="depth score / L (mean per prompt)", scale=alt.Scale(domain=[0, 1])),
             color=alt.Color("model:N", title="model"),
             xOffset="model:N",
             tooltip=[
                 "model:N",
                 "task:N",
-                alt.Tooltip("depth_score:Q", format=".2f"),
-                alt.Tooltip("depth_score_mean:Q", format=".2f"),
-                alt.Tooltip("depth_score_std:Q", format=".2f"),
+                alt.Tooltip("value:Q", format=".2f", title="depth score / L"),
+                alt.Tooltip("low:Q", format=".2f", title="95 % low"),
+                alt.Tooltip("high:Q", format=".2f", title="95 % high"),
+                "n:Q",
             ],
         )
     )

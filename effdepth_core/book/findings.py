@@ -342,8 +342,9 @@ def scale_finding(
     elif models.height == 1 and clean is not None:
         model = models["model"][0]
         parts = []
+        counted = rows.filter(pl.col("interval_counts")) if "interval_counts" in rows.columns else rows
         for rule in RULE_LABELS.values():
-            mine = rows.filter(pl.col("rule") == rule)
+            mine = counted.filter(pl.col("rule") == rule)  # cells that count (n ≥ 20): no n = 3 AIME24 cell
             if not mine.height:
                 continue
             theirs = clean.filter(pl.col("rule") == rule)["ratio"]
@@ -356,7 +357,7 @@ def scale_finding(
             )
             parts.append(f"{rule} {_range(low, high)}, {where} the paper's {_range(p_low, p_high)}")
         text.append(f"One model cannot show a trend: **we cannot tell** from {model} alone.")
-        text.append(f"Its ratios: {'; '.join(parts)}.")
+        text.append(f"Its ratios (integer ED, cells of at least 20 prompts): {'; '.join(parts)}.")
         twin = COMPARABLE.get(model)
         if twin is not None and paper is not None and paper.filter(pl.col("model") == twin).height:
             text.append(_like_for_like(rows, paper, model, twin))

@@ -158,7 +158,8 @@ def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
             text.append(f"{name}: {_prune_verdict(rows)}.")
     cells = []
     for (model, task), group in counted.filter(variant="").group_by(["model", "task"], maintain_order=True):
-        largest = group.filter(k=group["k"].max()).row(0, named=True)
+        after = group.filter(~pl.col("holds_final"))  # a block moved back to end at the final layer is not after ED
+        largest = (after if after.height else group).sort("k").row(-1, named=True)
         kept = counted.filter(model=model, task=task, k=largest["k"], variant=FINAL_KEPT)
 
         def multiple(row: dict) -> str:
@@ -174,7 +175,7 @@ def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
         if kept.height:
             cell += f", kept off the final layer ({kept['removed'][0]}) {multiple(kept.row(0, named=True))}"
         cells.append(cell + _rank(largest) + f", n = {largest['n']}")
-    text.append(f"At the largest budget: {'; '.join(cells)} (95 % intervals over prompts).")
+    text.append(f"At the largest budget whose block lies after ED: {'; '.join(cells)} (95 % intervals over prompts).")
     plain = counted.filter(variant="")
     holding = plain.filter("holds_final").height
     if holding:
@@ -386,7 +387,8 @@ def beyond_headlines(pages: Sequence[Mapping]) -> list[dict]:
         if costs is not None and costs.height and costs.filter("counted").height:
             counted = costs.filter("counted", variant="")
             prune_verdicts.append(f"{model}: {_answer(pruning_finding(costs), 'The block after ED:')}")
-            top = counted.sort("k", descending=True).row(0, named=True)
+            after = counted.filter(~pl.col("holds_final"))  # the largest budget whose block is after ED
+            top = (after if after.height else counted).sort("k", descending=True).row(0, named=True)
             if top["ratio"] is not None:
                 spread = f" [{top['ratio_low']:.1f}, {top['ratio_high']:.1f}]" if top["ratio_low"] is not None else ""
                 prune_effects.append(

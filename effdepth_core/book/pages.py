@@ -325,7 +325,11 @@ class DifficultyPage(Page):
         if name == "sensitivity":
             return plots.show(plots.threshold_sensitivity(self.by_task.sensitivity()))
         return self.probe_chart(
-            self.by_level, "skip", lambda: plots.depth_score_bars(self.by_level.depth_scores(), self.level_order)
+            self.by_level,
+            "skip",
+            lambda: plots.depth_score_bars(
+                evidence.depth_score_intervals(self.by_level, seed=self.bootstrap_seed), self.level_order
+            ),
         )
 
     def table1(self):

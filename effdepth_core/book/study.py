@@ -241,21 +241,6 @@ class Study:
             parts.append(frame)
         return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
 
-    def depth_scores(self) -> pl.DataFrame:
-        """Per-group depth scores (example null) of every run with the skip probe."""
-        parts = []
-        for r in self.finished:
-            if "depth_score" in r.result.curves and r.asked("depth_score"):
-                scores = r.result.curves["depth_score"].filter(pl.col("example").is_null()).drop("example")
-                parts.append(
-                    scores.with_columns(
-                        pl.lit(r.model).alias("model"),
-                        pl.lit(r.label).alias("task"),
-                        pl.lit(int(r.result.summary["n_layers"])).alias("n_layers"),
-                    )
-                )
-        return pl.concat(parts) if parts else pl.DataFrame()
-
     def examples(self, model: str, label: str) -> list[dict]:
         """The exact prompts of one run (``examples.jsonl``)."""
         import json
