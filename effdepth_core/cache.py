@@ -108,17 +108,42 @@ def _write_failed(path: Path, exc: OSError, kept: str) -> CacheWriteError:
     return CacheWriteError(f"cannot write {path} ({why}); nothing was lost: {kept}")
 
 
-def atomic_write(path: Path, write: Callable, kept: str = "files written before are intact") -> None:
+class OutputExistsError(EffdepthError):
+    """A file appeared at an output path after effdepth checked it was free: it was not replaced."""
+
+
+def atomic_write(
+    path: Path, write: Callable, kept: str = "files written before are intact", replace: bool = True
+) -> None:
     """``write(handle)`` into a new, exclusively created temporary file (an open binary handle), then
-    rename it onto ``path`` (a link there is replaced, never followed); on failure the temporary is
-    removed and a one-line ``CacheWriteError`` says what happened (``kept``: what the user still has)."""
+    put it at ``path``: renamed over what is there (a link is replaced, never followed) or, with
+    ``replace`` False, claimed at that moment (a hard link, which fails if anything appeared at
+    ``path`` since it was checked: ``OutputExistsError``, the file there untouched). On failure the
+    temporary is removed and a one-line ``CacheWriteError`` says what happened (``kept``: what the
+    user still has)."""
     tmp = temporary_path(path)
     created = False
     try:
         with create_exclusive(tmp) as handle:
             created = True
             write(handle)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            try:
+                try:
+                    os.link(tmp, path)  # no-replace: never over a file that appeared since the check
+                except FileExistsError:
+                    raise
+                except OSError:  # a file system without hard links: claim the name empty, then fill it
+                    os.close(os.open(path, _CREATE, 0o644))
+                    os.replace(tmp, path)
+            except FileExistsError:
+                raise OutputExistsError(
+                    f"{path} appeared while effdepth was working; it was not replaced: move it away or choose "
+                    "another name, then run again"
+                ) from None
+            tmp.unlink(missing_ok=True)
     except BaseException as exc:
         if created:
             with contextlib.suppress(OSError):
@@ -129,16 +154,21 @@ def atomic_write(path: Path, write: Callable, kept: str = "files written before 
         raise
 
 
-def atomic_write_bytes(path: Path, data: bytes, kept: str = "files written before are intact") -> None:
-    atomic_write(path, lambda handle: handle.write(data), kept)
+def atomic_write_bytes(
+    path: Path, data: bytes, kept: str = "files written before are intact", replace: bool = True
+) -> None:
+    atomic_write(path, lambda handle: handle.write(data), kept, replace)
 
 
 def atomic_write_json(path: Path, payload: dict, kept: str = "files written before are intact") -> None:
     atomic_write_bytes(path, (json.dumps(payload, indent=2) + "\n").encode(), kept)
 
 
-def atomic_write_parquet(path: Path, frame, kept: str = "files written before are intact") -> None:
-    """The frame is serialized in memory first, so a full disk is the plain ``OSError`` of our write."""
+def atomic_write_parquet(
+    path: Path, frame, kept: str = "files written before are intact", replace: bool = True
+) -> None:
+    """The frame is serialized in memory first, so a full disk is the plain ``OSError`` of our write;
+    ``replace`` as ``atomic_write``."""
     import io
 
     def write(handle) -> None:
@@ -146,7 +176,7 @@ def atomic_write_parquet(path: Path, frame, kept: str = "files written before ar
         frame.write_parquet(buffer)
         handle.write(buffer.getvalue())
 
-    atomic_write(path, write, kept)
+    atomic_write(path, write, kept, replace)
 
 
 def atomic_folder(folder: Path, build: Callable[[Path], None], kept: str = "nothing was cached there yet") -> None:

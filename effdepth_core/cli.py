@@ -210,7 +210,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
     if out is not None:
         from .cache import atomic_write_parquet
 
-        atomic_write_parquet(out, frame)
+        atomic_write_parquet(out, frame, "the map is cached in its run folder", replace=False)
         print(f"effdepth: wrote {out}")
     return 0
 
@@ -250,7 +250,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     if isinstance(drawn, plots.Note):
         raise EffdepthError(f"{source} holds no values to draw")
     try:
-        plots.save(drawn, out)
+        plots.save(drawn, out, replace=False)  # claimed now: a file that appeared since the check stays
     except OSError as exc:
         raise EffdepthError(f"cannot write --out {out} ({exc.strerror or exc})") from exc
     print(f"effdepth: wrote {out}")

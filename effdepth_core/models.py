@@ -203,16 +203,21 @@ class LoadedModel:
     max_positions: int | None
     source: str | None = None  # the name load_model loaded it from (None: a model wrapped in memory)
     loaded_weights: tuple | None = None  # ``weights_state`` when load_model returned it
+    loaded_config: str | None = None  # ``config_digest`` then (a field edited in place is another model)
+    loaded_tokenizer: object | None = None  # the tokenizer it came with (another one is another model)
 
     def is_as_loaded(self, spec: str, dtype: torch.dtype) -> bool:
         """Whether this is exactly what ``load_model(spec)`` gives in ``dtype``, untouched since: only
-        then may a run be keyed by the name (load_model's other arguments, a weight edited in place
-        or a cast make it another model, keyed by its weights)."""
+        then may a run be keyed by the name (load_model's other arguments, a weight or a config field
+        edited in place, a cast or another tokenizer make it another model, keyed by
+        ``model_fingerprint``)."""
         return (
             self.source == spec
             and self.dtype == dtype
             and self.loaded_weights is not None
             and weights_state(self.model) == self.loaded_weights
+            and self.loaded_config == config_digest(self.model)
+            and self.loaded_tokenizer is self.tokenizer
         )
 
     def __repr__(self) -> str:
@@ -535,6 +540,8 @@ def load_model(
     # transformers argument (quantization, attention kernel) is another model, keyed by its weights
     loaded.source = spec if not from_pretrained and not tokenizer_given else None
     loaded.loaded_weights = weights_state(model)
+    loaded.loaded_config = config_digest(model)
+    loaded.loaded_tokenizer = tokenizer
     return loaded
 
 
@@ -542,6 +549,71 @@ def weights_state(model: nn.Module) -> tuple:
     """Each parameter's storage, dtype and in-place version counter: cheap, and changed by any edit
     of a weight (``mul_``, ``copy_``, ``load_state_dict``) or cast (``.to``, ``.half()``)."""
     return tuple((p.data_ptr(), p.dtype, p._version) for p in model.parameters())
+
+
+_CONFIG_IGNORED = ("_name_or_path", "transformers_version", "_commit_hash")  # where it came from, not what it is
+
+
+def config_digest(model: nn.Module) -> str:
+    """The sha256 of a model's full configuration (every field that can change a number: activation,
+    norm epsilon, rope, soft-caps, …), not where it was loaded from."""
+    import hashlib
+    import json
+
+    config = getattr(model, "config", None)
+    fields = config.to_dict() if config is not None and hasattr(config, "to_dict") else {}
+    fields = {k: v for k, v in fields.items() if k not in _CONFIG_IGNORED}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def tokenizer_digest(tokenizer: object | None) -> str:
+    """The sha256 of what a tokenizer does: a fast tokenizer's whole serialized pipeline, else its
+    class, vocabulary and special tokens (None: no tokenizer, token ids only)."""
+    import hashlib
+    import json
+
+    if tokenizer is None:
+        return "none"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "to_str"):
+        text = backend.to_str()
+    else:
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        special = getattr(tokenizer, "special_tokens_map", {})
+        text = json.dumps([type(tokenizer).__name__, sorted(vocab.items()), special], sort_keys=True, default=repr)
+    extra = [getattr(tokenizer, name, None) for name in ("add_bos_token", "add_eos_token", "padding_side")]
+    return hashlib.sha256((text + json.dumps(extra, default=repr)).encode()).hexdigest()
+
+
+def user_hooks(model: nn.Module) -> str | None:
+    """Where a hook is registered on the model (``"layers.3 (forward)"``), or None: a hook can change
+    every number a probe reads, and nothing about it can be keyed."""
+    import torch.nn.modules.module as module_state
+
+    kinds = {
+        "forward": "_forward_hooks",
+        "forward pre": "_forward_pre_hooks",
+        "backward": "_backward_hooks",
+        "backward pre": "_backward_pre_hooks",
+    }
+    for name, module in model.named_modules():
+        for kind, attribute in kinds.items():
+            if getattr(module, attribute, None):
+                return f"{name or 'the model'} ({kind} hook)"
+    for kind, attribute in {"forward": "_global_forward_hooks", "forward pre": "_global_forward_pre_hooks",
+                            "backward": "_global_backward_hooks"}.items():  # fmt: skip
+        if getattr(module_state, attribute, None):
+            return f"every module (a global {kind} hook)"
+    return None
+
+
+def model_fingerprint(loaded: LoadedModel) -> str:
+    """What keys a run of a model given in memory: the sha256 of its weights (``weights_fingerprint``),
+    its full configuration (``config_digest``) and its tokenizer (``tokenizer_digest``)."""
+    import hashlib
+
+    parts = (weights_fingerprint(loaded), config_digest(loaded.model), tokenizer_digest(loaded.tokenizer))
+    return hashlib.sha256(":".join(parts).encode()).hexdigest()
 
 
 def weights_fingerprint(loaded: LoadedModel) -> str:

@@ -29,7 +29,15 @@ from .cache import read_regular
 from .depth import effective_depths
 from .display import RunResult
 from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError
-from .models import LoadedModel, load_model, preflight_model, resolve_device, resolve_dtype, weights_fingerprint
+from .models import (
+    LoadedModel,
+    load_model,
+    model_fingerprint,
+    preflight_model,
+    resolve_device,
+    resolve_dtype,
+    user_hooks,
+)
 from .probes.spec import Context, ProbeSpec
 from .rundir import (
     EXAMPLES,
@@ -129,7 +137,7 @@ class _Plan:
     out: Path
     key: str
     examples: list[Example] | None  # final unless a token-length filter needs the tokenizer
-    weights: str | None = None  # the sha256 of a model given in memory (``_run_key``)
+    weights: str | None = None  # ``model_fingerprint`` of a model given in memory (``_run_key``)
 
 
 def _plan(
@@ -158,8 +166,15 @@ def _plan(
                 f"{str(asked).removeprefix('torch.')}; pass dtype={str(loaded.dtype).removeprefix('torch.')!r} "
                 "(measure() does), or load the model in that dtype"
             )
+        hooked = user_hooks(loaded.model)
+        if hooked is not None:
+            raise EffdepthError(
+                f"the model has a hook on {hooked}: it would change what the probes read and no cache key can "
+                "name it; remove it (handle.remove()) before measuring, or measure the hooked computation "
+                "with your own code"
+            )
         if not loaded.is_as_loaded(settings.model, asked):
-            weights = weights_fingerprint(loaded)
+            weights = model_fingerprint(loaded)
     key = _run_key(settings, weights, given_examples)
     if out_dir is None and results_root is None:
         results_root = cache_dir() / "runs"
@@ -168,10 +183,10 @@ def _plan(
 
 
 def _run_key(settings: RunSettings, weights: str | None, examples: list[Example] | None) -> str:
-    """The run's key: its settings' — and what the settings cannot name: the weights of a model
-    given in memory (not loaded from ``settings.model``), the text of examples given in place of the
-    task's. Two models wrapped under one name, or one's own prompts run under a task's name, never
-    share a cache entry with each other or with the task."""
+    """The run's key: its settings' — and what the settings cannot name: the weights, configuration
+    and tokenizer of a model given in memory (not loaded from ``settings.model``), the text of
+    examples given in place of the task's. Two models wrapped under one name, or one's own prompts
+    run under a task's name, never share a cache entry with each other or with the task."""
     extra = {}
     if weights is not None:
         extra["weights_sha256"] = weights

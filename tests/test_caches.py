@@ -150,3 +150,63 @@ def test_a_run_is_keyed_by_the_weights_and_the_prompts_it_measured(tmp_path, mon
     assert own.per_example["cosine"].equals(residual_cosine(a, [e.prompt for e in mine]))
     again = run(settings, ["cosine"], loaded=a)  # the task's run is still the task's
     assert again.out_dir == first.out_dir and again.per_example["cosine"].equals(first.per_example["cosine"])
+
+
+def test_a_run_is_keyed_by_everything_that_decides_its_numbers(tmp_path):
+    """Two in-memory models with the same weights and name but another norm epsilon, or another
+    tokenizer, are other models: each run is computed afresh and equals the probe called directly
+    (never the first model's cached curves); a model with a user's hook is refused in one line."""
+    import copy
+
+    from conftest import char_tokenizer, make_tiny
+
+    from effdepth_core.errors import EffdepthError
+    from effdepth_core.models import wrap_model
+    from effdepth_core.probes import residual_cosine
+    from effdepth_core.results import RunSettings, run
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "what is 1 + 2? it is 3."}\n{"prompt": "abc def ghi"}\n')
+    settings = RunSettings("tiny", str(prompts), n=2, progress=False)
+    base = make_tiny("llama")
+    first = wrap_model(base.model, char_tokenizer(), name="tiny")
+    other = copy.deepcopy(base.model)
+    other.config.rms_norm_eps = 0.5  # same weights, same name: another computation
+    second = wrap_model(other, char_tokenizer(), name="tiny")
+    roots = {"results_root": tmp_path / "runs"}
+    a = run(settings, ["cosine"], loaded=first, **roots)
+    b = run(settings, ["cosine"], loaded=second, **roots)
+    texts = [line.split('"')[3] for line in prompts.read_text().splitlines()]
+    for result, loaded in ((a, first), (b, second)):
+        direct = residual_cosine(loaded, texts, progress=False)
+        assert result.per_example["cosine"].sort("example", "layer", "metric")["value"].to_list() == pytest.approx(
+            direct.sort("example", "layer", "metric")["value"].to_list(), rel=1e-6, abs=1e-6
+        )  # float32 forwards of the same batches: the same numbers up to summation order
+    assert a.out_dir != b.out_dir
+    spaced = char_tokenizer()
+    spaced.add_tokens(["what"])  # another tokenizer: other token ids, other numbers
+    c = run(settings, ["cosine"], loaded=wrap_model(base.model, spaced, name="tiny"), **roots)
+    assert c.out_dir not in (a.out_dir, b.out_dir)
+    handle = base.model.model.layers[1].register_forward_hook(lambda module, args, output: None)
+    try:
+        with pytest.raises(EffdepthError, match=r"hook on model.layers.1 \(forward hook\)"):
+            run(settings, ["cosine"], loaded=wrap_model(base.model, char_tokenizer(), name="tiny"), **roots)
+    finally:
+        handle.remove()
+
+
+def test_a_tuned_lens_is_stored_under_the_models_identity_not_its_name(tmp_path, monkeypatch):
+    """Two in-memory models under one name with other weights get two lens files (the second is
+    never decoded with the first one's lens); the same model twice gets the same one."""
+    from conftest import char_tokenizer, make_tiny
+
+    from effdepth_core.models import wrap_model
+    from effdepth_core.probes.tuned_lens import LensTraining, tuned_lens_path
+
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
+    training = LensTraining()
+    one = wrap_model(make_tiny("llama", seed=0).model, char_tokenizer(), name="mine")
+    two = wrap_model(make_tiny("llama", seed=1).model, char_tokenizer(), name="mine")
+    again = wrap_model(one.model, char_tokenizer(), name="mine")
+    assert tuned_lens_path("mine", one, training, "c") != tuned_lens_path("mine", two, training, "c")
+    assert tuned_lens_path("mine", one, training, "c") == tuned_lens_path("mine", again, training, "c")

@@ -167,3 +167,23 @@ def test_a_changed_run_file_is_found_by_its_hash(tiny_dir, tmp_path, capsys):
     frame.with_columns(pl.col("value") * 1.5).write_parquet(out / "cosine_by_example.parquet")  # valid, other numbers
     code, err = _run_cli(capsys, *_argv(tiny_dir, out))
     assert code == 2 and "cosine_by_example.parquet is damaged" in err and "sha256" in err
+
+
+def test_an_output_is_claimed_at_the_moment_it_is_written(tmp_path):
+    """A file that appears at an output path while effdepth works (after its check, before its write)
+    is never replaced: the no-replace write refuses in one line and leaves the user's bytes; a free
+    path is written whole with no temporary left behind."""
+    from effdepth_core.cache import OutputExistsError, atomic_write
+
+    out = tmp_path / "u.svg"
+
+    def racing(handle) -> None:
+        out.write_text("the user's file")  # appears between effdepth's check and its write
+        handle.write(b"effdepth's chart")
+
+    with pytest.raises(OutputExistsError, match="appeared while effdepth was working; it was not replaced"):
+        atomic_write(out, racing, replace=False)
+    assert out.read_text() == "the user's file"
+    free = tmp_path / "v.svg"
+    atomic_write(free, lambda handle: handle.write(b"chart"), replace=False)
+    assert free.read_bytes() == b"chart" and sorted(p.name for p in tmp_path.iterdir()) == ["u.svg", "v.svg"]

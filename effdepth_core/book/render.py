@@ -98,8 +98,9 @@ def _fixed_width(spec: dict, width: int = CONTENT_WIDTH) -> dict:
     return spec
 
 
-def save(chart: alt.TopLevelMixin, path, scale: float = 2.0) -> None:
-    """Write ``chart`` in the book's theme as SVG or PNG (by ``path``'s suffix), with no network."""
+def save(chart: alt.TopLevelMixin, path, scale: float = 2.0, replace: bool = True) -> None:
+    """Write ``chart`` in the book's theme as SVG or PNG (by ``path``'s suffix), with no network;
+    with ``replace`` False the file is claimed at the moment it is written (``cache.atomic_write``)."""
     from pathlib import Path
 
     import vl_convert
@@ -114,7 +115,7 @@ def save(chart: alt.TopLevelMixin, path, scale: float = 2.0) -> None:
         data = vl_convert.vegalite_to_png(spec, scale=scale)
     else:
         raise ValueError(f"save charts as .svg or .png, not {path.suffix or 'no suffix'}")
-    atomic_write_bytes(path, data, "no chart was written")
+    atomic_write_bytes(path, data, "no chart was written", replace)
 
 
 def vegalite_mime(spec: dict) -> str:

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from ..acquire import model_files_digest
 from ..cache import NotARegularFile, atomic_write_bytes, atomic_write_json, check_file, file_record, read_json
 from ..errors import EffdepthError
-from ..models import LoadedModel
+from ..models import LoadedModel, model_fingerprint
 from ..trace import residual_states, show_progress, tokenize
 from ..zoo import ZOO, cache_dir
 from .shared.lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
@@ -306,7 +306,11 @@ def fit_frame(lens: TunedLens) -> pl.DataFrame:
 
 
 def model_identity(spec: str, loaded: LoadedModel) -> dict:
-    """What pins a model's weights: an alias's sha256, a path with its size and time, or a hub revision."""
+    """What pins a model: an alias's sha256, a path's files, or a hub revision — each only for the
+    model exactly as ``load_model(spec)`` gave it; any other model (one built or edited in memory,
+    another tokenizer, a name that says nothing) by ``model_fingerprint``."""
+    if not loaded.is_as_loaded(spec, loaded.dtype):
+        return {"in_memory": model_fingerprint(loaded)}
     if spec in ZOO:
         return {"alias": spec, "sha256": ZOO[spec].sha256}
     path = Path(spec).expanduser()
