@@ -340,13 +340,31 @@ def _same(found: object, expected: object) -> bool:
     return found == expected
 
 
-def _config_value(config: dict, name: str) -> object:
+def _config_value(config: dict, name: str, expected: object = None) -> object:
     """A config value at the top level or, as transformers versions differ in where they write it
-    (``rope_theta`` moved into ``rope_parameters``), inside one nested settings object."""
+    (``rope_theta`` moved into ``rope_parameters``, per attention type in Gemma 3's), inside nested
+    settings objects: the one equal to ``expected`` where several are (the GGUF gives one of them),
+    else the only one, else None."""
     if name in config:
         return config[name]
-    nested = [v[name] for v in config.values() if isinstance(v, dict) and name in v]
-    return nested[0] if len(nested) == 1 else None
+    found: list = []
+
+    def collect(value: object) -> None:
+        if isinstance(value, dict):
+            if name in value:
+                found.append(value[name])
+            for inner in value.values():
+                if isinstance(inner, dict):
+                    collect(inner)
+
+    for value in config.values():
+        collect(value)
+    matching = [v for v in found if _same(v, expected)]
+    return matching[0] if matching else found[0] if len(found) == 1 else (found or None)
+
+
+def _spaced(token: object) -> object:
+    return token.replace("▁", " ") if isinstance(token, str) else token
 
 
 def _vocabulary(tokenizer_json: dict) -> dict[int, str]:
@@ -376,10 +394,12 @@ def gguf_mismatch(folder: Path, gguf: Path) -> str | None:
         return "config or tokenizer is not a JSON object"
     reference, tokens = _gguf_reference(gguf)
     for name, value in reference.items():
-        if name not in _CONFIG_FREE and not _same(found := _config_value(config, name), value):
+        if name not in _CONFIG_FREE and not _same(found := _config_value(config, name, value), value):
             return f"config {name} is {found!r}, the GGUF gives {value!r}"
     by_id = _vocabulary(tokenizer)
-    wrong = [i for i, token in enumerate(tokens) if by_id.get(i, token) != token]
+    # SentencePiece writes a space as "▁" in tokenizer.json and some GGUFs as " " (Gemma 3's runs of
+    # spaces): one character, two spellings
+    wrong = [i for i, token in enumerate(tokens) if _spaced(by_id.get(i, token)) != _spaced(token)]
     if wrong:
         return f"{len(wrong)} token(s) differ from the GGUF's vocabulary (first: id {wrong[0]})"
     return None
