@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,12 @@ def _prompts_task(prompts: Any) -> tuple[str, int | None]:
     effdepth's cache named by their content, so that the run is keyed by their text."""
     if isinstance(prompts, str) and (prompts in TASKS or Path(prompts).expanduser().is_file()):
         return prompts, None
+    if isinstance(prompts, Mapping) or hasattr(prompts, "columns") or isinstance(prompts, Set | bytes):
+        kind = "a data frame" if hasattr(prompts, "columns") else type(prompts).__name__
+        raise EffdepthError(
+            f"measure takes a task name, one prompt or a list of prompts, got {kind} (iterating it would give its "
+            "keys or column names, not its texts); pass list(frame['prompt']) or a list of texts"
+        )
     items = [prompts] if isinstance(prompts, str | Example) else list(prompts)
     if not items:
         raise EffdepthError("no prompts to measure: give a list of texts, Examples or a task name")
@@ -48,10 +54,20 @@ def _prompts_task(prompts: Any) -> tuple[str, int | None]:
             )
     text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows).encode()
     path = cache_dir() / "prompts" / f"{hashlib.sha256(text).hexdigest()[:32]}.jsonl"
-    if not path.is_file():
+    if not _holds(path, text):  # named by its content: checked against it on every use, rewritten if not
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, text)
     return str(path), len(rows)
+
+
+def _holds(path: Path, text: bytes) -> bool:
+    """Whether ``path`` is a regular file holding exactly ``text``."""
+    from .cache import NotARegularFile, read_regular
+
+    try:
+        return read_regular(path, len(text) + 1, "prompts file") == text
+    except (OSError, NotARegularFile, EffdepthError):
+        return False
 
 
 def measure(

@@ -142,10 +142,10 @@ class RunSettings:
         """What pins the examples and the model, whatever the probes (not ``n``; see COMPATIBILITY)."""
         fields = {k: getattr(self, k) for k in CORE_SETTINGS if k not in _NOT_IN_KEY}
         task_path = Path(self.task).expanduser()
-        if task_path.is_file():
+        if _present(task_path, "file"):
             fields["task_sha256"] = hashlib.sha256(task_path.read_bytes()).hexdigest()
         model_path = Path(self.model).expanduser()
-        if model_path.exists():  # a path: the same spelling elsewhere is another model
+        if _present(model_path):  # a path: the same spelling elsewhere is another model
             from .acquire import model_files_digest
 
             fields["model_path"] = str(model_path.resolve())
@@ -272,10 +272,38 @@ def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[
             spec.check(settings, facts)
 
 
+def _present(path: Path, kind: str = "any") -> bool:
+    """Whether ``path`` exists (as a file for ``kind="file"``); a name the file system cannot take
+    (too long) is no path."""
+    try:
+        return path.is_file() if kind == "file" else path.exists()
+    except OSError:
+        return False
+
+
+NAME_BYTES = 200  # a derived file or folder name stays well under the 255 bytes file systems allow
+
+
+def short_name(name: str, source: str | None = None) -> str:
+    """``name`` as it is, or — past ``NAME_BYTES`` — cut and ended with a hash of ``source`` (the
+    whole spec it came from), so that two long specs never share a name."""
+    if len(name.encode()) <= NAME_BYTES:
+        return name
+    digest = hashlib.sha256((source or name).encode()).hexdigest()[:12]
+    return f"{name.encode()[: NAME_BYTES - 13].decode(errors='ignore')}-{digest}"
+
+
 def slug(text: str) -> str:
-    """A file-name-safe form of a model or task spec (never hidden: no leading dot)."""
-    name = Path(text).stem if text.endswith((".jsonl", ".gguf")) else text
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "model"
+    """A file-name-safe form of a model or task spec (never hidden: no leading dot): a path by its
+    own name — a file's stem, a folder's name (a ``dequantized-*`` folder by its model's) — not the
+    whole path; at most ``NAME_BYTES`` bytes."""
+    path = Path(text).expanduser()
+    is_path, is_file = "/" in text and (_present(path) or text.startswith(("/", "~", "."))), _present(path, "file")
+    if is_path:
+        name = path.parent.name if path.name.startswith("dequantized-") else path.stem if is_file else path.name
+    else:
+        name = Path(text).stem if text.endswith((".jsonl", ".gguf")) else text
+    return short_name(re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "model", text)
 
 
 def run_name(settings: RunSettings) -> str:
@@ -296,7 +324,9 @@ def default_out_dir(
     model's files, ``--top-k``, ``--dtype``, ``--max-tokens``, …). ``hashed=False`` leaves it out
     (the book's results tree, whose parameters live in params/)."""
     name = run_name(settings)
-    return Path(root) / slug(settings.model) / (f"{name}-{(key or settings.key())[:8]}" if hashed else name)
+    key = (key or settings.key())[:8]
+    leaf = f"{short_name(name, settings.task)}-{key}" if hashed else short_name(name, settings.task)
+    return Path(root) / slug(settings.model) / leaf
 
 
 # bump when the same map settings give other numbers (2: the self-map check fits without a ridge;
@@ -375,7 +405,7 @@ class MapSettings:
             name += f"-max{self.max_tokens}"
         if self.ridge is not None:
             name += f"-ridge{self.ridge:g}"
-        return f"{name}-{self.key()[:8]}"
+        return f"{short_name(name, f'{self.small}--{self.big}--{self.task}')}-{self.key()[:8]}"
 
     def file_name(self) -> str:
         """The name of the single-file cache of effdepth before the map's run directory."""

@@ -189,3 +189,24 @@ def test_the_api_reference_page_gives_every_public_name_with_its_signature_and_d
     for parameter in inspect.signature(effdepth_core.measure).parameters:
         assert parameter in signature  # every parameter, by name
     assert "<factory>" not in page.split("```python")[0]  # escaped markup never leaks outside code
+
+
+def test_measure_refuses_a_mapping_or_a_data_frame_and_rechecks_its_prompts_file(tmp_path, monkeypatch):
+    """Iterating a dict gives its keys and a pandas frame its column names: both are refused in one
+    line (never measured as the prompts); the prompts file named by its content is checked against
+    that content on every call, so editing it cannot change what a later call measures."""
+    import polars as pl
+
+    from effdepth_core.api import _prompts_task
+    from effdepth_core.errors import EffdepthError
+
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
+    for given in ({"prompt": "a cat"}, pl.DataFrame({"prompt": ["a cat"]}), {"a cat"}):
+        with pytest.raises(EffdepthError, match="measure takes a task name, one prompt or a list of prompts"):
+            _prompts_task(given)
+    path, n = _prompts_task(["a cat"])
+    assert n == 1 and '"a cat"' in open(path).read()
+    with open(path, "w") as handle:
+        handle.write('{"prompt": "a dog"}\n')  # the file edited behind effdepth's back
+    again, _ = _prompts_task(["a cat"])
+    assert again == path and '"a cat"' in open(path).read() and "dog" not in open(path).read()

@@ -73,3 +73,27 @@ def test_answer_results_of_the_earlier_arithmetic_split_are_flagged_and_renewed(
     assert kept.per_example["erasure"].equals(first.per_example["erasure"])  # kept, never recomputed unasked
     results.run(settings, ["erasure"], out, renew_outdated=True)
     assert json.loads((out / "metadata.json").read_text())["probes"]["erasure"]["answer_format"] == 2
+
+
+def test_every_derived_name_fits_a_file_system_and_a_path_is_named_by_its_own_name(tmp_path):
+    """A 240-byte task name and a 300-byte model path gave "File name too long"; a model given by
+    its path was named after the whole path. Every derived name stays within NAME_BYTES (with a hash
+    of the whole spec, so two long specs differ), and a folder is named by its own name."""
+    from effdepth_core.settings import NAME_BYTES, RunSettings, default_out_dir, slug
+
+    deep = tmp_path / ("d" * 120) / ("e" * 120) / "my-model"
+    deep.mkdir(parents=True)
+    assert slug(str(deep)) == "my-model"
+    assert slug(str(tmp_path / "smollm2-135m" / "dequantized-float32")) == "smollm2-135m"
+    long_task = tmp_path / (("t" * 240) + ".jsonl")
+    long_task.write_text('{"prompt": "a"}\n')
+    other_task = tmp_path / (("t" * 239) + "u.jsonl")
+    other_task.write_text('{"prompt": "a"}\n')
+    names = []
+    for task in (long_task, other_task):
+        out = default_out_dir(RunSettings("x" * 300, str(task), n=1), tmp_path / "runs")
+        assert all(len(part.encode()) <= 255 for part in out.relative_to(tmp_path).parts)
+        assert len(out.name.encode()) <= NAME_BYTES + 9
+        out.mkdir(parents=True)  # the file system takes it
+        names.append(out.name)
+    assert names[0] != names[1]
