@@ -20,7 +20,7 @@ from .errors import EffdepthError
 from .models import LoadedModel, resolve_dtype, wrap_model
 from .results import run
 from .settings import RunSettings
-from .tasks import TASKS, Example
+from .tasks import TASKS, Example, _encodable
 from .trace import show_progress
 from .zoo import cache_dir
 
@@ -43,6 +43,10 @@ def _prompts_task(prompts: Any) -> tuple[str, int | None]:
     for index, item in enumerate(items):
         if isinstance(item, str) and not item.strip():
             raise EffdepthError(f"prompt {index} is empty: measure needs text to run the model on")
+        text_of = item.question if isinstance(item, Example) else item
+        if isinstance(text_of, str) and not _encodable(text_of):
+            raise EffdepthError(f"prompt {index} holds a lone surrogate (an unpaired \\ud800-\\udfff), no text a "
+                                "tokenizer can read; fix the string")  # fmt: skip
         if isinstance(item, Example):
             rows.append({"prompt": item.question, **({"answer": item.answer} if item.answer else {})})
         elif isinstance(item, str) and item:

@@ -21,6 +21,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _path(text: str) -> Path:
+    """A path the user names: never empty (``Path("")`` is the current folder, which nobody meant)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; name a file or folder")
+    return Path(text)
+
+
 def _option_type(option):
     """An argparse type that reads and checks one probe option (one-line error when invalid)."""
 
@@ -111,14 +118,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     run.add_argument("--n", type=_positive, help="number of examples (default 10; a .jsonl file: all its lines)")
     run.add_argument("--probes", default=",".join(DEFAULT), help=f"comma list of {', '.join(names())}")
     run.add_argument(
-        "--out", type=Path, help="result directory (default results/<model>/<task>-n<N>-seed<S>-<settings hash>)"
+        "--out", type=_path, help="result directory (default results/<model>/<task>-n<N>-seed<S>-<settings hash>)"
     )
     run.add_argument(
         "--overwrite", action="store_true", help="replace the effdepth files of a run with other settings in --out"
     )
     run.add_argument(
         "--reuse-from",
-        type=Path,
+        type=_path,
         action="append",
         default=[],
         metavar="DIR",
@@ -139,9 +146,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         _add_probe_options(run)
 
     models = commands.add_parser("models", help="list the offline model aliases and the state of their cache", **common)
-    models.add_argument("--verify", action="store_true", help="re-hash every cached model in full")
-    models.add_argument("--info", action="store_true", help="provenance: upstream model, licence, packages, sha256")
-    models.add_argument(
+    mode = models.add_mutually_exclusive_group()  # one thing at a time: two never silently become one
+    mode.add_argument("--verify", action="store_true", help="re-hash every cached model in full")
+    mode.add_argument("--info", action="store_true", help="provenance: upstream model, licence, packages, sha256")
+    mode.add_argument(
         "--refetch",
         metavar="ALIAS",
         help="fetch a model again (the cached file is replaced once the new one verified) and drop its dequantized "
@@ -153,15 +161,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     book.add_argument(
         "--section", choices=["scale", "difficulty", "long_cot", "beyond"], help="one section (default: all)"
     )
-    book.add_argument("--params", type=Path, help="a section's parameter file (default params/<section>.yml)")
+    book.add_argument("--params", type=_path, help="a section's parameter file (default params/<section>.yml)")
     book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")
     book.add_argument("--only", help="only the parameter set with this name")
-    book.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout")
-    book.add_argument("--toc-only", action="store_true", help="only regenerate _toc.yml from params/")
-    book.add_argument(
+    book.add_argument("--root", type=_path, default=Path("."), help="the effdepth checkout")
+    what = book.add_mutually_exclusive_group()  # the book's modes: one at a time, never silently one of two
+    what.add_argument("--toc-only", action="store_true", help="only regenerate _toc.yml from params/")
+    what.add_argument(
         "--print-params", metavar="SECTION/NAME", help="print a page's resolved parameters as YAML (for papermill -f)"
     )
-    book.add_argument(
+    what.add_argument(
         "--check",
         action="store_true",
         help="exit 1 naming each generated file (_toc.yml, book/_findings.md, book/using/api.md, the executed "
@@ -174,10 +183,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="with --check: leave the executed pages out (each stores a digest of its template, parameters, "
         "code and results, which --check compares)",
     )
-    book.add_argument(
+    what.add_argument(
         "--findings", action="store_true", help="print the findings Markdown from the cached results (no model work)"
     )
-    book.add_argument("--findings-only", action="store_true", help="only regenerate book/_findings.md (no model work)")
+    what.add_argument("--findings-only", action="store_true", help="only regenerate book/_findings.md (no model work)")
     book.add_argument(
         "--bootstrap-seed", type=int, help="with --findings: the seed of every bootstrap interval (default: params/)"
     )
@@ -205,24 +214,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="a fixed ridge penalty instead of one chosen on validation prompts (then n is split half/half)",
     )
-    linear.add_argument("--map-dir", type=Path, help="a run directory for the map (resumed and verified like a run's)")
+    linear.add_argument("--map-dir", type=_path, help="a run directory for the map (resumed and verified like a run's)")
     linear.add_argument("--max-tokens", type=_positive, help="drop longer prompts (data-set tasks)")
     linear.add_argument("--seed", type=int, default=0)
     linear.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
     linear.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     linear.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    linear.add_argument("--out", type=Path, help="write the long frame to this new .parquet file")
+    linear.add_argument("--out", type=_path, help="write the long frame to this new .parquet file")
     linear.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     plot = commands.add_parser("plot", help="save a chart of a run directory as SVG or PNG", **common)
-    plot.add_argument("run_dir", type=Path, help="a run directory (effdepth run --out, or results/...)")
+    plot.add_argument("run_dir", type=_path, help="a run directory (effdepth run --out, or results/...)")
     charts = None
     if command == "plot":
         from . import registry
 
         charts = [chart.name for spec in registry.specs().values() for chart in spec.charts]
     plot.add_argument("--chart", required=True, choices=charts, help="which chart (one per probe's chart)")
-    plot.add_argument("--out", type=Path, required=True, help="the image to write: .svg or .png")
+    plot.add_argument("--out", type=_path, required=True, help="the image to write: .svg or .png")
 
     grid = commands.add_parser(
         "grid",
@@ -233,7 +242,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     grid.add_argument(
         "--section", action="append", choices=["scale", "difficulty", "long_cot", "beyond"], help="only these sections"
     )
-    grid.add_argument("--root", type=Path, default=Path("."), help="the effdepth checkout")
+    grid.add_argument("--root", type=_path, default=Path("."), help="the effdepth checkout")
     grid.add_argument("--dry-run", action="store_true", help="print the plan with its estimated cost; compute nothing")
     grid.add_argument(
         "--executor",
@@ -258,6 +267,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     grid.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
-    table.add_argument("dirs", nargs="+", type=Path, help="run directories or folders of them")
+    table.add_argument("dirs", nargs="+", type=_path, help="run directories or folders of them")
     table.add_argument("--format", default="text", choices=TABLE_FORMATS, help="output format")
     return parser

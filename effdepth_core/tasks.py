@@ -217,17 +217,37 @@ def _read_lines(path: Path) -> list[str]:
         ) from exc
 
 
+def _no_constant(name: str) -> None:
+    """json's hook for NaN and ±Infinity, which are no JSON: refused, never copied into a record."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _jsonl(path: Path) -> list[Example]:
     examples = []
     for number, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise TaskError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+        except (RecursionError, ValueError) as exc:  # nesting deeper than Python's stack, NaN, a 5000-digit int
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0].split(":")[0]
+            raise TaskError(f"{path}:{number}: a JSON value effdepth cannot keep ({why}); remove it") from exc
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
             raise TaskError(f"{path}:{number}: each line needs a non-empty string field 'prompt'")
+        for name in ("prompt", "answer"):
+            if isinstance(row.get(name), str) and not _encodable(row[name]):
+                raise TaskError(f"{path}:{number}: '{name}' holds a lone surrogate (an unpaired \\ud800-\\udfff "
+                                "escape), which is no text a tokenizer can read; fix the escape")  # fmt: skip
         answer = row.get("answer")
         if answer is not None and not isinstance(answer, str):
             raise TaskError(f"{path}:{number}: 'answer' must be a string when given")

@@ -98,3 +98,24 @@ def test_bad_task_arguments(tmp_path):
         load_task("gsm8k", n=0)
     with pytest.raises(TaskError, match="does not exist"):
         load_task(str(tmp_path / "missing.jsonl"))
+
+
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ('{"prompt": "a", "x": NaN}', "NaN is not a JSON number"),
+        ('{"prompt": "a", "x": -Infinity}', "-Infinity is not a JSON number"),
+        ('{"prompt": "a", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ('{"prompt": "a", "x": ' + "9" * 5000 + "}", "Exceeds the limit"),
+        ('{"prompt": "a\\ud800b"}', "'prompt' holds a lone surrogate"),
+        ('{"prompt": "a", "answer": "\\udfff"}', "'answer' holds a lone surrogate"),
+    ],
+)
+def test_a_task_line_effdepth_cannot_keep_is_one_line_naming_its_place(tmp_path, line, said):
+    """Every way a JSON line can break what follows (a record that is no JSON, a RecursionError, a
+    ValueError of int(), a TypeError from the tokenizer) is refused where the file is read."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(TaskError, match=f"^{path}:2: ") as caught:
+        load_task(str(path), n=2)
+    assert said in str(caught.value) and "\n" not in str(caught.value)
