@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .cache import NotARegularFile, read_json, remove_recorded_folder
+from .cache import NotARegularFile, make_dirs, read_json, remove_recorded_folder
 from .errors import EffdepthError, ModelNotFoundError
 from .zoo import ZOO, cache_dir, check_private, ensure_model, gguf_header, model_path
 
@@ -161,7 +161,7 @@ def file_hashes(path: Path) -> dict[str, str]:
         fresh[file.name] = record if state == "verified" else file_record(target)
     if fresh != records:
         try:
-            store.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(store.parent, 0o700)
             atomic_write_json(store, fresh)
         except (OSError, EffdepthError):  # a read-only cache: hashed again next time
             pass
@@ -218,7 +218,7 @@ def save_dequantized(model: nn.Module, tokenizer, folder: Path, dtype: torch.dty
         (tmp / DEQUANTIZED_MARKER).write_text(json.dumps(marker))
 
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(folder.parent, 0o700)
         with locked(folder.parent):  # one process builds it; another waits for nothing (it parses)
             state = dequantized_state(folder, str(dtype), sha256)
             if state in ("ready", "foreign"):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from .cache import atomic_write_bytes
+from .cache import atomic_write_bytes, make_dirs
 from .display import RunResult
 from .errors import EffdepthError
 from .models import LoadedModel, resolve_dtype, wrap_model
@@ -59,7 +59,7 @@ def _prompts_task(prompts: Any) -> tuple[str, int | None]:
     text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows).encode()
     path = cache_dir() / "prompts" / f"{hashlib.sha256(text).hexdigest()[:32]}.jsonl"
     if not _holds(path, text):  # named by its content: checked against it on every use, rewritten if not
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent, 0o700)
         atomic_write_bytes(path, text)
     return str(path), len(rows)
 

@@ -179,6 +179,23 @@ def atomic_write_parquet(
     atomic_write(path, write, kept, replace)
 
 
+def make_dirs(path: Path, mode: int = 0o755) -> None:
+    """Create ``path`` and its missing parents with exactly ``mode`` whatever the umask (``umask 000``
+    made effdepth's own cache world-writable, which it then refused); existing folders are left as
+    they are."""
+    missing = []
+    current = Path(path)
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, mode)
+        except FileExistsError:
+            continue  # made meanwhile by another process: theirs to have set
+        os.chmod(folder, mode)
+
+
 def atomic_folder(folder: Path, build: Callable[[Path], None], kept: str = "nothing was cached there yet") -> None:
     """``build(temporary folder)`` then rename it to ``folder`` (which must not exist); the
     temporary folder, effdepth's own (created by this call under an unpredictable name), is removed
@@ -186,8 +203,9 @@ def atomic_folder(folder: Path, build: Callable[[Path], None], kept: str = "noth
     tmp = temporary_path(folder)
     made = False
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(folder.parent)
         tmp.mkdir(mode=0o755)
+        os.chmod(tmp, 0o755)
         made = True
         build(tmp)
         os.rename(tmp, folder)

@@ -39,6 +39,7 @@ from .cache import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
+    make_dirs,
     read_json,
     read_regular,
     remove_stale_temporaries,
@@ -331,7 +332,7 @@ class RunDirectory:
                 break
             missing.append(parent)
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.path)
         except OSError as exc:
             raise OutputDirectoryError(
                 f"cannot create --out {self.path} ({exc.strerror or exc}); choose another"

@@ -20,7 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import read_json, sha256_file
+from .cache import make_dirs, read_json, sha256_file
 from .errors import EffdepthError
 
 CACHE_ENV = "EFFDEPTH_CACHE"
@@ -145,10 +145,28 @@ ZOO: dict[str, ZooModel] = _zoo()
 DEFAULT_MODEL = "smollm2-135m"
 
 
+SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr")
+
+
 def cache_dir() -> Path:
-    """Root of effdepth's cache (``$EFFDEPTH_CACHE``, else ``~/.cache/effdepth``)."""
+    """Root of effdepth's cache (``$EFFDEPTH_CACHE``, else ``~/.cache/effdepth``), resolved once (a
+    link is followed here, and only here); refused in one line when it is, or links to, the file
+    system's root or a system folder, or when there is no home directory to put it in."""
     root = os.environ.get(CACHE_ENV)
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "effdepth"
+    try:
+        path = Path(root).expanduser() if root else Path.home() / ".cache" / "effdepth"
+    except (RuntimeError, KeyError) as exc:  # HOME unset and no passwd entry
+        raise EffdepthError(
+            f"cannot find a home directory for effdepth's cache ({exc}); set {CACHE_ENV} to a folder of your own"
+        ) from None
+    resolved = path.resolve()
+    text = resolved.as_posix()
+    if text == "/" or any(text == folder or text.startswith(folder + "/") for folder in SYSTEM_FOLDERS):
+        link = " a link to" if resolved != path.absolute() else ""
+        raise EffdepthError(
+            f"effdepth's cache {path} is{link} a system folder ({text}); set {CACHE_ENV} to a folder of your own"
+        )
+    return resolved
 
 
 def check_cache_dir() -> Path:
@@ -408,7 +426,7 @@ def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Pa
     if target.is_file() and not refetch:
         return verify_cached(alias)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(target.parent, 0o700)
         workdir_cm = tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-")
     except OSError as exc:
         raise EffdepthError(

@@ -187,3 +187,50 @@ def test_an_output_is_claimed_at_the_moment_it_is_written(tmp_path):
     free = tmp_path / "v.svg"
     atomic_write(free, lambda handle: handle.write(b"chart"), replace=False)
     assert free.read_bytes() == b"chart" and sorted(p.name for p in tmp_path.iterdir()) == ["u.svg", "v.svg"]
+
+
+def test_the_cache_root_is_resolved_once_and_never_a_system_folder(tmp_path, monkeypatch):
+    """EFFDEPTH_CACHE pointing at a link to / once made a plain run write /fingerprints/<hash>.json:
+    the root (or what it links to) may not be / or a system folder; no home directory is one line."""
+    from pathlib import Path
+
+    from effdepth_core.errors import EffdepthError
+    from effdepth_core.zoo import cache_dir
+
+    link = tmp_path / "link"
+    link.symlink_to("/")
+    for root, said in ((link, r"is a link to a system folder \(/\)"), (Path("/etc/effdepth"), "is a system folder")):
+        monkeypatch.setenv("EFFDEPTH_CACHE", str(root))
+        with pytest.raises(EffdepthError, match=said):
+            cache_dir()
+    target = tmp_path / "real"
+    target.mkdir()
+    (tmp_path / "mine").symlink_to(target)
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "mine"))
+    assert cache_dir() == target  # resolved once: every path below it is the real folder's
+    monkeypatch.delenv("EFFDEPTH_CACHE")
+
+    def homeless():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(homeless))
+    with pytest.raises(EffdepthError, match=r"cannot find a home directory for effdepth's cache.*EFFDEPTH_CACHE"):
+        cache_dir()
+
+
+def test_folders_effdepth_creates_have_their_mode_whatever_the_umask(tmp_path):
+    """After ``umask 000`` the cache and an --out folder came out mode 777 (and the next command
+    refused effdepth's own cache as writable by others): folders are created with explicit modes."""
+    import stat
+
+    from effdepth_core.cache import make_dirs
+
+    before = os.umask(0)
+    try:
+        make_dirs(tmp_path / "cache" / "models", 0o700)
+        make_dirs(tmp_path / "out" / "run")
+    finally:
+        os.umask(before)
+    for folder, mode in ((tmp_path / "cache", 0o700), (tmp_path / "cache" / "models", 0o700),
+                         (tmp_path / "out", 0o755), (tmp_path / "out" / "run", 0o755)):  # fmt: skip
+        assert stat.S_IMODE(folder.stat().st_mode) == mode, folder

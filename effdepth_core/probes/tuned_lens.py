@@ -29,7 +29,15 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..acquire import model_files_digest
-from ..cache import NotARegularFile, atomic_write_bytes, atomic_write_json, check_file, file_record, read_json
+from ..cache import (
+    NotARegularFile,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_file,
+    file_record,
+    make_dirs,
+    read_json,
+)
 from ..errors import EffdepthError
 from ..models import LoadedModel, model_fingerprint
 from ..trace import residual_states, show_progress, tokenize
@@ -73,7 +81,7 @@ class TunedLens(nn.Module):
 
         tensors = {"weight": self.weight.detach().float().cpu().contiguous(), "bias": self.bias.detach().float().cpu()}
         metadata = {"effdepth_tuned_lens": json.dumps(self.info)}
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent, 0o700)
         atomic_write_bytes(path, save(tensors, metadata=metadata), "no lens was cached there")
         atomic_write_json(record_path(path), {"format": LENS_FORMAT, **file_record(path)})
 
@@ -393,7 +401,7 @@ def _training_lock(path: Path, poll_seconds: float = 2.0) -> Iterator[None]:
 
     folder = path.with_name(f".{path.name}.lock.d")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(folder, 0o700)
     except OSError as exc:
         raise EffdepthError(f"cannot write the tuned lens to {path} ({exc.strerror}); set EFFDEPTH_CACHE") from exc
     lock = DirectoryLock(folder)
