@@ -406,6 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--no-progress" in argv:  # before tqdm is imported: it reads TQDM_DISABLE once (the GGUF loader's bars)
         os.environ["TQDM_DISABLE"] = "1"
     stdout, stderr = sys.stdout, sys.stderr
+    if stdout is None or stderr is None:  # started with a standard stream closed (`>&-`): Python gives None
+        if stderr is not None:
+            stderr.write("effdepth: error: standard output is closed; redirect it to a file or /dev/null\n")
+        return 2
     if not isinstance(stdout, EscapingStream):  # nothing printed can carry a terminal escape from a file
         sys.stdout, sys.stderr = EscapingStream(stdout, "\n\t"), EscapingStream(stderr, "\n\t\r")
     try:

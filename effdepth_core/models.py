@@ -316,6 +316,11 @@ def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | No
     and verifies its layout). The model is put in eval mode with its parameters' gradients off —
     the probes differentiate activations, never parameters; ``measure`` restores the caller's state
     afterwards, a direct caller of ``wrap_model`` may call ``model.train()`` again itself."""
+    if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):  # PEFT wraps the model it adapts
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is a PEFT model: its adapters change the layers effdepth reads; merge them "
+            "into the model first (model = model.merge_and_unload()) and measure that"
+        )
     config = getattr(model, "config", None)
     if config is None:
         raise UnsupportedModelError(

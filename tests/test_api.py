@@ -210,3 +210,22 @@ def test_measure_refuses_a_mapping_or_a_data_frame_and_rechecks_its_prompts_file
         handle.write('{"prompt": "a dog"}\n')  # the file edited behind effdepth's back
     again, _ = _prompts_task(["a cat"])
     assert again == path and '"a cat"' in open(path).read() and "dog" not in open(path).read()
+
+
+def test_a_peft_model_is_refused_in_one_line():
+    """A PEFT/LoRA model given to measure() failed with a raw AttributeError; it is refused, naming
+    the fix (merge the adapters). Any object shaped like PEFT's wrapper is enough to show it."""
+    import torch
+
+    from effdepth_core.api import measure
+    from effdepth_core.errors import EffdepthError
+
+    class PeftModelForCausalLM(torch.nn.Module):
+        peft_config = {"default": object()}
+        config = object()  # PEFT forwards .config to the model it wraps
+
+        def get_base_model(self):
+            return None
+
+    with pytest.raises(EffdepthError, match=r"is a PEFT model.*merge_and_unload"):
+        measure(PeftModelForCausalLM(), ["a prompt"], tokenizer=object())

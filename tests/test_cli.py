@@ -185,3 +185,17 @@ def test_measure_names_an_unknown_setting_in_the_caller_spelling():
         effdepth_core.measure("smollm2-135m", ["2 + 2 ="], topk=3)  # refused before any model loads
     with pytest.raises(EffdepthError, match=r"did you mean progress\?"):  # measure's own arguments too
         effdepth_core.measure("smollm2-135m", ["2 + 2 ="], progres=False)
+
+
+def test_a_closed_standard_output_is_one_line_not_an_internal_error(tmp_path):
+    """`effdepth table RUN >&-` (Python then has no sys.stdout) said "internal error"."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from effdepth_core.cli import main; sys.exit(main(['models']))"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, pass_fds=(), close_fds=True,
+        preexec_fn=lambda: __import__("os").close(1),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == "effdepth: error: standard output is closed; redirect it to a file or /dev/null"
