@@ -276,7 +276,9 @@ def read_summary(path: Path, warn) -> dict | None:
             if summary["task"] in ARITHMETIC and settings.get("digits"):
                 summary.setdefault("digits", settings["digits"])
             return summary
-    except (OSError, ValueError, EffdepthError, RecursionError) as exc:
+    except EffdepthError as exc:  # its own one line (a run of a newer format, say)
+        why = " ".join(str(exc).split())
+    except (OSError, ValueError, RecursionError) as exc:
         why = f"unreadable: {type(exc).__name__}"
     warn(f"skipping {path} ({why})")
     return None

@@ -267,7 +267,7 @@ def _find_donor(
     ours = [_example_text(e, spec.needs_answers) for e in examples]
     best: tuple[int, Path, dict] | None = None
     for folder in _candidates(out, settings, roots):
-        metadata = read_metadata(folder)
+        metadata = read_metadata(folder, skip_newer=True)
         if metadata is None or int(metadata.get("format", 1)) < FORMAT or metadata.get("pending"):
             continue
         record = metadata.get("probes", {}).get(spec.name) or {}

@@ -109,9 +109,11 @@ def check_recorded(folder: Path, metadata: dict, probe: str) -> None:
         )
 
 
-def read_metadata(out: Path) -> dict | None:
+def read_metadata(out: Path, skip_newer: bool = False) -> dict | None:
     """The run directory's metadata, or None when ``out`` holds no effdepth metadata (a missing,
-    unreadable or hand-damaged file is not effdepth's)."""
+    unreadable or hand-damaged file is not effdepth's). A run written by a newer effdepth (a format
+    above ``FORMAT``) is refused in one line — never read, plotted or rewritten by this one — or,
+    with ``skip_newer`` (a scan for donors), passed over as None."""
     path = out / METADATA
     if path.is_symlink() or not path.is_file():  # a FIFO, a link or a directory is not effdepth's
         return None
@@ -123,6 +125,14 @@ def read_metadata(out: Path) -> dict | None:
         return None
     if not isinstance(metadata.get("settings", {}), dict) or not isinstance(metadata.get("probes", {}), dict):
         return None
+    written = metadata.get("format", 1)
+    if _count(written) and written > FORMAT:
+        if skip_newer:
+            return None
+        raise EffdepthError(
+            f"{path} was written by a newer effdepth (run format {written}; this one reads formats up to {FORMAT}): "
+            "upgrade effdepth to read or extend it, or choose another folder"
+        )
     return metadata if well_formed(metadata) else None
 
 

@@ -196,3 +196,18 @@ def test_grid_refuses_two_cells_that_would_share_a_run_directory(tmp_path, capsy
     code, err = _cli(capsys, "grid", "quick", "--root", str(root), "--section", "scale", "--dry-run")
     assert code == 2 and "would both write" in err and "with different settings" in err
     assert not (root / "res").exists()
+
+
+def test_a_run_of_a_newer_format_is_refused_not_read_or_rewritten(finished, tmp_path, tiny_dir, capsys):
+    """A run folder whose metadata names a newer format was read, plotted and rewritten: this
+    effdepth cannot know what that format means, so every command refuses it in one line and the
+    folder stays byte for byte."""
+    run = _copy(finished, tmp_path)
+    _edit(run, format=99)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    for argv in (["table", str(run)], _argv(tiny_dir, run), ["plot", str(run), "--chart", "cosine", "--out",
+                                                             str(tmp_path / "c.svg")]):  # fmt: skip
+        code, err = _cli(capsys, *argv)
+        assert code == 2 and "was written by a newer effdepth (run format 99" in err, (argv, err)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert not (tmp_path / "c.svg").exists()

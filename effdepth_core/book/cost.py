@@ -121,7 +121,7 @@ class Calibration:
         vocab: dict[str, int] = {}
         pending = []
         for folder in run_directories(roots):
-            metadata = read_metadata(folder)
+            metadata = read_metadata(folder, skip_newer=True)
             if metadata is None or not (folder / EXAMPLES).is_file():
                 continue
             settings = _settings(metadata)
