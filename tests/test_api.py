@@ -221,8 +221,11 @@ def test_a_peft_model_is_refused_in_one_line():
     from effdepth_core.errors import EffdepthError
 
     class PeftModelForCausalLM(torch.nn.Module):
-        peft_config: typing.ClassVar[dict] = {"default": object()}
         config = object()  # PEFT forwards .config to the model it wraps
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.peft_config = {"default": object()}
 
         def get_base_model(self):
             return None
