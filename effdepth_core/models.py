@@ -78,6 +78,48 @@ _LAYOUTS = {
 }
 
 
+PADDING_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}  # else (bf16, fp16): 2e-2
+# float32 rounding of one forward in another batch shape moves hidden states by ~1e-6 relative; a
+# sparse-attention indexer that picks padded keys moves them by 1-10 % (issue 33): 1e-4 is between,
+# with margin both ways. Half precision rounds at ~4e-3 per operation, so 2e-2 there.
+
+
+def pads_safely(model: nn.Module) -> bool:
+    """Whether right-padding a batch leaves every prompt's own hidden states as they are alone: two
+    prompts of 5 and 9 tokens, padded together, against each one alone (the last hidden state of
+    every real token). A model whose attention reads padded keys (a top-k indexer over all positions)
+    fails, and is then measured one prompt at a time."""
+    vocab = int(getattr(model.config, "vocab_size", 8) or 8)
+    lengths = (5, 9)
+    prompts = [(torch.arange(n) * 7 + 3 * i) % max(vocab - 1, 1) + 1 for i, n in enumerate(lengths)]
+    device = execution_device(model)
+
+    def last_states(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False,
+                    output_hidden_states=True)  # fmt: skip
+        return out.hidden_states[-1].float().cpu()
+
+    try:
+        with torch.inference_mode():
+            alone = [last_states(p[None], torch.ones(1, p.numel(), dtype=torch.long))[0] for p in prompts]
+            width = max(lengths)
+            ids = torch.zeros(len(prompts), width, dtype=torch.long)
+            mask = torch.zeros(len(prompts), width, dtype=torch.long)
+            for row, p in enumerate(prompts):
+                ids[row, : p.numel()], mask[row, : p.numel()] = p, 1
+            padded = last_states(ids, mask)
+    except Exception:  # a model that cannot take a padded batch is measured one prompt at a time
+        return False
+    dtype = next(model.parameters()).dtype
+    tolerance = PADDING_TOLERANCE.get(dtype, 2e-2)
+    for row, state in enumerate(alone):
+        together = padded[row, : state.shape[0]]
+        scale = float(state.norm(dim=-1).max()) or 1.0
+        if not torch.isfinite(together).all() or float((together - state).norm(dim=-1).max()) > tolerance * scale:
+            return False
+    return True
+
+
 def _layout_gaps(model: nn.Module, adapter: Adapter) -> tuple[float, float]:
     """On a short probe input: the largest |h_{l+1} − h_l − (attention's write + MLP's write)|
     relative to |h_{l+1} − h_l| over the layers (0 up to rounding when the adapter names the modules
@@ -205,6 +247,11 @@ class LoadedModel:
     loaded_weights: tuple | None = None  # ``weights_state`` when load_model returned it
     loaded_config: str | None = None  # ``config_digest`` then (a field edited in place is another model)
     loaded_tokenizer: object | None = None  # the tokenizer it came with (another one is another model)
+    pads_safely: bool = True  # False: a padded batch changes a prompt's numbers; measured one at a time
+
+    def rows(self, batch_size: int) -> int:
+        """The prompts a padded batch may hold: ``batch_size``, or 1 where padding changes numbers."""
+        return batch_size if self.pads_safely else 1
 
     def is_as_loaded(self, spec: str, dtype: torch.dtype) -> bool:
         """Whether this is exactly what ``load_model(spec)`` gives in ``dtype``, untouched since: only
@@ -338,6 +385,18 @@ def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | No
     max_positions = getattr(config, "max_position_embeddings", None)
     model.eval()
     model.requires_grad_(False)  # probes differentiate activations, never parameters
+    padding = pads_safely(model)
+    if not padding:
+        import warnings
+
+        from .errors import EffdepthWarning
+
+        warnings.warn(
+            f"model {name!r} changes a prompt's hidden states when it shares a padded batch (its attention reads "
+            "padded positions); effdepth measures it one prompt at a time",
+            EffdepthWarning,
+            stacklevel=2,
+        )
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -349,6 +408,7 @@ def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | No
         logit_softcap=getattr(config, "final_logit_softcapping", None),
         parallel_residual=parallel,
         max_positions=int(max_positions) if max_positions else None,
+        pads_safely=padding,
     )
 
 

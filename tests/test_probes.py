@@ -207,3 +207,45 @@ def test_every_prompt_probe_takes_one_input_contract():
             residual_cosine(loaded, given)
     with pytest.raises(EffdepthError, match="wrap_model takes a transformers causal LM"):
         wrap_model(torch.nn.Linear(3, 3))
+
+
+def test_a_model_whose_attention_reads_padded_positions_is_measured_one_prompt_at_a_time():
+    """Five sparse-attention models (an indexer picking top-k keys over all positions, padded ones
+    included) were silently wrong under padding. Here a layer that mixes in the mean over every
+    position stands for them: the load-time check finds it, says so once, and every batched probe
+    then gives each prompt's own numbers (equal to one prompt per batch), where a padded batch would
+    not."""
+    import warnings
+
+    import torch
+    from conftest import char_tokenizer, make_tiny
+
+    from effdepth_core.errors import EffdepthWarning
+    from effdepth_core.models import wrap_model
+    from effdepth_core.probes import residual_cosine
+
+    tiny = make_tiny("llama")
+
+    def mix_all_positions(module, args, kwargs):  # what an indexer over padded keys does to a prompt
+        if args:
+            return ((args[0] + 0.5 * args[0].mean(dim=1, keepdim=True), *args[1:]), kwargs)
+        hidden = kwargs["hidden_states"]
+        return (args, {**kwargs, "hidden_states": hidden + 0.5 * hidden.mean(dim=1, keepdim=True)})
+
+    handle = tiny.model.model.layers[1].register_forward_pre_hook(mix_all_positions, with_kwargs=True)
+    try:
+        with pytest.warns(EffdepthWarning, match="effdepth measures it one prompt at a time"):
+            loaded = wrap_model(tiny.model, char_tokenizer(), name="sparse")
+        assert not loaded.pads_safely and loaded.rows(4) == 1
+        prompts = ["a short one", "a much longer prompt than that one", "mid length"]
+        batched = residual_cosine(loaded, prompts, batch_size=4).sort("example", "layer", "metric")
+        alone = residual_cosine(loaded, prompts, batch_size=1).sort("example", "layer", "metric")
+        assert batched["value"].to_list() == alone["value"].to_list()  # the same single-prompt batches
+        loaded.pads_safely = True  # what a padded batch would have given
+        padded = residual_cosine(loaded, prompts, batch_size=4).sort("example", "layer", "metric")
+        assert float((padded["value"] - alone["value"]).abs().max()) > 1e-3
+    finally:
+        handle.remove()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a plain model: no warning, batched as asked
+        assert wrap_model(tiny.model, char_tokenizer(), name="plain").rows(4) == 4
