@@ -217,7 +217,6 @@ def test_a_model_whose_attention_reads_padded_positions_is_measured_one_prompt_a
     not."""
     import warnings
 
-    import torch
     from conftest import char_tokenizer, make_tiny
 
     from effdepth_core.errors import EffdepthWarning
