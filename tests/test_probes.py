@@ -248,3 +248,37 @@ def test_a_model_whose_attention_reads_padded_positions_is_measured_one_prompt_a
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a plain model: no warning, batched as asked
         assert wrap_model(tiny.model, char_tokenizer(), name="plain").rows(4) == 4
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_the_lens_by_token_averages_to_the_logit_lens_and_names_its_tokens(arch):
+    """Per-token KL and overlap of one prompt, averaged over its tokens, are the logit-lens probe's
+    per-example values (the probe is a mean of exactly these); the top tokens are the head's
+    argmax decoded by the tokenizer (a hand check at one position and layer)."""
+    import torch
+    from conftest import char_tokenizer, make_tiny
+
+    from effdepth_core.models import wrap_model
+    from effdepth_core.probes import lens_by_token, logit_lens
+
+    loaded = wrap_model(make_tiny(arch).model, char_tokenizer(), name=arch)
+    prompt = "what is 12 + 30? it is 42."
+    rows = lens_by_token(loaded, prompt, top_k=3)
+    n_tokens = int(loaded.encode(prompt).numel())
+    assert rows.height == n_tokens * (loaded.n_layers + 1)
+    means = rows.group_by("layer").agg(pl.col("kl").mean(), pl.col("overlap").mean()).sort("layer")
+    probe = logit_lens(loaded, [prompt], top_k=3, progress=False)
+    for metric in ("kl", "overlap"):
+        theirs = probe.filter(metric=metric).sort("layer")["value"].to_numpy()
+        # float32 sums of the same per-token terms in another order: ~1e-6 of KL values of order 1
+        assert means[metric].to_numpy() == pytest.approx(theirs, rel=1e-4, abs=1e-5)
+    assert rows.filter(layer=loaded.n_layers)["kl"].abs().max() < 1e-5  # the output decoded is p itself
+    row = rows.filter(layer=1, position=4).row(0, named=True)
+    from effdepth_core.trace import residual_states
+
+    with torch.inference_mode():
+        states = torch.cat(list(residual_states(loaded, [loaded.encode(prompt)], 1)))  # [token, L+1, d_model]
+        logits = loaded.head_of_normed(loaded.final_norm(states[4, 1]))  # the model's soft-cap included
+    assert row["top_tokens"][0] == loaded.tokenizer.decode([int(logits.argmax())])
+    assert row["token"] == loaded.tokenizer.decode([int(loaded.encode(prompt)[4])])
+    assert row["top_probs"][0] == pytest.approx(float(torch.softmax(logits, -1).max()), rel=1e-5)

@@ -6,6 +6,7 @@ from .cosine import residual_cosine
 from .early_exit import early_exit, early_exit_summary
 from .erasure import erasure_map, residual_means
 from .igrad import integrated_gradients
+from .lens_tokens import lens_by_token
 from .logit_lens import logit_lens  # the submodule first, so this name stays the function
 from .prune import layer_pruning, prune_summary, rule_comparison
 from .shared.depth_score import depth_score, depth_scores
@@ -27,6 +28,7 @@ __all__ = [
     "erasure_map",
     "integrated_gradients",
     "layer_pruning",
+    "lens_by_token",
     "logit_lens",
     "prune_summary",
     "residual_cosine",

@@ -1,0 +1,80 @@
+"""The lens token by token, for reading one prompt in a notebook: at every position and layer the
+KL to the model's output, the top-k overlap, and the top-k tokens the lens decodes (as text). The
+logit-lens probe averages exactly these per-token numbers over each prompt's tokens (a test holds
+them equal); this function keeps them apart and names the tokens, as TransformerLens's
+``logit_lens(…, top_k=…)`` and tuned-lens's ``PredictionTrajectory`` do. Not a registered probe: it
+returns per-token rows, which no ED rule reads.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import torch
+
+from ..models import LoadedModel
+from ..trace import residual_states, tokenize
+from .shared.lens import Translator, _check_top_k
+
+TOKEN_CHUNK = 256  # positions decoded at once: [chunk, vocab] float32 is the only vocabulary-sized buffer
+
+
+def lens_by_token(
+    loaded: LoadedModel, prompt: str | torch.Tensor, top_k: int = 5, lens: Translator | None = None
+) -> pl.DataFrame:
+    """The lens of one prompt at every position and layer 0..L (layer L decodes the output).
+
+    Args:
+        loaded: the model (``load_model`` or ``wrap_model``).
+        prompt: a text (encoded by the model's tokenizer) or a 1-D tensor of token ids.
+        top_k: how many of the lens's most likely tokens to keep, and the overlap's k.
+        lens: a tuned lens of this model (``cached_tuned_lens``); None decodes with the final norm
+            and head alone (the logit lens).
+
+    Returns:
+        One row per position and layer: ``position, token`` (the input token there, as text),
+        ``layer, kl`` (KL(q_l || p) in nats), ``overlap`` (the share of q_l's top-k in p's top-k),
+        ``top_tokens`` and ``top_probs`` (q_l's top-k, most likely first).
+    """
+    _check_top_k(top_k, loaded.vocab_size, loaded.name)
+    ids = tokenize(loaded, [prompt])[0]  # [token]
+    states = torch.cat(list(residual_states(loaded, [ids], batch_size=1)))  # [token, L+1, d_model]
+    n_layers = loaded.n_layers
+    buffer = torch.empty(min(TOKEN_CHUNK, ids.numel()), loaded.vocab_size, device=loaded.head_device)
+    rows = []
+    words = _words(loaded, ids.tolist())
+    for start in range(0, ids.numel(), TOKEN_CHUNK):
+        chunk = states[start : start + TOKEN_CHUNK]
+        with torch.inference_mode():
+            final_logp = torch.log_softmax(loaded.head_into(chunk[:, n_layers], buffer).clone(), dim=-1)
+            final_top = final_logp.topk(top_k, dim=-1).indices  # [token, k]
+            for layer in range(n_layers + 1):
+                hidden = chunk[:, layer]
+                if lens is not None and layer < n_layers:
+                    hidden = lens.translate(layer, hidden.to(loaded.head_device))
+                logp = torch.log_softmax(loaded.head_into(hidden, buffer), dim=-1)  # [token, vocab]
+                kl = (logp.exp() * (logp - final_logp)).sum(-1).clamp_min(0.0)
+                top = logp.topk(top_k, dim=-1)
+                overlap = (top.indices[:, :, None] == final_top[:, None, :]).any(-1).float().mean(-1)
+                for row in range(chunk.shape[0]):
+                    position = start + row
+                    rows.append(
+                        (
+                            position,
+                            words[position],
+                            layer,
+                            float(kl[row]),
+                            float(overlap[row]),
+                            _words(loaded, top.indices[row].tolist()),
+                            top.values[row].exp().tolist(),
+                        )
+                    )
+    schema = {"position": pl.Int64, "token": pl.String, "layer": pl.Int64, "kl": pl.Float64, "overlap": pl.Float64,
+              "top_tokens": pl.List(pl.String), "top_probs": pl.List(pl.Float64)}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _words(loaded: LoadedModel, ids: list[int]) -> list[str]:
+    """Each id as the text it stands for (its id in brackets where there is no tokenizer)."""
+    if loaded.tokenizer is None:
+        return [f"[{i}]" for i in ids]
+    return [loaded.tokenizer.decode([i]) for i in ids]
