@@ -663,13 +663,23 @@ def user_hooks(model: nn.Module) -> str | None:
     }
     for name, module in model.named_modules():
         for kind, attribute in kinds.items():
-            if getattr(module, attribute, None):
+            if any(not _library_hook(hook) for hook in (getattr(module, attribute, None) or {}).values()):
                 return f"{name or 'the model'} ({kind} hook)"
     for kind, attribute in {"forward": "_global_forward_hooks", "forward pre": "_global_forward_pre_hooks",
                             "backward": "_global_backward_hooks"}.items():  # fmt: skip
         if getattr(module_state, attribute, None):
             return f"every module (a global {kind} hook)"
     return None
+
+
+LIBRARY_HOOKS = ("transformers.", "accelerate.")  # their hooks record outputs or place tensors
+
+
+def _library_hook(hook: object) -> bool:
+    """Whether a hook is transformers' or accelerate's own machinery (transformers 5 records
+    ``output_hidden_states`` through forward hooks it leaves on every layer), not a user's."""
+    function = getattr(hook, "func", hook)  # a functools.partial
+    return str(getattr(function, "__module__", "") or "").startswith(LIBRARY_HOOKS)
 
 
 def model_fingerprint(loaded: LoadedModel) -> str:
