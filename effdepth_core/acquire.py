@@ -18,6 +18,7 @@ from torch import nn
 
 from .cache import NotARegularFile, make_dirs, read_json, remove_recorded_folder
 from .errors import EffdepthError, ModelNotFoundError
+from .paths import exists, user_path
 from .zoo import ZOO, cache_dir, check_private, ensure_model, gguf_header, model_path
 
 
@@ -37,10 +38,10 @@ def resolve_model(spec: str, dtype: torch.dtype, cached_weights: bool = True, pr
     first use) or a GGUF file, read from its verified dequantized folder when there is one; a
     folder as it is; a hub id, refused at once when it is not cached and the hub cannot be reached.
     ``cached_weights=False`` parses the GGUF every time (and keeps nothing)."""
-    path = Path(spec).expanduser()
-    gguf = ensure_model(spec, progress=progress) if spec in ZOO else path if path.is_file() else None
+    path = user_path(spec)
+    gguf = ensure_model(spec, progress=progress) if spec in ZOO else path if exists(path, "file") else None
     if gguf is None:
-        if path.is_dir():
+        if exists(path, "dir"):
             return Resolved(str(path), {})
         if not _cached_on_hub_cache(spec) and not hub_reachable():
             raise hub_error(spec, ConnectionError("offline"))
@@ -134,8 +135,8 @@ def _cached_on_hub_cache(repo_id: str) -> bool:
 def needs_download(spec: str) -> bool:
     """Whether loading ``spec`` would download weights from the Hugging Face hub (a hub id that is
     not in the local hub cache; offline aliases, local files and directories never do)."""
-    path = Path(spec).expanduser()
-    return spec not in ZOO and not path.exists() and not _cached_on_hub_cache(spec)
+    path = user_path(spec)
+    return spec not in ZOO and not exists(path) and not _cached_on_hub_cache(spec)
 
 
 def file_hashes(path: Path) -> dict[str, str]:

@@ -18,6 +18,7 @@ from .cache import atomic_write_bytes, make_dirs
 from .display import RunResult
 from .errors import EffdepthError
 from .models import LoadedModel, resolve_dtype, wrap_model
+from .paths import exists, names_path, user_path
 from .results import run
 from .settings import RunSettings
 from .tasks import TASKS, Example, _encodable
@@ -28,7 +29,9 @@ from .zoo import cache_dir
 def _prompts_task(prompts: Any) -> tuple[str, int | None]:
     """A task name or file as it is; prompts (text or ``Example``s) written once to a task file in
     effdepth's cache named by their content, so that the run is keyed by their text."""
-    if isinstance(prompts, str) and (prompts in TASKS or Path(prompts).expanduser().is_file()):
+    if isinstance(prompts, str) and (
+        prompts in TASKS or (names_path(prompts) is not None and exists(user_path(prompts), "file"))
+    ):
         return prompts, None
     if isinstance(prompts, Mapping) or hasattr(prompts, "columns") or isinstance(prompts, Set | bytes):
         kind = "a data frame" if hasattr(prompts, "columns") else type(prompts).__name__
@@ -36,7 +39,12 @@ def _prompts_task(prompts: Any) -> tuple[str, int | None]:
             f"measure takes a task name, one prompt or a list of prompts, got {kind} (iterating it would give its "
             "keys or column names, not its texts); pass list(frame['prompt']) or a list of texts"
         )
-    items = [prompts] if isinstance(prompts, str | Example) else list(prompts)
+    try:
+        items = [prompts] if isinstance(prompts, str | Example) else list(prompts)
+    except TypeError:
+        raise EffdepthError(
+            f"measure takes a task name, one prompt or a list of prompts, got {type(prompts).__name__}"
+        ) from None
     if not items:
         raise EffdepthError("no prompts to measure: give a list of texts, Examples or a task name")
     rows = []
@@ -93,6 +101,11 @@ def measure(
     Results are kept in ``out`` or under effdepth's cache (``$EFFDEPTH_CACHE/runs``), never the
     working directory, and read back when the same model and prompts are measured again."""
     _check_settings(settings)
+    if isinstance(tokenizer, str | Path):
+        raise EffdepthError(
+            f"tokenizer= takes a tokenizer object, not its name {str(tokenizer)!r}: pass "
+            f"AutoTokenizer.from_pretrained({str(tokenizer)!r})"
+        )
     task, n = _prompts_task(prompts)
     if n is not None:
         settings.setdefault("n", n)

@@ -12,6 +12,7 @@ from torch import nn
 from .acquire import hub_error, resolve_model, save_dequantized
 from .cache import read_json
 from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError
+from .paths import exists, user_path
 from .zoo import ZOO, is_gguf
 
 
@@ -503,8 +504,8 @@ def preflight_model(spec: str) -> dict:
     if spec in ZOO:
         entry = ZOO[spec]
         return {"vocab_size": entry.vocab_size, "n_layers": entry.n_layers, "model_type": None}
-    path = Path(spec).expanduser()
-    if path.is_dir():
+    path = user_path(spec)
+    if exists(path, "dir"):
         config_path = path / "config.json"
         if not config_path.is_file():
             raise ModelNotFoundError(f"directory {spec!r} has no config.json; is it a Hugging Face model folder?")
@@ -565,7 +566,7 @@ def load_model(
     tokenizer_given = tokenizer is not None
     preflight_model(spec)
     name = spec
-    path = Path(spec).expanduser()
+    path = user_path(spec)
     resolved = resolve_model(spec, torch_dtype, cached_weights and device_map is None, progress)
     source, kwargs = resolved.source, resolved.kwargs
     hub = {k: v for k, v in from_pretrained.items() if k in ("revision", "trust_remote_code", "token", "cache_dir")}
@@ -610,10 +611,24 @@ def load_model(
     return loaded
 
 
+STATE_SAMPLE = 64  # values per tensor summed into its state: cheap at any size
+
+
 def weights_state(model: nn.Module) -> tuple:
-    """Each parameter's storage, dtype and in-place version counter: cheap, and changed by any edit
-    of a weight (``mul_``, ``copy_``, ``load_state_dict``) or cast (``.to``, ``.half()``)."""
-    return tuple((p.data_ptr(), p.dtype, p._version) for p in model.parameters())
+    """Each parameter's and buffer's storage, dtype, in-place version counter and the sum of a
+    strided sample of ``STATE_SAMPLE`` of its values: cheap, and changed by any edit of a weight
+    through autograd's view (``mul_``, ``copy_``, ``load_state_dict``), a cast (``.to``,
+    ``.half()``), and — through the sample — most edits that bypass the counter (``.data.mul_``, a
+    numpy write); an edit of a few unsampled values escapes it (a full hash at every call would cost
+    seconds per billion weights)."""
+    state = []
+    for tensor in (*model.parameters(), *model.buffers()):
+        flat = tensor.detach().reshape(-1)
+        sample = 0.0
+        if flat.numel() and flat.device.type != "meta":
+            sample = float(flat[:: max(1, flat.numel() // STATE_SAMPLE)][:STATE_SAMPLE].double().sum())
+        state.append((tensor.data_ptr(), tensor.dtype, tensor._version, sample))
+    return tuple(state)
 
 
 _CONFIG_IGNORED = ("_name_or_path", "transformers_version", "_commit_hash")  # where it came from, not what it is
@@ -665,11 +680,25 @@ def user_hooks(model: nn.Module) -> str | None:
         for kind, attribute in kinds.items():
             if any(not _library_hook(hook) for hook in (getattr(module, attribute, None) or {}).values()):
                 return f"{name or 'the model'} ({kind} hook)"
+        if "forward" in vars(module) and not _placement_only(module):  # forward replaced on the instance
+            return f"{name or 'the model'} (its forward replaced)"
     for kind, attribute in {"forward": "_global_forward_hooks", "forward pre": "_global_forward_pre_hooks",
-                            "backward": "_global_backward_hooks"}.items():  # fmt: skip
+                            "backward": "_global_backward_hooks",
+                            "backward pre": "_global_backward_pre_hooks"}.items():  # fmt: skip
         if getattr(module_state, attribute, None):
             return f"every module (a global {kind} hook)"
     return None
+
+
+PLACEMENT_HOOKS = ("AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook")  # accelerate's device_map dispatch
+
+
+def _placement_only(module: nn.Module) -> bool:
+    """Whether a module's replaced forward is accelerate's device placement (``device_map``) and
+    nothing else: its ``_hf_hook`` moves tensors between devices, it computes nothing."""
+    hook = getattr(module, "_hf_hook", None)
+    hooks = getattr(hook, "hooks", (hook,)) if hook is not None else ()
+    return bool(hooks) and all(type(h).__name__ in PLACEMENT_HOOKS for h in hooks)
 
 
 LIBRARY_HOOKS = ("transformers.", "accelerate.")  # their hooks record outputs or place tensors

@@ -9,6 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .models import LoadedModel
+from .paths import names_path
 from .zoo import ZOO
 
 
@@ -60,7 +61,7 @@ def model_provenance(spec: str, loaded: LoadedModel) -> dict:
         entry = ZOO[spec]
         info.update(sha256=entry.sha256, upstream=entry.upstream, quantization=entry.quantization)
         return info
-    path = Path(spec).expanduser()
+    path = names_path(spec) or Path(spec)
     if path.is_file():
         info.update(path=str(path.resolve()), size=path.stat().st_size)
     elif path.is_dir():

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import __version__, registry
 from .errors import EffdepthError
+from .paths import names_path
 from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec
 from .tasks import ANSWER_FORMAT, ARITHMETIC, check_task
 
@@ -141,11 +142,11 @@ class RunSettings:
     def _base_fields(self) -> dict:
         """What pins the examples and the model, whatever the probes (not ``n``; see COMPATIBILITY)."""
         fields = {k: getattr(self, k) for k in CORE_SETTINGS if k not in _NOT_IN_KEY}
-        task_path = Path(self.task).expanduser()
-        if _present(task_path, "file"):
+        task_path = names_path(self.task)
+        if task_path is not None and _present(task_path, "file"):
             fields["task_sha256"] = hashlib.sha256(task_path.read_bytes()).hexdigest()
-        model_path = Path(self.model).expanduser()
-        if _present(model_path):  # a path: the same spelling elsewhere is another model
+        model_path = names_path(self.model)
+        if model_path is not None:  # a path: the same spelling elsewhere is another model
             from .acquire import model_files_digest
 
             fields["model_path"] = str(model_path.resolve())
@@ -297,7 +298,7 @@ def slug(text: str) -> str:
     """A file-name-safe form of a model or task spec (never hidden: no leading dot): a path by its
     own name — a file's stem, a folder's name (a ``dequantized-*`` folder by its model's) — not the
     whole path; at most ``NAME_BYTES`` bytes."""
-    path = Path(text).expanduser()
+    path = names_path(text) or Path(text)
     is_path, is_file = "/" in text and (_present(path) or text.startswith(("/", "~", "."))), _present(path, "file")
     if is_path:
         name = path.parent.name if path.name.startswith("dequantized-") else path.stem if is_file else path.name

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import EffdepthError, TaskError
+from .paths import exists, user_path
 
 ARITHMETIC = ("addition", "multiplication")  # generated tasks, sized by --digits
 # How examples split into question and answer (the answer probes measure the answer's tokens):
@@ -222,6 +223,15 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    """json's hook for a number with a fraction or exponent: one that overflows (1e400) is refused
+    like the literal Infinity, never copied into a record as one."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is beyond a float's range")
+    return value
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -236,7 +246,7 @@ def _jsonl(path: Path) -> list[Example]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line, parse_constant=_no_constant)
+            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
         except json.JSONDecodeError as exc:
             raise TaskError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
         except (RecursionError, ValueError) as exc:  # nesting deeper than Python's stack, NaN, a 5000-digit int
@@ -260,18 +270,18 @@ def _jsonl(path: Path) -> list[Example]:
 
 def count_examples(path: str | Path) -> int:
     """The number of examples in a user's ``.jsonl`` task file (the default ``n`` for it)."""
-    return len(_jsonl(Path(path).expanduser()))
+    return len(_jsonl(user_path(path)))
 
 
 def check_task(name: str) -> None:
     """Fail fast (before a model is loaded) on a task that is neither known nor an existing file."""
     if name in TASKS:
         return
-    path = Path(name).expanduser()
-    if path.is_dir():
+    path = user_path(name)
+    if exists(path, "dir"):
         raise TaskError(f"task {name!r} is a directory; pass a .jsonl file or one of {', '.join(TASKS)}")
-    if name.endswith(".jsonl") or path.exists():
-        if not path.exists():
+    if name.endswith(".jsonl") or exists(path):
+        if not exists(path):
             raise TaskError(f"task file {name!r} does not exist")
         if not path.is_file():  # a FIFO or a device would hang or read nothing
             raise TaskError(f"task file {name!r} is not a regular file; pass a .jsonl file")
@@ -285,7 +295,7 @@ def task_pool(
     """Every example of a data-set task or task file, in file order (not the generated tasks)."""
     check_task(name)
     if name not in TASKS:
-        return _jsonl(Path(name).expanduser())
+        return _jsonl(user_path(name))
     if source == "local":  # the vendored files never change: built once per process (frozen examples)
         return list(_vendored_pool(name, level, aime_solution))
     return _data_set(name, source, level, aime_solution)

@@ -160,12 +160,16 @@ def cache_dir() -> Path:
             f"cannot find a home directory for effdepth's cache ({exc}); set {CACHE_ENV} to a folder of your own"
         ) from None
     resolved = path.resolve()
+    if (resolved.exists() or path.is_symlink()) and not resolved.is_dir():
+        raise EffdepthError(f"effdepth's cache {path} is not a folder; set {CACHE_ENV} to a folder of your own")
     text = resolved.as_posix()
     if text == "/" or any(text == folder or text.startswith(folder + "/") for folder in SYSTEM_FOLDERS):
         link = " a link to" if resolved != path.absolute() else ""
         raise EffdepthError(
             f"effdepth's cache {path} is{link} a system folder ({text}); set {CACHE_ENV} to a folder of your own"
         )
+    if resolved.is_dir():
+        check_private(resolved)  # others could change effdepth's records there, hence its numbers
     return resolved
 
 

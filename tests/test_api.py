@@ -232,3 +232,26 @@ def test_a_peft_model_is_refused_in_one_line():
 
     with pytest.raises(EffdepthError, match=r"is a PEFT model.*merge_and_unload"):
         measure(PeftModelForCausalLM(), ["a prompt"], tokenizer=object())
+
+
+def test_measure_names_a_wrong_argument_in_one_line(tmp_path, monkeypatch):
+    """A hostile pass found raw TypeErrors and RuntimeErrors: a number or None for prompts, a
+    tokenizer's name for the tokenizer, a 256-character prompt (taken for a file name too long), a
+    path under a user with no home."""
+    from conftest import char_tokenizer, make_tiny
+
+    from effdepth_core.api import _prompts_task, measure
+    from effdepth_core.errors import EffdepthError
+    from effdepth_core.paths import user_path
+
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
+    model = make_tiny("llama").model
+    for prompts in (5, None):
+        with pytest.raises(EffdepthError, match="measure takes a task name, one prompt or a list of prompts"):
+            measure(model, prompts, tokenizer=char_tokenizer())
+    with pytest.raises(EffdepthError, match=r"tokenizer= takes a tokenizer object.*AutoTokenizer"):
+        measure(model, ["a"], tokenizer="gpt2")
+    path, n = _prompts_task("a" * 256)  # one long prompt, not a file name the file system refuses
+    assert n == 1 and ("a" * 256) in open(path).read()
+    with pytest.raises(EffdepthError, match=r"cannot expand '~nosuchuser0/x'"):
+        user_path("~nosuchuser0/x")

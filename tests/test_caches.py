@@ -210,3 +210,45 @@ def test_a_tuned_lens_is_stored_under_the_models_identity_not_its_name(tmp_path,
     again = wrap_model(one.model, char_tokenizer(), name="mine")
     assert tuned_lens_path("mine", one, training, "c") != tuned_lens_path("mine", two, training, "c")
     assert tuned_lens_path("mine", one, training, "c") == tuned_lens_path("mine", again, training, "c")
+
+
+def test_a_loaded_model_edited_behind_autograds_back_is_another_model(tiny_dir):
+    """``.data.mul_`` and a numpy write bypass a tensor's version counter: a model from load_model
+    edited so was still keyed by its name and served the unedited numbers (a hostile pass); its
+    state now samples the values too, buffers included."""
+    from effdepth_core.models import load_model
+
+    loaded = load_model(str(tiny_dir), dtype="float32", progress=False)
+    assert loaded.is_as_loaded(str(tiny_dir), loaded.dtype)
+    weight = loaded.model.model.layers[1].mlp.down_proj.weight
+    weight.data.mul_(3)
+    assert not loaded.is_as_loaded(str(tiny_dir), loaded.dtype)
+    again = load_model(str(tiny_dir), dtype="float32", progress=False)
+    buffer = next(b for name, b in again.model.named_buffers() if "inv_freq" in name)
+    buffer.numpy()[:] *= 2  # a numpy write into a buffer
+    assert not again.is_as_loaded(str(tiny_dir), again.dtype)
+
+
+def test_hooks_beyond_the_module_lists_are_refused_too():
+    """A global backward pre hook, and a module whose forward was replaced on the instance (what
+    accelerate's add_hook_to_module or a monkeypatch does) change numbers no key can name: refused.
+    accelerate's own device placement (device_map) is not a computation and passes."""
+    import torch
+    from conftest import make_tiny
+
+    from effdepth_core.models import user_hooks
+
+    model = make_tiny("llama").model
+    handle = torch.nn.modules.module.register_module_full_backward_pre_hook(lambda module, grad: grad)
+    try:
+        assert user_hooks(model) == "every module (a global backward pre hook)"
+    finally:
+        handle.remove()
+    mlp = model.model.layers[1].mlp
+    original = mlp.forward
+    mlp.forward = lambda x: original(x) * 2
+    try:
+        assert user_hooks(model) == "model.layers.1.mlp (its forward replaced)"
+    finally:
+        del mlp.forward
+    assert user_hooks(model) is None

@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "effdepth_core"
 # lower layers never import higher ones (modules of one layer may import each other)
 LAYERS = {
     "errors": 0,
+    "paths": 0,
     "labels": 0,
     "cache": 0,
     "terminal": 0,

@@ -234,3 +234,30 @@ def test_folders_effdepth_creates_have_their_mode_whatever_the_umask(tmp_path):
     for folder, mode in ((tmp_path / "cache", 0o700), (tmp_path / "cache" / "models", 0o700),
                          (tmp_path / "out", 0o755), (tmp_path / "out" / "run", 0o755)):  # fmt: skip
         assert stat.S_IMODE(folder.stat().st_mode) == mode, folder
+
+
+def test_a_cache_root_that_is_a_file_or_open_to_others_is_refused_for_every_use(tmp_path, monkeypatch):
+    """measure() wrote runs and prompts into a world-writable root and crashed with
+    NotADirectoryError on a root that is a file: the root's own checks now run wherever it is used."""
+    from effdepth_core.api import _prompts_task
+    from effdepth_core.errors import EffdepthError
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    for root, said in ((afile, "is not a folder"), (open_to_all, "writable by")):
+        monkeypatch.setenv("EFFDEPTH_CACHE", str(root))
+        with pytest.raises(EffdepthError, match=said):
+            _prompts_task(["a prompt"])
+
+
+def test_a_task_number_beyond_a_float_is_refused_not_recorded_as_infinity(tmp_path):
+    from effdepth_core.errors import TaskError
+    from effdepth_core.tasks import load_task
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt": "a", "x": 1e400}\n')
+    with pytest.raises(TaskError, match=r"t.jsonl:1: .*1e400 is beyond a float's range"):
+        load_task(str(path), n=1)

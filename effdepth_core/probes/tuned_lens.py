@@ -40,6 +40,7 @@ from ..cache import (
 )
 from ..errors import EffdepthError
 from ..models import LoadedModel, model_fingerprint
+from ..paths import names_path
 from ..trace import residual_states, show_progress, tokenize
 from ..zoo import ZOO, cache_dir
 from .shared.lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
@@ -321,7 +322,7 @@ def model_identity(spec: str, loaded: LoadedModel) -> dict:
         return {"in_memory": model_fingerprint(loaded)}
     if spec in ZOO:
         return {"alias": spec, "sha256": ZOO[spec].sha256}
-    path = Path(spec).expanduser()
+    path = names_path(spec) or Path(spec)
     if path.exists():  # every file of the model (weights, config): a change to any is another model
         return {"path": str(path.resolve()), "files_sha256": model_files_digest(path)}
     return {"hub": spec, "revision": getattr(loaded.model.config, "_commit_hash", None)}
