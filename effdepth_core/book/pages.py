@@ -227,7 +227,7 @@ class DifficultyPage(Page):
 
     @cached_property
     def by_task(self) -> Study:
-        """The data sets and the sensitivity tasks of every model."""
+        """The data sets of every model, and the sensitivity tasks of ``sensitivity_models`` (default all)."""
         return self.study("tasks")
 
     @cached_property
@@ -283,7 +283,7 @@ class DifficultyPage(Page):
             evidence.between_tasks(self.by_task, m, self.task_order, seed=seed) for m in self.p.get("models") or []
         ]
         for order in self.sensitivity_orders:  # only the step into the sensitivity task is new
-            for m in self.p.get("models") or []:
+            for m in self.p.get("sensitivity_models") or self.p.get("models") or []:
                 rows = evidence.between_tasks(self.by_task, m, order, seed=seed)
                 parts.append(rows.filter(pl.col("second") == order[-1]))
         return pl.concat(parts).sort("model", maintain_order=True) if parts else None

@@ -130,7 +130,8 @@ def _expanded_size(node: yaml.Node, seen: dict[int, int]) -> int:
 _PAGE = frozenset({"precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "title", "tasks"})
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "scale": _PAGE | {"models", "causal"},
-    "difficulty": _PAGE | {"models", "level_models", "sensitivity_tasks", "math", "arithmetic", "skip"},
+    "difficulty": _PAGE
+    | {"models", "level_models", "sensitivity_tasks", "sensitivity_models", "math", "arithmetic", "skip"},
     "long_cot": _PAGE | {"pairs", "download"},
     "beyond": _PAGE | {"models", "pair"},
 }
@@ -327,6 +328,7 @@ def _flag(value: Any, where: str) -> None:
 CHECKS: dict[str, Callable[[Any, str], None]] = {
     "models": _models,
     "level_models": _models,
+    "sensitivity_models": _models,
     "tasks": _tasks,
     "sensitivity_tasks": _tasks,
     "bootstrap_seed": _seed,

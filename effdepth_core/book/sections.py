@@ -55,7 +55,8 @@ def plans(section: str, parameters: Mapping) -> list[StudyPlan]:
         levels = difficulty_specs(parameters.get("math"), parameters.get("arithmetic"), parameters.get("skip"), precise)
         level_models = tuple(parameters.get("level_models") or models)
         extra = tuple(parameters.get("sensitivity_tasks") or ())
-        by_model = {m: (*tasks, *extra) for m in models} if extra else {}
+        # the sensitivity tasks run for sensitivity_models (default: every model of the page)
+        by_model = {m: (*tasks, *extra) for m in parameters.get("sensitivity_models") or models} if extra else {}
         return [StudyPlan("tasks", models, tasks, by_model), StudyPlan("levels", level_models, tuple(levels))]
     if section == "long_cot":
         pairs = parameters.get("pairs") or []
