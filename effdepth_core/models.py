@@ -95,10 +95,13 @@ def pads_safely(model: nn.Module) -> bool:
     prompts = [(torch.arange(n) * 7 + 3 * i) % max(vocab - 1, 1) + 1 for i, n in enumerate(lengths)]
     device = execution_device(model)
 
+    stack = getattr(model, "base_model", model)  # the decoder stack: its last hidden state, no head
+
     def last_states(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False,
-                    output_hidden_states=True)  # fmt: skip
-        return out.hidden_states[-1].float().cpu()
+        # the stack's own output, not output_hidden_states (transformers 5 records those through
+        # hooks it leaves on every layer)
+        out = stack(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+        return out.last_hidden_state.float().cpu()
 
     try:
         with torch.inference_mode():
@@ -113,6 +116,8 @@ def pads_safely(model: nn.Module) -> bool:
         return False
     dtype = next(model.parameters()).dtype
     tolerance = PADDING_TOLERANCE.get(dtype, 2e-2)
+    if not all(torch.isfinite(state).all() for state in alone):
+        return True  # a model that gives NaN alone: the probes name the layer; padding is not the question
     for row, state in enumerate(alone):
         together = padded[row, : state.shape[0]]
         scale = float(state.norm(dim=-1).max()) or 1.0
@@ -627,7 +632,11 @@ def weights_state(model: nn.Module) -> tuple:
         sample = 0.0
         if flat.numel() and flat.device.type != "meta":
             sample = float(flat[:: max(1, flat.numel() // STATE_SAMPLE)][:STATE_SAMPLE].double().sum())
-        state.append((tensor.data_ptr(), tensor.dtype, tensor._version, sample))
+        try:
+            version = tensor._version
+        except RuntimeError:  # an inference tensor (made under inference_mode) keeps no counter
+            version = -1
+        state.append((tensor.data_ptr(), tensor.dtype, version, sample))
     return tuple(state)
 
 

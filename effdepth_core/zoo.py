@@ -161,7 +161,10 @@ def cache_dir() -> Path:
         ) from None
     resolved = path.resolve()
     if (resolved.exists() or path.is_symlink()) and not resolved.is_dir():
-        raise EffdepthError(f"effdepth's cache {path} is not a folder; set {CACHE_ENV} to a folder of your own")
+        where = f"{CACHE_ENV}={root}" if root else str(path)
+        raise EffdepthError(
+            f"cannot write the model cache {where}: it is not a directory; set {CACHE_ENV} to a directory"
+        )
     text = resolved.as_posix()
     if text == "/" or any(text == folder or text.startswith(folder + "/") for folder in SYSTEM_FOLDERS):
         link = " a link to" if resolved != path.absolute() else ""

@@ -247,7 +247,7 @@ def test_a_cache_root_that_is_a_file_or_open_to_others_is_refused_for_every_use(
     open_to_all = tmp_path / "open"
     open_to_all.mkdir()
     open_to_all.chmod(0o777)
-    for root, said in ((afile, "is not a folder"), (open_to_all, "writable by")):
+    for root, said in ((afile, "it is not a directory"), (open_to_all, "writable by")):
         monkeypatch.setenv("EFFDEPTH_CACHE", str(root))
         with pytest.raises(EffdepthError, match=said):
             _prompts_task(["a prompt"])
