@@ -92,6 +92,7 @@ def test_difficulty_finding_follows_the_intervals():
         between=_between([("hellaswag", "gsm8k", 0.0, -0.3, 0.3), ("gsm8k", "aime24", 0.01, -0.4, 0.4)]),
     )
     assert "m: **we cannot tell**." in wide
+    assert "(cannot tell: the interval reaches past the margin and includes 0: too wide to tell)" in wide
     # a comparison whose cell rests on fewer than 20 prompts never decides; it is named
     small = findings.difficulty_finding(
         summary,

@@ -237,6 +237,8 @@ def _within_verdict(
             return _combine([grows, judge(r["r_low"], r["r_high"], t)])
 
         verdict, why, own = decide(joined, judged)
+        if verdict == "cannot tell" and why is None:  # no check disagreed: say which test failed
+            why = compare(own["r_low"], own["r_high"], tolerance).reason or "the depth's interval includes 0"
         if why and not failed:
             failed = f"{rule} fails a check ({why})"
         verdicts.append(verdict)
@@ -576,6 +578,8 @@ def _task_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dic
                     steps.append({**step, "excluded": own["excluded"], "verdict": None, "why": None, "own": own})
                     continue
                 verdict, why, own = decide(checks, lambda r, t=tolerance: judge(r["low"], r["high"], t))
+                if verdict == "cannot tell" and why is None:  # no check disagreed: say which test failed
+                    why = compare(own["low"], own["high"], tolerance).reason
                 steps.append({**step, "excluded": None, "verdict": verdict, "why": why, "own": own})
     return out
 
