@@ -19,7 +19,7 @@ from typing import Any
 
 from . import __version__, registry
 from .errors import EffdepthError
-from .paths import names_path
+from .paths import exists, names_path
 from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec
 from .tasks import ANSWER_FORMAT, ARITHMETIC, check_task
 
@@ -143,7 +143,7 @@ class RunSettings:
         """What pins the examples and the model, whatever the probes (not ``n``; see COMPATIBILITY)."""
         fields = {k: getattr(self, k) for k in CORE_SETTINGS if k not in _NOT_IN_KEY}
         task_path = names_path(self.task)
-        if task_path is not None and _present(task_path, "file"):
+        if task_path is not None and exists(task_path, "file"):
             fields["task_sha256"] = hashlib.sha256(task_path.read_bytes()).hexdigest()
         model_path = names_path(self.model)
         if model_path is not None:  # a path: the same spelling elsewhere is another model
@@ -273,15 +273,6 @@ def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[
             spec.check(settings, facts)
 
 
-def _present(path: Path, kind: str = "any") -> bool:
-    """Whether ``path`` exists (as a file for ``kind="file"``); a name the file system cannot take
-    (too long) is no path."""
-    try:
-        return path.is_file() if kind == "file" else path.exists()
-    except OSError:
-        return False
-
-
 NAME_BYTES = 200  # a derived file or folder name stays well under the 255 bytes file systems allow
 
 
@@ -299,7 +290,7 @@ def slug(text: str) -> str:
     own name — a file's stem, a folder's name (a ``dequantized-*`` folder by its model's) — not the
     whole path; at most ``NAME_BYTES`` bytes."""
     path = names_path(text) or Path(text)
-    is_path, is_file = "/" in text and (_present(path) or text.startswith(("/", "~", "."))), _present(path, "file")
+    is_path, is_file = "/" in text and (exists(path) or text.startswith(("/", "~", "."))), exists(path, "file")
     if is_path:
         name = path.parent.name if path.name.startswith("dequantized-") else path.stem if is_file else path.name
     else:
