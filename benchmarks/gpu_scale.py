@@ -72,14 +72,16 @@ def causal_ratios(loaded, args: argparse.Namespace, dtype: str) -> None:
     (addition,) = load_task("addition", n=1, seed=0, digits=6)
     gsm8k = [e.prompt for e in load_task("gsm8k", n=1, seed=0)]
     causal = {
-        "skip": lambda method: skip_effects(loaded, gsm8k, parts=("layer",), variants=("future",), method=method),
+        "skip": lambda method: skip_effects(
+            loaded, gsm8k, skip_parts=("layer",), skip_variants=("future",), method=method
+        ),
         "erasure": lambda method: erasure_map(loaded, [addition], method=method),
         "igrad": lambda method: integrated_gradients(
             loaded,
             [addition],
             16 if args.smoke else 256,
             "riemann",
-            baseline="hidden-mean",
+            igrad_baseline="hidden-mean",
             method=method,
             slow_block=16,
             layers=[0, 1] if args.smoke else None,

@@ -128,7 +128,7 @@ def main() -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             frame, seconds = timed(
-                integrated_gradients, loaded, [example], steps=args.steps, tolerance=args.tol, layers=[layer]
+                integrated_gradients, loaded, [example], igrad_steps=args.steps, igrad_tol=args.tol, layers=[layer]
             )
         misses += [str(w.message) for w in caught]
         per_layer = dict(frame.filter(frame["position"].is_null()).select("metric", "value").iter_rows())

@@ -145,7 +145,7 @@ def main() -> None:
         igrad_layers = list(range(n_layers))
     else:
         igrad_layers = [int(x) for x in args.igrad_layers.split(",") if int(x) < n_layers]
-    skip_kw = dict(parts=("layer",), variants=("future",), n_positions=4)
+    skip_kw = dict(skip_parts=("layer",), skip_variants=("future",), skip_positions=4)
     runs = {
         "skip": (
             lambda method: skip_effects(loaded, gsm8k, method=method, **skip_kw),
@@ -169,7 +169,7 @@ def main() -> None:
                 [addition],
                 256,
                 "riemann",
-                baseline="hidden-mean",
+                igrad_baseline="hidden-mean",
                 method=method,
                 layers=igrad_layers,
                 slow_block=BLOCK_SIZE,
@@ -188,7 +188,7 @@ def main() -> None:
         f"erasure and igrad: a 6-digit addition of {n_add} tokens ({n_answer} answer tokens); "
         f"igrad layers {igrad_layers}"
     )
-    skip_effects(loaded, gsm8k[:1], parts=("layer",), variants=("current",))  # warm-up
+    skip_effects(loaded, gsm8k[:1], skip_parts=("layer",), skip_variants=("current",))  # warm-up
     header = f"{'probe':8s} {'path':9s} {'seconds':>8s} {'fwd-equiv':>10s} {'sys s':>6s} {'faults':>8s} {'peak MB':>8s}"
     print(header)
     for name in args.probes.split(","):

@@ -227,15 +227,17 @@ def measure_size(size: str, args: argparse.Namespace) -> None:
         f"{rate / 1e12:.2f} TFLOP/s",
         flush=True,
     )
-    igrad = dict(steps=args.igrad_steps, quadrature="riemann", baseline="hidden-mean", layers=igrad_layers)
+    igrad = dict(
+        igrad_steps=args.igrad_steps, igrad_quadrature="riemann", igrad_baseline="hidden-mean", layers=igrad_layers
+    )
     probes: list[tuple[str, str, Callable[[str], object], float]] = [
         ("cosine", f"{args.n}×{args.tokens}", lambda m: residual_cosine(loaded, lens_prompts, batch_size=args.n),
          args.n * work.cosine(args.tokens)),
         ("lens", f"{args.n}×{args.tokens}", lambda m: logit_lens(loaded, lens_prompts, batch_size=args.n),
          args.n * work.lens(args.tokens)),
         ("skip", f"1×{args.tokens}, {args.skip_positions} positions",
-         lambda m: skip_effects(loaded, long_prompt, n_positions=args.skip_positions, parts=("layer",),
-                                variants=("future",), method=m),
+         lambda m: skip_effects(loaded, long_prompt, skip_positions=args.skip_positions, skip_parts=("layer",),
+                                skip_variants=("future",), method=m),
          work.skip(args.tokens, min(args.skip_positions, len(range(8, args.tokens - 4, 8))))),
         ("erasure", f"1×{args.short_tokens}", lambda m: erasure_map(loaded, answered, method=m),
          work.erasure(args.short_tokens, args.answer_tokens)),

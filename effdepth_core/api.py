@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from . import registry
 from .cache import atomic_write_bytes, make_dirs
 from .display import RunResult
 from .errors import EffdepthError
-from .models import LoadedModel, resolve_dtype, wrap_model
+from .models import LoadedModel, as_the_caller_had, resolve_dtype, wrap_model
 from .paths import exists, names_path, user_path
 from .results import run
 from .settings import RunSettings
@@ -89,6 +89,7 @@ def measure(
     tokenizer: Any = None,
     out: str | Path | None = None,
     progress: bool | None = None,
+    name: str | None = None,
     **settings: Any,
 ) -> Measurement:
     """Run ``probes`` on ``model`` over ``prompts`` and return the result.
@@ -97,7 +98,8 @@ def measure(
     ``LoadedModel``, or a transformers causal LM (with ``tokenizer``; its train/eval mode and
     ``requires_grad`` flags are restored afterwards). ``prompts``: a task name or task file, one
     prompt, or a list of prompts (text or ``Example``s; the answer probes need Examples with an
-    answer). ``settings``: any ``RunSettings`` field or probe option (``n``, ``seed``, ``top_k``…).
+    answer). ``name``: the model's label in the result (default: the alias or folder it was loaded
+    from). ``settings``: any ``RunSettings`` field or probe option (``n``, ``seed``, ``top_k``…).
     Results are kept in ``out`` or under effdepth's cache (``$EFFDEPTH_CACHE/runs``), never the
     working directory, and read back when the same model and prompts are measured again."""
     _check_settings(settings)
@@ -106,32 +108,29 @@ def measure(
             f"tokenizer= takes a tokenizer object, not its name {str(tokenizer)!r}: pass "
             f"AutoTokenizer.from_pretrained({str(tokenizer)!r})"
         )
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise EffdepthError(f"name= labels the model in the result: give a non-empty text, got {name!r}")
     task, n = _prompts_task(prompts)
     if n is not None:
         settings.setdefault("n", n)
+    task_label = task if n is None else f"{n} prompt{'s' if n != 1 else ''}"
     progress = show_progress(progress)
     if isinstance(model, str):
         run_settings = RunSettings(model, task, progress=progress, **settings)
-        return _measurement(run(run_settings, probes, out))
+        return _measurement(run(run_settings, probes, out), name or model, task_label)
     if isinstance(model, LoadedModel):
         _as_the_model_is(model, settings)
         result = run(RunSettings(model.name, task, progress=progress, **settings), probes, out, loaded=model)
-        return _measurement(result)
+        return _measurement(result, name or model.name, task_label)
     if not hasattr(model, "config"):
         raise EffdepthError(f"model must be a name, a LoadedModel or a transformers model, got {type(model).__name__}")
-    training = model.training
-    grads = {name: p.requires_grad for name, p in model.named_parameters()}
-    try:
-        loaded = wrap_model(model, tokenizer)
+    with as_the_caller_had(model):
+        loaded = wrap_model(model, tokenizer, name=name)
         if loaded.tokenizer is None:
             raise EffdepthError("measuring text needs the model's tokenizer: pass tokenizer=")
         _as_the_model_is(loaded, settings)
         result = run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded=loaded)
-        return _measurement(result)
-    finally:  # the caller's model as it was
-        model.train(training)
-        for name, p in model.named_parameters():
-            p.requires_grad_(grads[name])
+        return _measurement(result, loaded.name, task_label)
 
 
 def _check_settings(settings: dict[str, Any]) -> None:
@@ -162,9 +161,9 @@ def _as_the_model_is(loaded: LoadedModel, settings: dict[str, Any]) -> None:
 
 
 def plot(result: RunResult, chart: str | None = None):
-    """A chart of a result (the first of its probes' charts, or the one named) as notebook output
-    that draws offline: the Vega-Lite spec, and SVG/PNG for viewers without JavaScript. Needs the
-    ``[book]`` extra (Altair, vl-convert)."""
+    """The charts of a result (every chart of every probe that ran, one under another; or the one
+    named) as notebook output that draws offline: the Vega-Lite spec, and SVG/PNG for viewers without
+    JavaScript. Needs the ``[book]`` extra (Altair, vl-convert)."""
     import importlib.util
 
     if importlib.util.find_spec("altair") is None or importlib.util.find_spec("vl_convert") is None:
@@ -176,25 +175,38 @@ def plot(result: RunResult, chart: str | None = None):
     if not chosen:
         names = ", ".join(c.name for c in charts) or "none"
         raise EffdepthError(f"no chart {chart!r} for this result's probes (its charts: {names})")
-    found = chosen[0]
     frames = {**result.curves, **{f"{k}_by_example": v for k, v in result.per_example.items()}}
-    if found.frame not in frames:
-        raise EffdepthError(f"this result has no {found.frame} frame to draw")
-    frame = frames[found.frame]
-    builder = found.builder if callable(found.builder) else getattr(plots, found.builder)
-    options = found.options(frame) if found.options else {}
-    drawn = builder(frame, model=result.summary.get("model"), task=result.summary.get("task"), **options)
-    return plots.show(drawn)
+    drawn = []
+    for found in chosen:
+        if found.frame not in frames:
+            if chart is not None:
+                raise EffdepthError(f"this result has no {found.frame} frame to draw")
+            continue
+        frame = frames[found.frame]
+        builder = found.builder if callable(found.builder) else getattr(plots, found.builder)
+        options = found.options(frame) if found.options else {}
+        drawn.append(builder(frame, model=result.summary.get("model"), task=result.summary.get("task"), **options))
+    shown = [d for d in drawn if not isinstance(d, plots.Note)]
+    if len(shown) <= 1:
+        return plots.show(shown[0] if shown else drawn[0] if drawn else plots.Note("this result has nothing to draw"))
+    return plots.show(plots.alt.vconcat(*shown).resolve_scale(color="independent"))
 
 
+@dataclass(repr=False)
 class Measurement(RunResult):
     """What ``measure`` returns: a run's result (``curves``, ``per_example``, ``depth``, ``eds``,
-    ``summary``; a table in a notebook) that also draws itself (``plot``)."""
+    ``summary``; a table in a notebook) that also draws itself (``plot``), labelled by what was
+    passed (``model_label``: the name given, or the alias or folder the model came from;
+    ``task_label``: the task, or "5 prompts")."""
+
+    model_label: str = ""
+    task_label: str = ""
 
     def plot(self, chart: str | None = None):
-        """``plot(self, chart)``: a chart that draws offline as a notebook cell's output."""
+        """Every chart of the probes that ran (or the one named), drawn offline as a cell's output."""
         return plot(self, chart)
 
 
-def _measurement(result: RunResult) -> Measurement:
-    return Measurement(**{f.name: getattr(result, f.name) for f in fields(result)})
+def _measurement(result: RunResult, model_label: str = "", task_label: str = "") -> Measurement:
+    values = {f.name: getattr(result, f.name) for f in fields(result)}
+    return Measurement(**values, model_label=model_label, task_label=task_label)

@@ -229,9 +229,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     metadata = read_metadata(run_dir)
     if metadata is None:
         raise EffdepthError(f"{run_dir} is not an effdepth run directory (no effdepth metadata.json)")
+    ran = metadata.get("probes", {})
+    if args.chart is None:  # the first chart of the first probe (in the registry's order) the run has
+        found = [c.name for s in registry.specs().values() if s.name in ran for c in s.charts]
+        if not found:
+            raise EffdepthError(f"{run_dir} has results of no probe with a chart; run `effdepth run` there first")
+        args.chart = found[0]
     (probe, chart) = next((s.name, c) for s in registry.specs().values() for c in s.charts if c.name == args.chart)
     source = run_dir / f"{chart.frame}.parquet"
-    if probe not in metadata.get("probes", {}) or not source.is_file():
+    if probe not in ran or not source.is_file():
         raise EffdepthError(f"{run_dir} has no {probe} results; run `effdepth run --probes {probe}` there first")
     _book_extra()
     import polars as pl

@@ -129,7 +129,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="DIR",
-        help="results folders whose runs may lend their first examples' rows (besides --out's neighbours)",
+        help="folders of runs (or results roots) whose runs may lend their first examples' rows; no other "
+        "folder is read for that, unless --out is left to effdepth (then its own earlier runs lend too)",
     )
     run.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     run.add_argument("--device-map", default=None, help="'auto' to spread a large model over devices")
@@ -230,7 +231,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from . import registry
 
         charts = [chart.name for spec in registry.specs().values() for chart in spec.charts]
-    plot.add_argument("--chart", required=True, choices=charts, help="which chart (one per probe's chart)")
+    plot.add_argument(
+        "--chart", choices=charts, help="which chart (one per probe's chart; default: the first probe's the run has)"
+    )
     plot.add_argument("--out", type=_path, required=True, help="the image to write: .svg or .png")
 
     grid = commands.add_parser(

@@ -299,12 +299,21 @@ class RunResult:
         header, rows = table_rows([self.summary])
         return list(zip(header[7:], rows[0][7:], strict=True))
 
+    def _labels(self) -> tuple[str, str]:
+        """The model and task as the caller named them (``Measurement``), else as the run records them."""
+        s = self.summary
+        return (
+            getattr(self, "model_label", "") or str(s.get("model")),
+            getattr(self, "task_label", "") or str(s.get("task")),
+        )
+
     def __repr__(self) -> str:
         s = self.summary
-        cells = ", ".join(f"{label} {cell}" for label, cell in self._cells())
+        model, task = self._labels()
+        cells = "; ".join(f"{label} {cell}" for label, cell in self._cells())
         return (
-            f"RunResult({s.get('model')!r} on {s.get('task')!r}, L={s.get('n_layers')}, n={s.get('n_examples')}; "
-            f"ED {cells}; probes {', '.join(self.per_example)}; in {str(self.out_dir)!r})"
+            f"<{type(self).__name__}: {model} on {task} ({s.get('n_layers')} layers, n = {s.get('n_examples')}). "
+            f"ED {cells}. Probes: {', '.join(self.per_example)}. Saved in {self.out_dir}>"
         )
 
     @property
@@ -319,7 +328,7 @@ class RunResult:
         head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in self._cells())
         cells = "".join(f"<td>{html.escape(cell)}</td>" for _, cell in self._cells())
         return (
-            f"<p><b>{html.escape(str(s.get('model')))}</b> on <b>{html.escape(str(s.get('task')))}</b>: "
+            f"<p><b>{html.escape(self._labels()[0])}</b> on <b>{html.escape(self._labels()[1])}</b>: "
             f"L = {s.get('n_layers')}, n = {s.get('n_examples')} prompts; probes {', '.join(self.per_example)}; "
             f"results in <code>{html.escape(str(self.out_dir))}</code></p>"
             f"<table><tr>{head}</tr><tr>{cells}</tr></table><p><small>{html.escape(CELL_LEGEND)}</small></p>"

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
 from .errors import EffdepthError
-from .models import LoadedModel
+from .models import LoadedModel, takes_plain_models
+from .terminal import progress_bar
 from .trace import residual_states, show_progress, tokenize
 
 StateStream = Callable[[], Iterable[torch.Tensor]]  # each call: batches of [token, layer 0..L, d] float32
@@ -103,7 +103,7 @@ def fit_errors(
     y_test = test_big.double()  # [token, big layer, d_big]
     y_norm = y_test.norm(dim=-1).clamp_min(1e-12)
     passes = range(0, n_small, chunk)
-    for first in tqdm(passes, desc="linear map", unit="pass", disable=not show_progress(progress)):
+    for first in progress_bar(passes, desc="linear map", unit="pass", disable=not show_progress(progress)):
         layers = list(range(first, min(first + chunk, n_small)))
         gram, cross, _, seen = normal_equations(train_small, train_big, layers, p, n_big * d_big)
         if seen <= p and ridge == 0:
@@ -165,7 +165,9 @@ def fit_map(
     baseline = torch.empty(n_small, n_big, dtype=torch.float64)
     per_token = torch.empty(test_small.shape[0], n_small, n_big, dtype=torch.float64)
     chosen = torch.zeros(n_small, n_big, dtype=torch.float64)
-    for first in tqdm(range(0, n_small, chunk), desc="linear map", unit="pass", disable=not show_progress(progress)):
+    for first in progress_bar(
+        range(0, n_small, chunk), desc="linear map", unit="pass", disable=not show_progress(progress)
+    ):
         layers = list(range(first, min(first + chunk, n_small)))
         gram, cross, shuffled, seen = normal_equations(train_small, train_big, layers, p, n_big * d_big, seed)
         for index, m in enumerate(layers):
@@ -196,6 +198,7 @@ def fit_map(
     return MapFit(errors, baseline, per_token, chosen)
 
 
+@takes_plain_models("small", "big")
 def cross_model_map(
     small: LoadedModel,
     big: LoadedModel,

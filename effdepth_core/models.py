@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import itertools
+import warnings
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,8 +27,11 @@ from .zoo import ZOO, is_gguf
 class Adapter:
     """Where one architecture keeps the parts the probes read.
 
-    ``attn_out`` / ``mlp_out`` name the submodule of a decoder layer whose output is exactly what
-    that sublayer adds to the residual stream (after any post-sublayer norm).
+    ``attn_out`` / ``mlp_out`` name the submodule of a decoder layer whose output, times
+    ``write_scale``, is exactly what that sublayer adds to the residual stream (after any
+    post-sublayer norm). The optional callables read the model's config: ``write_scale`` (a
+    residual multiplier, Granite's), ``logit_scale`` (what the head's logits are multiplied by:
+    Cohere's ``logit_scale``, Granite's 1 / ``logits_scaling``). Every adapter is verified at load.
     """
 
     layers: str = "model.layers"
@@ -29,6 +39,8 @@ class Adapter:
     attn_out: str = "self_attn"
     mlp_out: str = "mlp"
     parallel_attr: str | None = None  # config attribute that turns on a parallel residual
+    write_scale: Callable[[Any], float] | None = None
+    logit_scale: Callable[[Any], float] | None = None
 
 
 _LLAMA_LIKE = Adapter()
@@ -50,6 +62,13 @@ ADAPTERS: dict[str, Adapter] = {
     "qwen3_moe": _LLAMA_LIKE,
     "olmoe": _LLAMA_LIKE,
     "gpt2": Adapter(layers="transformer.h", final_norm="transformer.ln_f", attn_out="attn", mlp_out="mlp"),
+    # a parallel block (attention and MLP both read the normed input) whose head scales its logits
+    "cohere": Adapter(logit_scale=lambda config: config.logit_scale),
+    "cohere2": Adapter(logit_scale=lambda config: config.logit_scale),
+    # each write is scaled by a residual multiplier, the logits divided by logits_scaling
+    "granite": Adapter(
+        write_scale=lambda config: config.residual_multiplier, logit_scale=lambda config: 1 / config.logits_scaling
+    ),
     "gpt_neox": Adapter(
         layers="gpt_neox.layers",
         final_norm="gpt_neox.final_layer_norm",
@@ -156,6 +175,8 @@ def _layout_gaps(model: nn.Module, adapter: Adapter) -> tuple[float, float]:
             logits = model(input_ids=ids.to(execution_device(model)), use_cache=False).logits.float()
             last = seen[len(layers) - 1]["h_out"]
             decoded = model.get_output_embeddings()(_get(model, adapter.final_norm)(last)).float()
+            if adapter.logit_scale is not None:
+                decoded = decoded * float(adapter.logit_scale(model.config))
             cap = getattr(model.config, "final_logit_softcapping", None)
             if cap:
                 decoded = cap * torch.tanh(decoded / cap)
@@ -163,12 +184,51 @@ def _layout_gaps(model: nn.Module, adapter: Adapter) -> tuple[float, float]:
         for handle in handles:
             handle.remove()
     gaps = []
+    scale = float(adapter.write_scale(model.config)) if adapter.write_scale is not None else 1.0
     for parts in seen.values():
         change = parts["h_out"] - parts["h_in"]
-        gap = (change - parts["attn_out"] - parts["mlp_out"]).norm() / change.norm().clamp_min(1e-12)
+        gap = (change - scale * (parts["attn_out"] + parts["mlp_out"])).norm() / change.norm().clamp_min(1e-12)
         gaps.append(float(gap))
     head = float((decoded - logits).norm() / logits.norm().clamp_min(1e-12))
     return max(gaps), head
+
+
+LAYOUT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}  # else (bf16, fp16): their rounding, 3e-2
+
+
+def _layout_tolerance(model: nn.Module) -> float:
+    """How far a verified layout may miss: float32 sums of three tensors round at ~1e-7 of the
+    change, so 1e-4 separates rounding from a wrong module; half precision rounds at ~1e-2."""
+    dtype = next(model.parameters()).dtype
+    return LAYOUT_TOLERANCE.get(dtype, 3e-2)
+
+
+def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> None:
+    """Refuse ``adapter`` in one line unless the modules it names exist, their writes add up to each
+    block's change and the final norm and head give the model's own logits (on a probe input)."""
+    try:
+        layers = _get(model, adapter.layers)
+        _get(model, adapter.final_norm)
+        _get(layers[0], adapter.attn_out), _get(layers[0], adapter.mlp_out)
+    except (AttributeError, IndexError, TypeError) as exc:
+        raise UnsupportedModelError(f"{what} does not fit model {name!r}: it names no module {exc}") from None
+    try:
+        gap, head = _layout_gaps(model, adapter)
+    except Exception as exc:  # a forward pass the hooks cannot read
+        raise UnsupportedModelError(
+            f"{what} does not fit model {name!r}: its forward pass failed under the layout check ({type(exc).__name__})"
+        ) from None
+    tolerance = _layout_tolerance(model)
+    if gap > tolerance:
+        raise UnsupportedModelError(
+            f"{what} does not fit model {name!r}: the attention and MLP writes it names miss each block's change "
+            f"by {gap:.1%} (a residual multiplier, or other modules write into the residual)"
+        )
+    if head > tolerance:
+        raise UnsupportedModelError(
+            f"{what} does not fit model {name!r}: its final normalization and head miss the model's logits by "
+            f"{head:.1%} (a logit scale or soft-cap the lens would not apply)"
+        )
 
 
 def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
@@ -192,12 +252,13 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
         except Exception as exc:  # a forward pass the hooks cannot read: not this layout
             tried.append(f"{label} (its forward failed: {type(exc).__name__})")
             continue
-        if gap <= 1e-4 and head > 1e-4:
+        tolerance = _layout_tolerance(model)
+        if gap <= tolerance and head > tolerance:
             tried.append(
                 f"{label}: the writes add up, but the final normalization and head miss its logits by {head:.1%}"
             )
             continue
-        if gap <= 1e-4:  # float32 sums of three tensors: rounding is ~1e-7 of the change
+        if gap <= tolerance:
             warnings.warn(
                 f"model {name!r} (model_type {model_type!r}) is not in the adapter table; its layout was "
                 f"inferred as {label} and verified on a probe input (the attention and MLP writes add up to "
@@ -254,6 +315,8 @@ class LoadedModel:
     loaded_config: str | None = None  # ``config_digest`` then (a field edited in place is another model)
     loaded_tokenizer: object | None = None  # the tokenizer it came with (another one is another model)
     pads_safely: bool = True  # False: a padded batch changes a prompt's numbers; measured one at a time
+    write_scale: float | None = None  # ``Adapter.write_scale`` of this model's config
+    logit_scale: float | None = None  # ``Adapter.logit_scale`` of this model's config
 
     def rows(self, batch_size: int) -> int:
         """The prompts a padded batch may hold: ``batch_size``, or 1 where padding changes numbers."""
@@ -318,6 +381,8 @@ class LoadedModel:
     def head_of_normed(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits from a state the final norm has already been applied to."""
         logits = self.lm_head(normed.to(self.head_device))
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
         if self.logit_softcap:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits
@@ -335,6 +400,8 @@ class LoadedModel:
                 out.add_(self.lm_head.bias)
         else:
             out.copy_(self.lm_head(normed))
+        if self.logit_scale is not None:
+            out.mul_(self.logit_scale)
         if self.logit_softcap:
             out.div_(self.logit_softcap).tanh_().mul_(self.logit_softcap)
         return out
@@ -347,7 +414,10 @@ class LoadedModel:
     def encode(self, text: str) -> torch.Tensor:
         """Token ids of ``text`` as the model's tokenizer (with its special tokens) gives them."""
         if self.tokenizer is None:
-            raise ValueError(f"model {self.name!r} has no tokenizer; pass token id tensors instead of text")
+            raise EffdepthError(
+                f"model {self.name!r} has no tokenizer; pass tokenizer= (with a transformers model) or token id "
+                "tensors instead of text"
+            )
         ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
         return torch.tensor(ids, dtype=torch.long)
 
@@ -364,15 +434,39 @@ def execution_device(module: nn.Module) -> torch.device:
     return tensor.device if tensor is not None else torch.device("cpu")
 
 
-def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | None = None) -> LoadedModel:
-    """Describe an already-built HF causal LM (checks that its architecture is supported, or infers
-    and verifies its layout). The model is put in eval mode with its parameters' gradients off —
-    the probes differentiate activations, never parameters; ``measure`` restores the caller's state
-    afterwards, a direct caller of ``wrap_model`` may call ``model.train()`` again itself."""
+def readable_name(name_or_path: str, model_type: str) -> str:
+    """A model's label from where transformers loaded it: a hub id as it is; a folder by its name, an
+    offline alias's cached copy (``…/models/<alias>/dequantized-float32``) by its alias."""
+    if not name_or_path:
+        return model_type
+    path = Path(name_or_path).expanduser()
+    if not (path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()):
+        return name_or_path  # a hub id
+    parts = path.parts
+    if len(parts) >= 3 and parts[-3] == "models" and parts[-2] in ZOO:
+        return parts[-2]
+    return path.name or name_or_path
+
+
+def wrap_model(
+    model: nn.Module, tokenizer: object | None = None, name: str | None = None, adapter: Adapter | None = None
+) -> LoadedModel:
+    """Describe an already-built HF causal LM: its layout from the adapter table, from ``adapter``
+    (where a model keeps its layers, final norm and sublayer writes, for an architecture effdepth
+    does not know), or inferred; whichever it is, it is verified on a probe input (the attention and
+    MLP writes add up to each block's change, the final norm and head give the model's logits) and
+    refused in one line when it does not fit. The model is put in eval mode with its parameters'
+    gradients off — the probes differentiate activations, never parameters; ``measure`` restores the
+    caller's state afterwards, a direct caller of ``wrap_model`` may call ``model.train()`` again."""
     if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):  # PEFT wraps the model it adapts
         raise UnsupportedModelError(
             f"{type(model).__name__} is a PEFT model: its adapters change the layers effdepth reads; merge them "
             "into the model first (model = model.merge_and_unload()) and measure that"
+        )
+    if isinstance(tokenizer, str | Path):
+        raise EffdepthError(
+            f"tokenizer= takes a tokenizer object, not its name {str(tokenizer)!r}: pass "
+            f"AutoTokenizer.from_pretrained({str(tokenizer)!r})"
         )
     config = getattr(model, "config", None)
     if config is None:
@@ -380,21 +474,25 @@ def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | No
             f"wrap_model takes a transformers causal LM (a model with a .config), got {type(model).__name__}"
         )
     model_type = str(getattr(config, "model_type", "unknown"))
-    name = name or str(getattr(config, "_name_or_path", "") or model_type)
+    name = name or readable_name(str(getattr(config, "_name_or_path", "") or ""), model_type)
     if model_type in _REJECTED or getattr(config, "is_encoder_decoder", False):
         raise UnsupportedModelError(_unsupported_message(model_type, name))
-    adapter = ADAPTERS.get(model_type) or infer_adapter(model, model_type, name)
     lm_head = model.get_output_embeddings()
     if lm_head is None:
         raise UnsupportedModelError(f"model {name!r} has no output head; load it as a causal LM")
+    model.eval()  # before any check runs the model: dropout would move what the checks compare
+    model.requires_grad_(False)  # probes differentiate activations, never parameters
+    if adapter is not None:
+        verify_adapter(model, adapter, name, "the adapter given")
+    elif model_type in ADAPTERS:
+        adapter = ADAPTERS[model_type]
+        verify_adapter(model, adapter, name, f"the adapter table's row for {model_type!r}")
+    else:
+        adapter = infer_adapter(model, model_type, name)
     parallel = bool(getattr(config, adapter.parallel_attr, False)) if adapter.parallel_attr else False
     max_positions = getattr(config, "max_position_embeddings", None)
-    model.eval()
-    model.requires_grad_(False)  # probes differentiate activations, never parameters
     padding = pads_safely(model)
     if not padding:
-        import warnings
-
         from .errors import EffdepthWarning
 
         warnings.warn(
@@ -415,7 +513,95 @@ def wrap_model(model: nn.Module, tokenizer: object | None = None, name: str | No
         parallel_residual=parallel,
         max_positions=int(max_positions) if max_positions else None,
         pads_safely=padding,
+        write_scale=float(adapter.write_scale(config)) if adapter.write_scale else None,
+        logit_scale=float(adapter.logit_scale(config)) if adapter.logit_scale else None,
     )
+
+
+@contextmanager
+def as_the_caller_had(model: nn.Module):
+    """Restore ``model``'s training mode and its parameters' ``requires_grad`` on exit (``wrap_model``
+    puts the model in eval mode with gradients off; a caller's model is left as it was given)."""
+    training = model.training
+    grads = {name: p.requires_grad for name, p in model.named_parameters()}
+    try:
+        yield
+    finally:
+        model.train(training)
+        for name, p in model.named_parameters():
+            p.requires_grad_(grads[name])
+
+
+def _nearest_keyword(exc: TypeError, signature: inspect.Signature) -> str:
+    """ " (did you mean skip_variants?)" for a keyword that is another spelling of a parameter."""
+    import difflib
+    import re
+
+    found = re.search(r"keyword argument '(\w+)'", str(exc))
+    if not found:
+        return ""
+    given, names = found.group(1), list(signature.parameters)
+    tails = [
+        p for p in names if "_" in p and (given.endswith(p.split("_", 1)[1]) or given.startswith(p.split("_", 1)[1]))
+    ]
+    close = tails or difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def takes_plain_models(*names: str):
+    """Let a function whose parameters ``names`` (default: the first) take a ``LoadedModel`` also
+    take a plain transformers causal LM, with ``tokenizer=`` (a keyword this adds): the model is
+    wrapped (``wrap_model``) for the call and left in the state the caller gave it."""
+
+    def decorate(fn):
+        signature = inspect.signature(fn)
+        params = list(signature.parameters.values())
+        wanted = names or (params[0].name,)
+        adds_tokenizer = "tokenizer" not in signature.parameters
+        if adds_tokenizer:
+            keyword = inspect.Parameter(
+                "tokenizer", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="object | None"
+            )
+            at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+            params.insert(at, keyword)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            tokenizer = kwargs.pop("tokenizer", None) if adds_tokenizer else kwargs.get("tokenizer")
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise EffdepthError(f"{fn.__name__}(): {exc}{_nearest_keyword(exc, signature)}") from None
+            # warnings (the model's own included) are re-raised at the caller's line, also on an error
+            caught: list = []
+            try:
+                with warnings.catch_warnings(record=True) as caught, contextlib.ExitStack() as stack:
+                    warnings.simplefilter("always")
+                    for name in wanted:
+                        value = bound.arguments.get(name)
+                        if value is None or isinstance(value, LoadedModel):
+                            if adds_tokenizer and tokenizer is not None and value is not None:
+                                raise EffdepthError(
+                                    f"{fn.__name__}(): tokenizer= goes with a transformers model; {value.name!r} "
+                                    "is already loaded with its tokenizer"
+                                )
+                            continue
+                        if not isinstance(value, nn.Module):
+                            raise EffdepthError(
+                                f"{fn.__name__}() takes a model (a transformers causal LM, or load_model/"
+                                f"wrap_model's result) as {name}, got {type(value).__name__}"
+                            )
+                        stack.enter_context(as_the_caller_had(value))
+                        bound.arguments[name] = wrap_model(value, tokenizer)
+                    return fn(*bound.args, **bound.kwargs)
+            finally:
+                for warning in caught:
+                    warnings.warn(warning.message, warning.category, stacklevel=2)
+
+        wrapper.__signature__ = signature.replace(parameters=params)
+        return wrapper
+
+    return decorate
 
 
 def truncate_layers(loaded: LoadedModel, n_layers: int) -> LoadedModel:

@@ -134,7 +134,7 @@ def precise_run(
             loaded=loaded,
             n_bootstrap=n_bootstrap,
             overwrite=True,
-            reuse_from=reuse_from,
+            reuse_from=(*reuse_from, out.parent),  # the walk's own smaller steps lend their prompts' rows
             renew_outdated=renew_outdated,
         )
         steps.append(n)

@@ -36,6 +36,7 @@ from .models import (
     preflight_model,
     resolve_device,
     resolve_dtype,
+    takes_plain_models,
     user_hooks,
 )
 from .probes.spec import Context, ProbeSpec
@@ -138,6 +139,7 @@ class _Plan:
     key: str
     examples: list[Example] | None  # final unless a token-length filter needs the tokenizer
     weights: str | None = None  # ``model_fingerprint`` of a model given in memory (``_run_key``)
+    derived: bool = False  # ``out`` is effdepth's own folder under a results root (no --out given)
 
 
 def _plan(
@@ -179,7 +181,7 @@ def _plan(
     if out_dir is None and results_root is None:
         results_root = cache_dir() / "runs"
     out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(settings, results_root, key=key)
-    return _Plan(names, out, key, examples, weights)
+    return _Plan(names, out, key, examples, weights, derived=out_dir is None)
 
 
 def _run_key(settings: RunSettings, weights: str | None, examples: list[Example] | None) -> str:
@@ -243,8 +245,13 @@ def _example_text(example: dict | Example, with_answer: bool) -> str:
     return str(data.get("prompt"))
 
 
-def _candidates(out: Path, settings: RunSettings, roots: Sequence[Path]) -> list[Path]:
-    folders = [out.parent, *(Path(root).expanduser() / slug(settings.model) for root in roots)]
+def _candidates(out: Path, settings: RunSettings, roots: Sequence[Path], derived: bool) -> list[Path]:
+    """Runs that may donate: those under the roots the user named (``--reuse-from``), and beside
+    ``out`` only when effdepth chose ``out`` under its results root (a user's --out folder's
+    neighbours are the user's, never read unasked)."""
+    beside = [out.parent] if derived else []
+    named = [Path(root).expanduser() for root in roots]  # a folder of runs, or a results root of models' folders
+    folders = [*beside, *named, *(root / slug(settings.model) for root in named)]
     seen, found = set(), []
     for folder in folders:
         if not folder.is_dir():
@@ -258,15 +265,21 @@ def _candidates(out: Path, settings: RunSettings, roots: Sequence[Path]) -> list
 
 
 def _find_donor(
-    spec: ProbeSpec, key: str, examples: list[Example], out: Path, settings: RunSettings, roots: Sequence[Path]
+    spec: ProbeSpec,
+    key: str,
+    examples: list[Example],
+    out: Path,
+    settings: RunSettings,
+    roots: Sequence[Path],
+    derived: bool = False,
 ) -> _Donor | None:
-    """The earlier run (beside ``out`` or under ``roots``) that measured the most of this run's
+    """The earlier run (beside an ``out`` effdepth chose, or under ``roots``) that measured the most of this run's
     first examples with the same probe key; every file read is checked against its sha256."""
     if not spec.reusable:
         return None
     ours = [_example_text(e, spec.needs_answers) for e in examples]
     best: tuple[int, Path, dict] | None = None
-    for folder in _candidates(out, settings, roots):
+    for folder in _candidates(out, settings, roots, derived):
         metadata = read_metadata(folder, skip_newer=True)
         if metadata is None or int(metadata.get("format", 1)) < FORMAT or metadata.get("pending"):
             continue
@@ -387,6 +400,7 @@ def _outdated_cached(directory: RunDirectory, cached: list[str], settings: RunSe
     return behind
 
 
+@takes_plain_models("loaded")
 def run(
     settings: RunSettings,
     probes: str | Sequence[str] = registry.DEFAULT,
@@ -405,8 +419,10 @@ def run(
     ``out_dir`` must be new, empty, or a run directory of the same settings; ``overwrite`` lets a
     run with other settings be replaced (only effdepth's own files are deleted, and only once the
     model has loaded). A reusable probe takes the rows of the examples an earlier run measured with
-    the same probe key — a run directory beside ``out_dir`` or under ``reuse_from`` (results roots,
-    searched at ``<root>/<model>/``) whose examples begin as this run's do — and computes the rest.
+    the same probe key — a run directory in a ``reuse_from`` folder (a folder of runs, or a results
+    root searched at ``<root>/<model>/``), or beside a run directory effdepth named itself (no
+    ``out_dir``; a user's folder's neighbours are never read unasked), whose examples begin as this
+    run's do — and computes the rest.
     Cached results a revision behind are kept with a warning, or computed again with ``renew_outdated``.
     Without ``out_dir`` the run directory is named under ``results_root`` by the run's key; without
     ``results_root`` too, under effdepth's cache (``$EFFDEPTH_CACHE/runs``), never silently the
@@ -484,7 +500,7 @@ def _measure(
     if plan.weights is not None:  # a model in memory: its rows are its weights', whatever its name
         identity = {**identity, "weights_sha256": plan.weights}
     key = settings.probe_key(spec, identity)
-    donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from)
+    donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from, plan.derived)
     frames = _compute(spec, loaded, examples, settings, donor)
     record = {
         "seconds": round(time.perf_counter() - started, 4),

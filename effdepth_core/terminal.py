@@ -1,7 +1,8 @@
 """What effdepth prints is escaped: a model name, task, level or reason read from a file can hold
 control characters (ESC, BEL, newlines) that would move the cursor, ring, or forge a line of output.
 ``printable`` escapes them in a value; ``EscapingStream`` wraps the command line's stdout and stderr
-so that nothing printed carries one, whichever message it came through."""
+so that nothing printed carries one, whichever message it came through. ``progress_bar``: every
+progress bar, drawn once in a terminal and in Jupyter."""
 
 from __future__ import annotations
 
@@ -32,3 +33,20 @@ class EscapingStream:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+def progress_bar(*args, **kwargs):
+    """A tqdm bar drawn once wherever it runs: a widget in Jupyter when ipywidgets is installed (the
+    ``[book]`` extra), else text on stderr (never tqdm.auto's fallback warning about IProgress)."""
+    import sys
+
+    if "ipykernel" in sys.modules:
+        import importlib.util
+
+        if importlib.util.find_spec("ipywidgets") is not None:
+            from tqdm.notebook import tqdm as notebook_bar
+
+            return notebook_bar(*args, **kwargs)
+    from tqdm.std import tqdm as text_bar
+
+    return text_bar(*args, **kwargs)

@@ -165,6 +165,8 @@ def trace_layers(
                 if check_finite and index == 0:
                     require_finite(hidden, "the embedding output", loaded.name)
                 state[index] = {}
+            elif loaded.write_scale is not None:  # a sublayer's write: its output times the residual multiplier
+                hidden = hidden * loaded.write_scale
             state[index][key] = hidden
 
         return fn

@@ -440,12 +440,12 @@ def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Pa
             f"cannot write the model cache {cache_dir()} ({exc.strerror or exc}); "
             f"set {CACHE_ENV} to a writable directory"
         ) from exc
-    from tqdm.auto import tqdm
+    from .terminal import progress_bar
 
     with workdir_cm as tmp:
         workdir = Path(tmp)
         partial = workdir / (entry.filename + ".partial")
-        bar = tqdm(
+        bar = progress_bar(
             total=len(entry.packages),
             desc=f"fetching {alias} (~{entry.download_mb} MB)",
             unit="part",

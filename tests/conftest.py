@@ -46,6 +46,10 @@ ARCHS: dict[str, dict] = {
         "mlp_only_layers": [],
     },
     "gpt_neox_sequential": {"use_parallel_residual": False},
+    "cohere": {"logit_scale": 0.0625},  # a parallel block; its head scales the logits
+    "cohere2": {"logit_scale": 0.0625, "sliding_window": 4, "head_dim": 8},  # and sliding-window layers
+    # realistic multipliers: each write × 0.5, the logits ÷ 4
+    "granite": {"residual_multiplier": 0.5, "logits_scaling": 4.0},
 }
 
 

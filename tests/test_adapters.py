@@ -3,12 +3,14 @@ recomputation of each MLP sublayer, for every supported architecture."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import make_tiny, random_prompts
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from effdepth_core.errors import NonFiniteActivationError, UnsupportedModelError
+from effdepth_core.errors import EffdepthWarning, NonFiniteActivationError, UnsupportedModelError
 from effdepth_core.models import supported_model_types, truncate_layers, wrap_model
 from effdepth_core.trace import forward, iter_batches, trace_layers
 
@@ -35,6 +37,10 @@ def _manual_mlp(loaded, layer_index: int, h: torch.Tensor, attn: torch.Tensor) -
         return layer.mlp(layer.ln_2(h + attn))
     if kind == "gpt_neox" and loaded.parallel_residual:
         return layer.mlp(layer.post_attention_layernorm(h))  # reads h_l, not h_l + a_l
+    if kind in ("cohere", "cohere2"):
+        return layer.mlp(layer.input_layernorm(h))  # a parallel block: the MLP reads the normed h_l
+    if kind == "granite":
+        return loaded.model.config.residual_multiplier * layer.mlp(layer.post_attention_layernorm(h + attn))
     return layer.mlp(layer.post_attention_layernorm(h + attn))
 
 
@@ -120,16 +126,19 @@ def _tiny_of(model_type: str, **extra):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line():
+def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line(monkeypatch):
     """StarCoder2 is not in the table: its Llama-like layout is inferred, verified on a probe input
     (the writes add up, the head gives the logits) and then the probes agree with the naive
-    computations as on any row. Granite scales its logits and Bloom names its modules otherwise:
-    each is refused in one line that says what did not add up."""
+    computations as on any row. Granite without its row scales its logits and Bloom names its
+    modules otherwise: each is refused in one line that says what did not add up."""
     import pytest
 
+    from effdepth_core import models
     from effdepth_core.errors import EffdepthWarning, UnsupportedModelError
     from effdepth_core.models import wrap_model
     from effdepth_core.probes import logit_lens
+
+    monkeypatch.delitem(models.ADAPTERS, "granite")  # its row knows the logit scale; inference does not
 
     with pytest.warns(EffdepthWarning, match="inferred as Llama-like and verified"):
         loaded = wrap_model(_tiny_of("starcoder2"), None, name="tiny-starcoder2")
@@ -143,3 +152,28 @@ def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line():
         wrap_model(_tiny_of("granite", logits_scaling=4.0), None, name="tiny-granite")
     with pytest.raises(UnsupportedModelError, match="no known layout's module names match"):
         wrap_model(_tiny_of("bloom", n_head=4), None, name="tiny-bloom")
+
+
+def test_every_layout_is_verified_at_load_a_table_row_and_a_users_adapter_alike(monkeypatch):
+    """A table row passes the same check as an inferred layout: a naive Llama-like row for Cohere
+    (which scales its logits) is refused naming the head, one that names the wrong write naming the
+    blocks. A user describes an architecture without editing the package (``adapter=``), verified
+    the same way: Granite with its logit scale off is measured as a row would measure it."""
+    from effdepth_core import models
+    from effdepth_core.models import Adapter
+
+    monkeypatch.setitem(models.ADAPTERS, "cohere", models.Adapter())
+    with pytest.raises(UnsupportedModelError, match=r"row for 'cohere' does not fit .* head miss the model's logits"):
+        wrap_model(_tiny_of("cohere", logit_scale=0.0625), None, name="tiny-cohere")
+    monkeypatch.setitem(models.ADAPTERS, "llama", Adapter(attn_out="input_layernorm"))
+    with pytest.raises(UnsupportedModelError, match=r"row for 'llama' does not fit .* miss each block's change"):
+        wrap_model(_tiny_of("llama"), None, name="tiny-llama")
+    with pytest.raises(UnsupportedModelError, match=r"adapter given does not fit .* names no module"):
+        wrap_model(_tiny_of("starcoder2"), None, name="s", adapter=Adapter(final_norm="model.final_layer_norm"))
+    granite = _tiny_of("granite", logits_scaling=1.0, residual_multiplier=1.0, embedding_multiplier=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EffdepthWarning)  # described, not inferred: nothing to warn of
+        loaded = wrap_model(granite, None, name="tiny-granite", adapter=Adapter())
+    ids = random_prompts([11])[0]
+    for record in _trace(loaded, ids):  # what the adapter reads is what each block adds
+        torch.testing.assert_close(record.h_out - record.h_in, record.attn + record.mlp, atol=ATOL, rtol=1e-5)

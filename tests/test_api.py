@@ -4,6 +4,8 @@ the caller's model left as it was, charts that draw offline in a notebook."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import char_tokenizer, make_tiny
@@ -170,6 +172,13 @@ def test_lens_curves_mark_the_eds_effective_depth_gives():
     marked = [d for d in spec.get("datasets", {}).values() if d and "ed" in d[0]]
     expected = sorted({int(e) for e in eds["ed"].drop_nulls()})
     assert sorted(int(row["ed"]) for rows in marked for row in rows) == expected
+    # the KL rule's line: half the largest mean KL over layers, from the per-example rows by hand
+    per_layer: dict[int, list[tuple[float, int]]] = {}
+    for row in lens.filter(metric="kl").iter_rows(named=True):
+        per_layer.setdefault(row["layer"], []).append((row["value"], row["n_tokens"]))
+    means = [sum(v * n for v, n in rows) / sum(n for _, n in rows) for rows in per_layer.values()]
+    (cut,) = [row["cut"] for d in spec["datasets"].values() if d and "cut" in d[0] for row in d]
+    assert cut == pytest.approx(0.5 * max(means), abs=1e-4)  # the chart rounds to 4 decimals
 
 
 def test_the_api_reference_page_gives_every_public_name_with_its_signature_and_docstring():
@@ -255,3 +264,79 @@ def test_measure_names_a_wrong_argument_in_one_line(tmp_path, monkeypatch):
     assert n == 1 and ("a" * 256) in open(path).read()
     with pytest.raises(EffdepthError, match=r"cannot expand '~nosuchuser0/x'"):
         user_path("~nosuchuser0/x")
+
+
+def _takes_a_loaded_model(fn) -> bool:
+    import inspect
+
+    return any("LoadedModel" in str(p.annotation) for p in inspect.signature(fn).parameters.values())
+
+
+def test_every_public_function_that_takes_a_loaded_model_takes_a_transformers_model_too():
+    import inspect
+
+    import effdepth_core
+    from effdepth_core import probes
+
+    public = {getattr(m, n) for m in (effdepth_core, probes) for n in m.__all__}
+    takers = {fn for fn in public if inspect.isfunction(fn) and _takes_a_loaded_model(fn)}
+    assert {"residual_cosine", "logit_lens", "skip_effects", "cross_model_map"} <= {fn.__name__ for fn in takers}
+    # the rule, for every such function: it is wrapped, and its signature offers tokenizer=
+    missing = sorted(fn.__name__ for fn in takers if "tokenizer" not in inspect.signature(fn).parameters)
+    assert not missing, f"these take only a LoadedModel: {missing} (decorate them with takes_plain_models)"
+
+
+def test_a_probe_called_on_a_transformers_model_gives_the_wrapped_models_numbers_and_leaves_it_as_it_was():
+    from effdepth_core.probes import lens_by_token, skip_effects
+
+    model, tokenizer = make_tiny("llama").model, char_tokenizer()
+    model.train().requires_grad_(True)
+    loaded = make_tiny("llama")  # the same weights, wrapped by hand
+    loaded.tokenizer = tokenizer
+    assert residual_cosine(model, PROMPTS, tokenizer=tokenizer).equals(residual_cosine(loaded, PROMPTS))
+    assert logit_lens(model, PROMPTS, tokenizer=tokenizer, top_k=3).equals(logit_lens(loaded, PROMPTS, top_k=3))
+    assert lens_by_token(model, PROMPTS[0], tokenizer=tokenizer).equals(lens_by_token(loaded, PROMPTS[0]))
+    ids = [torch.arange(3, 19)]  # token ids need no tokenizer
+    assert skip_effects(model, ids, skip_positions=1).equals(skip_effects(loaded, ids, skip_positions=1))
+    assert model.training and all(p.requires_grad for p in model.parameters())  # as the caller had it
+    with pytest.raises(EffdepthError, match="pass tokenizer="):  # text without a tokenizer: the way out
+        residual_cosine(model, PROMPTS)
+    with pytest.raises(EffdepthError, match="already loaded"):  # a tokenizer beside a loaded model
+        residual_cosine(loaded, PROMPTS, tokenizer=tokenizer)
+    with pytest.raises(EffdepthError, match="got str"):
+        residual_cosine("smollm2-135m", PROMPTS)
+
+
+def test_every_probe_option_has_one_spelling_in_python_and_on_the_command_line():
+    """A public function's keyword for a probe option is the option's own name (``skip_variants``
+    in ``skip_effects``, ``measure`` and, as ``--skip-variants``, on the command line), never a
+    short form of it (``variants``, ``n_positions``, ``block_sizes``, ``tolerance``)."""
+    import inspect
+
+    import effdepth_core
+    from effdepth_core import probes, registry
+    from effdepth_core.cli_args import build_parser
+
+    options = set(registry.options())
+    short = {o.split("_", 1)[1] for o in options if "_" in o} | {"tolerance", "block_sizes", "n_positions"}
+    functions = {getattr(m, n) for m in (effdepth_core, probes) for n in m.__all__}
+    for fn in (f for f in functions if inspect.isfunction(f) and _takes_a_loaded_model(f)):  # the probes
+        for name in inspect.signature(fn).parameters:
+            stands_for = name in short or any(name.endswith("_" + s) for s in short)
+            assert name in options or not stands_for, f"{fn.__name__}({name}=) spells an option another way"
+    run_flags = {a.dest for a in build_parser("run")._subparsers._group_actions[0].choices["run"]._actions}
+    assert options <= run_flags  # and each is `effdepth run --<name with dashes>`
+
+
+def test_a_measurement_reads_like_what_was_passed_and_draws_every_probe(cache):
+    model, tokenizer = make_tiny("llama").model, char_tokenizer()
+    result = measure(model, PROMPTS, tokenizer=tokenizer, progress=False, name="my llama")
+    text = repr(result)
+    assert text.startswith("<Measurement: my llama on 2 prompts (3 layers, n = 2). ED cosine "), text
+    assert "Probes: cosine, logit_lens." in text and "cache" in text
+    assert "<b>my llama</b> on <b>2 prompts</b>" in result._repr_html_()
+    with pytest.raises(EffdepthError, match="name= labels the model"):
+        measure(model, PROMPTS, tokenizer=tokenizer, progress=False, name="")
+    drawn = result.plot()  # every probe's chart: the cosine curves and the lens panels
+    titles = json.dumps(drawn.spec)
+    assert "vconcat" in drawn.spec and "KL" in titles and "cos" in titles.lower()

@@ -118,7 +118,7 @@ def test_pruned_model_equals_the_all_token_skip(tiny, removed):
 def test_layer_pruning_frame_against_full_forwards():
     tiny = make_tiny("mistral")
     examples = _examples()
-    frame = layer_pruning(tiny, examples, block_sizes=[1, 2])
+    frame = layer_pruning(tiny, examples, prune_sizes=[1, 2])
     for example, (ids, answer) in enumerate(examples):
         rows = frame.filter(example=example, metric="answer_nll")
         for rule, removed in [("none", ""), ("block", "1"), ("block", "0,1")]:
@@ -136,7 +136,7 @@ def test_layer_pruning_frame_against_full_forwards():
 
 def test_pruning_summary_and_rule_comparison():
     tiny = make_tiny("llama")
-    summary = prune_summary(layer_pruning(tiny, _examples(), block_sizes=[1, 2]))
+    summary = prune_summary(layer_pruning(tiny, _examples(), prune_sizes=[1, 2]))
     clean = summary.filter(rule="none", metric="answer_nll")["value"].item()
     one = summary.filter(rule="block", k=1, start=1)
     assert one.filter(metric="delta_nll")["value"].item() == pytest.approx(
@@ -222,7 +222,7 @@ def test_cli_runs_the_new_probes_and_caches_the_lens(tiny_dir, tmp_path, monkeyp
 def test_pruning_scores_come_from_the_calibration_texts():
     tiny = make_tiny("qwen2")
     calibration = random_prompts([14, 11, 9], seed=11)
-    frame = layer_pruning(tiny, _examples(), block_sizes=[1], calibration=calibration)
+    frame = layer_pruning(tiny, _examples(), prune_sizes=[1], calibration=calibration)
     influence = frame.filter(metric="block_influence")
     assert sorted(influence["example"].unique()) == [0, 1, 2]  # one per calibration text
     run = clean_run(tiny, calibration[1])

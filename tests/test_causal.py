@@ -68,8 +68,8 @@ def test_future_only_skip_fast_equals_slow(arch):
     # without the all-token variant the fast path records the skipped prefixes on its own
     loaded = make_tiny(arch)
     prompts = random_prompts([26])
-    fast = skip_effects(loaded, prompts, variants=("future",), max_rows=2)
-    slow = skip_effects(loaded, prompts, variants=("future",), method="slow")
+    fast = skip_effects(loaded, prompts, skip_variants=("future",), max_rows=2)
+    slow = skip_effects(loaded, prompts, skip_variants=("future",), method="slow")
     assert fast.height == 3 * 2 * loaded.n_layers * (loaded.n_layers + 1)  # cuts 8 and 16
     assert _max_diff(fast, slow, SKIP_KEYS) < 1e-5
     assert fast["value"].max() > 0.05
@@ -93,7 +93,7 @@ def test_fast_paths_without_prefix_reuse_equal_slow(arch, monkeypatch):
 def test_skip_invariants():
     loaded = make_tiny("llama")
     ids = random_prompts([24])[0]
-    frame = skip_effects(loaded, [ids], parts=("layer",))
+    frame = skip_effects(loaded, [ids], skip_parts=("layer",))
     future = frame.filter(variant="future", metric="layer_effect")
     # by causality a skip cannot change layers at or before it on future tokens
     assert future.filter(pl.col("layer") <= pl.col("skipped_layer"))["value"].abs().max() == 0.0
@@ -169,13 +169,14 @@ def test_erasing_with_the_true_residual_changes_nothing(arch):
 def test_igrad_fast_equals_slow_and_is_complete(arch):
     loaded = make_tiny(arch)
     items = [(ids, 3) for ids in random_prompts([11])]
-    fast = integrated_gradients(loaded, items, steps=8, quadrature="gauss", max_rows=3)
-    slow = integrated_gradients(loaded, items, steps=8, quadrature="gauss", method="slow")
+    fast = integrated_gradients(loaded, items, igrad_steps=8, igrad_quadrature="gauss", max_rows=3)
+    slow = integrated_gradients(loaded, items, igrad_steps=8, igrad_quadrature="gauss", method="slow")
     assert _max_diff(fast, slow, ["example", "layer", "position", "metric"]) < 1e-6
     # the published script's loop: 3 values of α per pass as batch rows from the layer on (16 there)
-    blocked = integrated_gradients(loaded, items, steps=8, quadrature="gauss", method="slow", slow_block=3)
+    blocked = integrated_gradients(loaded, items, igrad_steps=8, igrad_quadrature="gauss", method="slow", slow_block=3)
     assert _max_diff(blocked, slow, ["example", "layer", "position", "metric"]) < 1e-6
-    precise = integrated_gradients(loaded, items, steps=24, quadrature="gauss")
+    # 48 nodes: Granite's tiny layer 0 is smooth but sharp (gap 2.3 % at 24 nodes, 7e-6 at 48)
+    precise = integrated_gradients(loaded, items, igrad_steps=48, igrad_quadrature="gauss")
     delta = precise.filter(metric="target_delta")["value"].abs()
     gap = precise.filter(metric="completeness_gap")["value"].abs()
     # Σ attributions = target(h) − target(b) for a smooth path. A router's top-k choice switches along
@@ -195,7 +196,10 @@ def test_igrad_batched_rows_equal_one_row_per_pass(arch):
     loaded = make_tiny(arch)
     items = [(ids, 3) for ids in random_prompts([11])]
     keys = ["example", "layer", "position", "metric"]
-    for rule in ({"steps": 16, "quadrature": "riemann"}, {"steps": 16, "quadrature": "adaptive"}):
+    for rule in (
+        {"igrad_steps": 16, "igrad_quadrature": "riemann"},
+        {"igrad_steps": 16, "igrad_quadrature": "adaptive"},
+    ):
         one = integrated_gradients(loaded, items, max_rows=1, **rule)
         batched = integrated_gradients(loaded, items, **rule)
         # float32 replays of 1 and 16 rows round differently; attributions are O(1e-2..1) here and
@@ -209,10 +213,10 @@ def test_adaptive_rule_halving_several_panels_per_round_meets_the_same_tolerance
     items = [(ids, 3) for ids in random_prompts([11])]
     # a tolerance tight enough that some layer needs several rounds, so halving more than the worst
     # panel per round changes which nodes are spent (at looser ones both stop after the same round)
-    rule = {"steps": 16, "quadrature": "adaptive", "tolerance": 1e-5}
+    rule = {"igrad_steps": 16, "igrad_quadrature": "adaptive", "igrad_tol": 1e-5}
     one = integrated_gradients(loaded, items, **rule)
-    several = integrated_gradients(loaded, items, panels=8, **rule)
-    fine = integrated_gradients(loaded, items, steps=96, quadrature="gauss")
+    several = integrated_gradients(loaded, items, igrad_panels=8, **rule)
+    fine = integrated_gradients(loaded, items, igrad_steps=96, igrad_quadrature="gauss")
     spent = [r.filter(metric="grad_evals").sort("layer")["value"].to_list() for r in (one, several)]
     assert spent[0] != spent[1]  # the batched rounds ran
     b = fine.filter(metric="attribution").sort("layer", "position")["value"].to_numpy()
@@ -238,8 +242,8 @@ def test_igrad_rows_follow_the_memory_budget():
 def test_gauss_reaches_the_256_step_riemann_result():
     loaded = make_tiny("llama")
     items = [(ids, 3) for ids in random_prompts([11])]
-    riemann = integrated_gradients(loaded, items, steps=256, quadrature="riemann", max_rows=64)
-    gauss = integrated_gradients(loaded, items, steps=16, quadrature="gauss")
+    riemann = integrated_gradients(loaded, items, igrad_steps=256, igrad_quadrature="riemann", max_rows=64)
+    gauss = integrated_gradients(loaded, items, igrad_steps=16, igrad_quadrature="gauss")
     diff = _max_diff(
         riemann.filter(metric="attribution"),
         gauss.filter(metric="attribution"),
@@ -254,17 +258,17 @@ def test_gauss_reaches_the_256_step_riemann_result():
 def test_adaptive_rule_is_complete_and_agrees_with_a_fine_rule():
     loaded = make_tiny("gemma3_text")
     items = [(ids, 3) for ids in random_prompts([11])]
-    adaptive = integrated_gradients(loaded, items, steps=64, quadrature="adaptive")
-    fine = integrated_gradients(loaded, items, steps=96, quadrature="gauss")
+    adaptive = integrated_gradients(loaded, items, igrad_steps=64, igrad_quadrature="adaptive")
+    fine = integrated_gradients(loaded, items, igrad_steps=96, igrad_quadrature="gauss")
     delta = adaptive.filter(metric="target_delta")["value"].abs()
     assert (adaptive.filter(metric="completeness_gap")["value"].abs() <= 1e-3 * delta + 1e-7).all()
     a = adaptive.filter(metric="attribution").sort("layer", "position")["value"].to_numpy()
     b = fine.filter(metric="attribution").sort("layer", "position")["value"].to_numpy()
     assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()
     with pytest.raises(ValueError, match="no slow path"):
-        integrated_gradients(loaded, items, quadrature="adaptive", method="slow")
+        integrated_gradients(loaded, items, igrad_quadrature="adaptive", method="slow")
     with pytest.raises(ValueError, match="at least 4"):
-        integrated_gradients(loaded, items, steps=2, quadrature="adaptive")
+        integrated_gradients(loaded, items, igrad_steps=2, igrad_quadrature="adaptive")
 
 
 def test_quadrature_and_baselines():
@@ -360,14 +364,49 @@ def test_fast_equals_slow_on_the_default_model(smollm2):
     # percents of their scale.
     tolerance = 1e-4
     (example,) = [Example("Give the answer directly: 12 + 34 =", " 46")]
-    skip_kw = dict(parts=("layer",), variants=("future",), n_positions=1)
+    skip_kw = dict(skip_parts=("layer",), skip_variants=("future",), skip_positions=1)
     fast = skip_effects(smollm2, [example.prompt], **skip_kw)
     slow = skip_effects(smollm2, [example.prompt], method="slow", **skip_kw)
     assert _max_relative_diff(fast, slow, SKIP_KEYS) < tolerance
     fast = erasure_map(smollm2, [example])
     slow = erasure_map(smollm2, [example], method="slow")
     assert _max_relative_diff(fast, slow, ["example", "layer", "position", "metric"]) < tolerance
-    fast = integrated_gradients(smollm2, [example], steps=4, quadrature="riemann", layers=[3, 25])
-    slow = integrated_gradients(smollm2, [example], steps=4, quadrature="riemann", method="slow", layers=[3, 25])
+    fast = integrated_gradients(smollm2, [example], igrad_steps=4, igrad_quadrature="riemann", layers=[3, 25])
+    slow = integrated_gradients(
+        smollm2, [example], igrad_steps=4, igrad_quadrature="riemann", method="slow", layers=[3, 25]
+    )
     assert _max_relative_diff(fast, slow, ["example", "layer", "position", "metric"]) < tolerance
     np.testing.assert_array_less(-1e-9, fast.filter(metric="target_delta")["value"].abs().to_numpy())
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_the_kl_change_at_the_output_fast_equals_slow_and_leaves_the_layer_effects(arch):
+    loaded = make_tiny(arch)
+    prompts = random_prompts([21])
+    fast = skip_effects(loaded, prompts, max_rows=2, output_metric="kl")
+    slow = skip_effects(loaded, prompts, method="slow", output_metric="kl")
+    # KL values are O(0.01–1) nats here; 1e-5 is float32 rounding of sums over a 64-token vocabulary
+    assert _max_diff(fast, slow, SKIP_KEYS) < 1e-5
+    l2 = skip_effects(loaded, prompts, max_rows=2)
+    assert set(fast["metric"]) == {"layer_effect", "output_kl"} and "output_effect" in set(l2["metric"])
+    layer_keys = [k for k in SKIP_KEYS if k != "metric"]
+    same = fast.filter(metric="layer_effect").join(l2.filter(metric="layer_effect"), on=layer_keys, nulls_equal=True)
+    assert same.height == l2.filter(metric="layer_effect").height and (same["value"] == same["value_right"]).all()
+    assert fast.filter(metric="output_kl")["value"].min() >= -1e-6  # a KL is never negative
+    items = [(ids, 4) for ids in random_prompts([14])]
+    erased = erasure_map(loaded, items, max_rows=5, output_metric="kl")
+    erased_slow = erasure_map(loaded, items, method="slow", output_metric="kl")
+    assert set(erased["metric"]) == {"erasure_kl"}
+    assert _max_diff(erased, erased_slow, ["example", "layer", "position", "metric"]) < 1e-5
+
+
+def test_the_output_change_by_hand():
+    from effdepth_core.probes.shared.output_change import change_of
+
+    clean = torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]])  # [token, vocab]
+    logits = torch.log(torch.tensor([[[0.25, 0.5, 0.25], [0.1, 0.8, 0.1]]]))  # one row; token 1 unchanged
+    kl = 0.5 * math.log(0.5 / 0.25) + 0.25 * math.log(0.25 / 0.5)  # KL(clean ‖ changed) at token 0
+    assert change_of(clean, logits, "kl").item() == pytest.approx(kl, rel=1e-6)
+    assert change_of(clean, logits, "l2").item() == pytest.approx(math.sqrt(2 * 0.25**2), rel=1e-6)
+    with pytest.raises(EffdepthError, match="output_metric must be one of l2, kl"):
+        skip_effects(make_tiny("llama"), random_prompts([21]), output_metric="js")

@@ -39,11 +39,11 @@ def test_effdepths_calls_raise_no_dependency_warning(arch):
             run_suffix_layer(loaded, run, 0, run.hidden[0][:, 5:], 5)
         residual_cosine(loaded, prompts)
         logit_lens(loaded, prompts)
-        skip_effects(loaded, prompts, n_positions=1, parts=["layer"])
+        skip_effects(loaded, prompts, skip_positions=1, skip_parts=["layer"])
         erasure_map(loaded, answered[:1])
-        integrated_gradients(loaded, answered[:1], steps=8, quadrature="gauss", layers=[1])
+        integrated_gradients(loaded, answered[:1], igrad_steps=8, igrad_quadrature="gauss", layers=[1])
         early_exit(loaded, answered[:1])
-        layer_pruning(loaded, answered[:1], block_sizes=[1])
+        layer_pruning(loaded, answered[:1], prune_sizes=[1])
     others = [w for w in caught if not issubclass(w.category, EffdepthWarning)]
     assert not others, [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in others]
 

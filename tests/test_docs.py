@@ -89,3 +89,28 @@ def test_a_docs_code_block_runs_as_written(path, line, language, code, why, scra
         f"{path.relative_to(ROOT)}:{line} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     )
     assert {p.name for p in ROOT.iterdir()} == before  # nothing landed in the checkout
+
+
+@pytest.mark.real_model
+def test_readme_shows_what_its_set_up_command_prints(tmp_path, smollm2, capsys):  # ~1 min on 2 cores
+    """The sample under README's set-up command is that command's own output, table and legends."""
+    import shlex
+
+    from effdepth_core.cli import main
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    setup = next(
+        code for line, language, code, why in code_blocks(ROOT / "README.md") if why == RUN_ELSEWHERE["setup-command"]
+    )
+    argv = shlex.split(setup.split("&&")[-1].strip())
+    assert argv[0].endswith("effdepth") and argv[1] == "run"
+    start = next(i for i, text in enumerate(readme) if text.startswith("Its run prints"))
+    opening = next(i for i in range(start, len(readme)) if readme[i].startswith("```text"))
+    closing = next(i for i in range(opening + 1, len(readme)) if readme[i].startswith("```"))
+    shown = [text.rstrip() for text in readme[opening + 1 : closing]]
+    capsys.readouterr()
+    assert main([*argv[1:], "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    printed = [text.rstrip() for text in capsys.readouterr().out.strip().splitlines()]
+    # the last line names the run folder: README's is the default one, this test's is --out
+    assert printed[-1] == f"results in {tmp_path / 'run'}/" and shown[-1].startswith("results in results/")
+    assert printed[:-1] == shown[:-1], "README's sample output differs from what its set-up command prints now"

@@ -363,6 +363,9 @@ def test_effdepth_plot_saves_a_chart_and_never_overwrites(tiny_dir, tmp_path, ca
     assert main(["plot", str(run), "--chart", "logit_lens", "--out", str(svg)]) == 2  # exists: refused
     assert main(["plot", str(run), "--chart", "erasure", "--out", str(tmp_path / "e.png")]) == 2  # not run
     assert "no erasure results" in capsys.readouterr().err
+    default = tmp_path / "default.svg"  # no --chart: the first probe's chart (cosine, the first run)
+    assert main(["plot", str(run), "--out", str(default)]) == 0
+    assert "cos" in default.read_text().lower() and "layer whose input is decoded" not in default.read_text()
 
 
 def test_effdepth_plot_handles_odd_runs_and_outputs(tiny_dir, tmp_path, capsys, monkeypatch):

@@ -30,10 +30,10 @@ def _poisoned(where: str):
 PROBES = {
     "cosine": lambda m, p, e: residual_cosine(m, p),
     "logit_lens": lambda m, p, e: logit_lens(m, p),
-    "skip": lambda m, p, e: skip_effects(m, p, n_positions=1),
-    "skip_slow": lambda m, p, e: skip_effects(m, p, n_positions=1, method="slow"),
+    "skip": lambda m, p, e: skip_effects(m, p, skip_positions=1),
+    "skip_slow": lambda m, p, e: skip_effects(m, p, skip_positions=1, method="slow"),
     "erasure": lambda m, p, e: erasure_map(m, e),
-    "igrad": lambda m, p, e: integrated_gradients(m, e, steps=8),
+    "igrad": lambda m, p, e: integrated_gradients(m, e, igrad_steps=8),
 }
 
 

@@ -36,7 +36,12 @@ CASES = [
     ("unknown skip part", ["run", "--probes", "skip", "--skip-parts", "layer,ffn"], "unknown skip part", False),
     ("unknown skip variant", ["run", "--probes", "skip", "--skip-variants", "past"], "unknown skip variant", False),
     ("too few igrad steps", ["run", "--probes", "igrad", "--igrad-steps", "3"], "too few for the adaptive", False),
-    ("slow adaptive igrad", ["run", "--probes", "igrad", "--slow"], "--slow has no adaptive quadrature", False),
+    (
+        "slow adaptive igrad",
+        ["run", "--probes", "igrad", "--slow"],
+        "the slow method has no adaptive quadrature",
+        False,
+    ),
     ("level outside math", ["run", "--task", "gsm8k", "--level", "3"], "--level applies to the math task", False),
     ("level out of range", ["run", "--task", "math", "--level", "9"], "--level must be 1..5", False),
     ("digits outside arithmetic", ["run", "--task", "gsm8k", "--digits", "3"], "--digits applies to", False),

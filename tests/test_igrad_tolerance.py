@@ -71,7 +71,7 @@ def test_tolerance_is_met_and_the_budget_grows_where_needed(arch):
     with warnings.catch_warnings():
         # nothing is missed, so effdepth warns nothing (other libraries' warnings are not this test's)
         warnings.simplefilter("error", EffdepthWarning)
-        grown = _per_layer(integrated_gradients(loaded, items, steps=8, tolerance=tolerance))
+        grown = _per_layer(integrated_gradients(loaded, items, igrad_steps=8, igrad_tol=tolerance))
     assert grown["tolerance_met"].to_list() == [1.0] * len(grown)
     for row in grown.iter_rows(named=True):
         ids, n_answer = items[row["example"]]
@@ -86,7 +86,7 @@ def test_tolerance_is_met_and_the_budget_grows_where_needed(arch):
     # 8 evaluations do not reach 0.1 % everywhere: the rule spent more there, and only there
     assert grown["grad_evals"].max() > 8
     with pytest.warns(EffdepthWarning, match="at the cap of 8 gradient evaluations"):
-        capped = _per_layer(integrated_gradients(loaded, items, steps=8, tolerance=tolerance, max_steps=8))
+        capped = _per_layer(integrated_gradients(loaded, items, igrad_steps=8, igrad_tol=tolerance, igrad_max_steps=8))
     assert capped["grad_evals"].to_list() == [8.0] * len(capped)
     assert capped["tolerance_met"].min() == 0.0
     joined = grown.join(capped, on=["example", "layer"], suffix="_capped")
@@ -100,7 +100,7 @@ def test_a_miss_is_flagged_and_warned():
     items = _items()
     # one 4-node Gauss panel and no room to refine: 1 % is out of reach on most layers here
     with pytest.warns(EffdepthWarning, match="missed the completeness tolerance") as caught:
-        frame = _per_layer(integrated_gradients(loaded, items, steps=4, max_steps=4, tolerance=0.01))
+        frame = _per_layer(integrated_gradients(loaded, items, igrad_steps=4, igrad_max_steps=4, igrad_tol=0.01))
     (message,) = [str(w.message) for w in caught if issubclass(w.category, EffdepthWarning)]
     assert "1.00% of the target change" in message and "the cap of 4 gradient evaluations" in message
     for row in frame.iter_rows(named=True):
@@ -116,7 +116,9 @@ def test_a_miss_is_flagged_and_warned():
     assert (frame["tolerance_met"] == 0).sum() >= 3
     # a fixed rule is checked against the same tolerance and its misses reported the same way
     with pytest.warns(EffdepthWarning, match="at 4 riemann steps") as caught:
-        riemann = _per_layer(integrated_gradients(loaded, items, steps=4, quadrature="riemann", tolerance=0.01))
+        riemann = _per_layer(
+            integrated_gradients(loaded, items, igrad_steps=4, igrad_quadrature="riemann", igrad_tol=0.01)
+        )
     (message,) = [str(w.message) for w in caught if issubclass(w.category, EffdepthWarning)]
     for row in riemann.iter_rows(named=True):
         met = row["tolerance_met"] == 1.0
@@ -199,10 +201,10 @@ class _CountGradientRows:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(steps=8, tolerance=1e-4, max_steps=64),  # grows past the budget
-        dict(steps=32, tolerance=0.5),  # stops early (before the budget)
-        dict(steps=6, quadrature="riemann"),
-        dict(steps=5, quadrature="gauss", method="slow"),
+        dict(igrad_steps=8, igrad_tol=1e-4, igrad_max_steps=64),  # grows past the budget
+        dict(igrad_steps=32, igrad_tol=0.5),  # stops early (before the budget)
+        dict(igrad_steps=6, igrad_quadrature="riemann"),
+        dict(igrad_steps=5, igrad_quadrature="gauss", method="slow"),
     ],
 )
 def test_grad_evals_are_the_gradient_rows_run(kwargs):
@@ -217,12 +219,12 @@ def test_grad_evals_are_the_gradient_rows_run(kwargs):
                 frame = _per_layer(integrated_gradients(loaded, items, layers=[layer], max_rows=5, **kwargs))
             (row,) = frame.iter_rows(named=True)
             assert row["grad_evals"] == counter.rows, (layer, row)
-            if kwargs.get("quadrature", "adaptive") == "adaptive":
-                start = 4 * min(8, kwargs["steps"] // 4)  # 4-node panels, then 2 × 4 per halving
-                assert start <= row["grad_evals"] <= kwargs.get("max_steps", 8 * kwargs["steps"])
+            if kwargs.get("igrad_quadrature", "adaptive") == "adaptive":
+                start = 4 * min(8, kwargs["igrad_steps"] // 4)  # 4-node panels, then 2 × 4 per halving
+                assert start <= row["grad_evals"] <= kwargs.get("igrad_max_steps", 8 * kwargs["igrad_steps"])
                 assert (row["grad_evals"] - start) % 8 == 0
             else:
-                assert row["grad_evals"] == kwargs["steps"]
+                assert row["grad_evals"] == kwargs["igrad_steps"]
     finally:
         counter.handle.remove()
 
@@ -233,9 +235,9 @@ def test_adaptive_attributions_agree_with_a_fine_gauss_rule(arch):
     items = _items()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EffdepthWarning)
-        adaptive = integrated_gradients(loaded, items, steps=8, tolerance=1e-3)
-        capped = integrated_gradients(loaded, items, steps=8, tolerance=1e-3, max_steps=8)
-    fine = integrated_gradients(loaded, items, steps=96, quadrature="gauss")
+        adaptive = integrated_gradients(loaded, items, igrad_steps=8, igrad_tol=1e-3)
+        capped = integrated_gradients(loaded, items, igrad_steps=8, igrad_tol=1e-3, igrad_max_steps=8)
+    fine = integrated_gradients(loaded, items, igrad_steps=96, igrad_quadrature="gauss")
 
     def values(frame: pl.DataFrame) -> np.ndarray:
         return frame.filter(metric="attribution").sort("example", "layer", "position")["value"].to_numpy()
@@ -258,9 +260,9 @@ def test_bad_tolerances_are_refused():
     items = _items((11,))
     for tolerance in (0.0, -0.1, 1.0, 2.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="fraction in"):
-            integrated_gradients(loaded, items, tolerance=tolerance)
-    with pytest.raises(ValueError, match="at least steps"):
-        integrated_gradients(loaded, items, steps=16, max_steps=8)
+            integrated_gradients(loaded, items, igrad_tol=tolerance)
+    with pytest.raises(ValueError, match="at least igrad_steps"):
+        integrated_gradients(loaded, items, igrad_steps=16, igrad_max_steps=8)
     for bad in (dict(igrad_tol=math.nan), dict(igrad_tol=0.0), dict(igrad_tol=1.0), dict(igrad_max_steps=64)):
         with pytest.raises(EffdepthError, match="--igrad-"):
             check_settings(RunSettings("m", "addition", **bad), ["igrad"])

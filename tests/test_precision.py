@@ -113,16 +113,18 @@ def every_probe(loaded: LoadedModel, lens: TunedLens, other: LoadedModel) -> dic
         "norm": residual_norm(loaded, prompts, batch_size=2),
         "logit_lens": logit_lens(loaded, prompts, top_k=TOP_K, batch_size=2),
         "skip": skip,
-        "skip_slow": skip_effects(loaded, long, parts=("layer",), method="slow"),
+        "skip_slow": skip_effects(loaded, long, skip_parts=("layer",), method="slow"),
         "depth_score": depth_scores(skip),
         "erasure": erasure_map(loaded, items, max_rows=3),
         "erasure_slow": erasure_map(loaded, items[1:], method="slow"),
-        "igrad": integrated_gradients(loaded, items[:1], steps=8, quadrature="gauss"),
-        "igrad_adaptive": integrated_gradients(loaded, items[:1], steps=16, quadrature="adaptive"),
-        "igrad_slow": integrated_gradients(loaded, items[:1], steps=8, quadrature="gauss", method="slow", layers=[1]),
+        "igrad": integrated_gradients(loaded, items[:1], igrad_steps=8, igrad_quadrature="gauss"),
+        "igrad_adaptive": integrated_gradients(loaded, items[:1], igrad_steps=16, igrad_quadrature="adaptive"),
+        "igrad_slow": integrated_gradients(
+            loaded, items[:1], igrad_steps=8, igrad_quadrature="gauss", method="slow", layers=[1]
+        ),
         "tuned_lens": logit_lens(loaded, prompts, top_k=TOP_K, lens=lens),
         "tuned_lens_fit": fit,
-        "prune": layer_pruning(loaded, items, block_sizes=[1, 2]),
+        "prune": layer_pruning(loaded, items, prune_sizes=[1, 2]),
         "early_exit": pl.concat(exits),
         "map": cross_model_map(loaded, other, random_prompts([20] * 8, seed=5), random_prompts([15, 15], seed=6)),
     }

@@ -39,7 +39,9 @@ def _capture(loaded, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
     finally:
         for handle in handles:
             handle.remove()
-    return {k: [t[0].double() for t in v] for k, v in store.items()}  # [token, d_model] each
+    # Granite scales each sublayer's output by its residual multiplier before adding it (its layer's code)
+    scale = loaded.model.config.to_dict().get("residual_multiplier", 1.0) if loaded.model_type == "granite" else 1.0
+    return {k: [t[0].double() * (scale if k in ("attn", "mlp") else 1.0) for t in v] for k, v in store.items()}
 
 
 def naive_residual(loaded, prompts) -> dict[tuple[int, str], float]:
@@ -62,7 +64,14 @@ def naive_residual(loaded, prompts) -> dict[tuple[int, str], float]:
 
 
 def _softcap(loaded, logits: torch.Tensor) -> torch.Tensor:
-    cap = loaded.model.config.to_dict().get("final_logit_softcapping")
+    """The head's tail after lm_head, as each model's forward writes it: Cohere's logit scale,
+    Granite's division by logits_scaling, Gemma's soft-cap."""
+    config = loaded.model.config.to_dict()
+    if loaded.model_type in ("cohere", "cohere2"):
+        logits = logits * config["logit_scale"]
+    if loaded.model_type == "granite":
+        logits = logits / config["logits_scaling"]
+    cap = config.get("final_logit_softcapping")
     return torch.tanh(logits / cap) * cap if cap else logits
 
 

@@ -39,7 +39,7 @@ def test_a_larger_run_reuses_the_first_examples_and_equals_a_fresh_one(tiny_dir,
     small = RunSettings(str(tiny_dir), task, **options)
     run(small, probes, tmp_path / "runs" / "small")
     larger = small.replace(n=5)
-    extended = run(larger, probes, tmp_path / "runs" / "larger")  # beside the small run: reuses it
+    extended = run(larger, probes, tmp_path / "runs" / "larger", reuse_from=[tmp_path / "runs"])  # named: reused
     fresh = run(larger, probes, tmp_path / "alone" / "larger")  # nothing beside it
     metadata = json.loads((tmp_path / "runs" / "larger" / "metadata.json").read_text())
     for name in probes.split(","):
@@ -50,6 +50,8 @@ def test_a_larger_run_reuses_the_first_examples_and_equals_a_fresh_one(tiny_dir,
         assert _max_diff(extended.per_example[name], fresh.per_example[name]) <= TOLERANCE, name
         assert _max_diff(extended.curves[name], fresh.curves[name]) <= TOLERANCE, name
     assert extended.summary == fresh.summary
+    beside = run(small.replace(n=4), probes, tmp_path / "runs" / "beside")  # neighbours lend only when named
+    assert all("reused" not in record for record in beside.metadata["probes"].values())
 
 
 def test_only_the_missing_examples_are_computed_and_a_changed_option_reuses_nothing(tiny_dir, tmp_path, monkeypatch):
@@ -66,17 +68,31 @@ def test_only_the_missing_examples_are_computed_and_a_changed_option_reuses_noth
 
     monkeypatch.setitem(registry._all(), "cosine", dataclasses.replace(spec, compute=counting))
     base = RunSettings(str(tiny_dir), _task_file(tmp_path), n=2, progress=False)
+    lend = [tmp_path]  # the folder of these runs, named as --reuse-from names it
     run(base, "cosine", tmp_path / "a")
-    run(base.replace(n=4), "cosine", tmp_path / "b")
+    run(base.replace(n=4), "cosine", tmp_path / "b", reuse_from=lend)
     assert seen == [2, 2]  # the second run computed only examples 2 and 3
-    run(base.replace(n=4, batch_size=1, top_k=3), "cosine", tmp_path / "c")  # not the cosine's options: reused
+    run(base.replace(n=4, batch_size=1, top_k=3), "cosine", tmp_path / "c", reuse_from=lend)  # not cosine's options
     assert seen[-1] == 2
     other = RunSettings(str(tiny_dir), "addition", n=4, digits=2, progress=False)
     run(other, "cosine", tmp_path / "e")
-    run(other.replace(n=5, seed=1), "cosine", tmp_path / "f")  # other examples: nothing to reuse
+    run(other.replace(n=5, seed=1), "cosine", tmp_path / "f", reuse_from=lend)  # other examples: nothing to reuse
     assert seen[-1] == 5
     for run_dir in ("b", "c"):  # damaged donors are not used
         damaged = tmp_path / run_dir / "cosine_by_example.parquet"
         damaged.write_bytes(damaged.read_bytes()[:-8])
-    run(base.replace(n=5), "cosine", tmp_path / "d")
+    run(base.replace(n=5), "cosine", tmp_path / "d", reuse_from=lend)
     assert seen[-1] == 3  # from the intact 2-example run, not the damaged 4-example ones
+
+
+def test_the_precision_walk_reuses_its_own_smaller_steps(tiny_dir, tmp_path):
+    """No folder lends unasked, but effdepth's own walk names its results folder: the step of n = 4
+    computes only the prompts the step of n = 2 did not."""
+    from effdepth_core.precision import Precision, precise_run
+
+    settings = RunSettings(str(tiny_dir), _task_file(tmp_path), progress=False)
+    rule = Precision(halfwidth=1e-9, n_min=2, n_max=4, step=2)  # never precise enough: both steps run
+    walk = precise_run(settings, ["cosine"], rule, tmp_path / "results")
+    assert walk.steps == [2, 4]
+    record = walk.result.metadata["probes"]["cosine"]
+    assert record["reused"]["examples"] == 2 and record["reused"]["from"].endswith("-n2-seed0")

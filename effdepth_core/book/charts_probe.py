@@ -128,6 +128,7 @@ def lens_curves(
     summary: pl.DataFrame | None = None,
     overlap_threshold: float = 0.3,
     bands: pl.DataFrame | None = None,
+    kl_fraction: float = 0.5,
 ) -> alt.VConcatChart:
     """Logit-lens KL to the final distribution (top) and top-5 overlap (bottom) per layer, one line
     per task; the ED layer of each rule is marked (``summary``: rows with ``rule`` — a label such as
@@ -135,7 +136,9 @@ def lens_curves(
     give them — and ``ed``; ``model`` and ``task`` default to the curves' own). A dropdown picks
     the model (every layer of the chart is filtered, the ED marks too); click a legend entry to
     highlight a task. ``bands`` (``stats.curve_bands``: ``low, high, n`` per layer) shade each
-    curve's 95 % bootstrap band over prompts, and the legend names each task with its n."""
+    curve's 95 % bootstrap band over prompts, and the legend names each task with its n. Dashed
+    lines show what each rule reads: the overlap threshold, and per task ``kl_fraction`` of the
+    curve's largest KL (the KL rule's ED is the first layer after which KL stays below it)."""
     frame = _rounded(lens.select("model", "task", "layer", "metric", "value"))
     if bands is not None and bands.height:
         named = bands.select("model", "task", "n").unique(["model", "task"], maintain_order=True)
@@ -196,6 +199,24 @@ def lens_curves(
             )
         if metric == "overlap":
             layers.append(alt.Chart().mark_rule(strokeDash=[4, 4], color="#888").encode(y=alt.datum(overlap_threshold)))
+        else:  # the KL rule's line: kl_fraction of each curve's largest KL
+            cut = (
+                frame.filter(pl.col("metric") == "kl")
+                .group_by("model", "task", maintain_order=True)
+                .agg((pl.col("value").max() * kl_fraction).round(4).alias("cut"))
+            )
+            layers.append(
+                filtered(
+                    alt.Chart(cut)
+                    .mark_rule(strokeDash=[4, 4])
+                    .encode(
+                        y="cut:Q",
+                        color="task:N",
+                        opacity=alt.condition(pick, alt.value(0.7), alt.value(0.1)),
+                        tooltip=["task:N", alt.Tooltip("cut:Q", title=f"{kl_fraction:g} × max KL")],
+                    )
+                )
+            )
         if summary is not None:
             eds = summary.filter(pl.col("rule") == rule, pl.col("ed").is_not_null()).select("model", "task", "ed")
             if eds.height:
@@ -258,10 +279,11 @@ def skip_heatmap(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
 
 @_accepts_probe_frames
 def output_effect_bars(skip: pl.DataFrame, variant: str = "future") -> alt.Chart:
-    """Max change of the output distribution (L2) when one layer / sublayer is skipped, with the
-    mean over prompts as a tick."""
+    """Max change of the output distribution (L2, or KL with ``output_metric="kl"``) when one layer /
+    sublayer is skipped, with the mean over prompts as a tick."""
+    kl = skip.filter(pl.col("metric") == "output_kl").height > 0
     frame = _rounded(
-        skip.filter(pl.col("metric") == "output_effect", pl.col("variant") == variant).select(
+        skip.filter(pl.col("metric") == ("output_kl" if kl else "output_effect"), pl.col("variant") == variant).select(
             "model", "skipped_layer", "part", "value", "mean"
         ),
         ("value", "mean"),
@@ -273,7 +295,7 @@ def output_effect_bars(skip: pl.DataFrame, variant: str = "future") -> alt.Chart
         .encode(
             x=alt.X("skipped_layer:O", title="layer skipped"),
             xOffset=alt.XOffset("part:N", sort=list(SUBLAYERS.values())),
-            y=alt.Y("value:Q", title="max ‖Δ output probabilities‖₂"),
+            y=alt.Y("value:Q", title="max KL(clean ‖ skipped), nats" if kl else "max ‖Δ output probabilities‖₂"),
             color=alt.Color("part:N", sort=list(SUBLAYERS.values()), title="skipped"),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.2)),
             tooltip=[
@@ -305,6 +327,7 @@ def _token_labels(frame: pl.DataFrame) -> pl.DataFrame:
 def erasure_heatmap(erasure: pl.DataFrame) -> alt.Chart:
     """Max change of the answer-token distributions when h_l[t] is replaced by its mean (method.md §4);
     answer tokens are outlined; dropdowns pick the model and the prompt."""
+    kl = "metric" in erasure.columns and erasure.filter(pl.col("metric") == "erasure_kl").height > 0
     frame = _token_labels(_rounded(erasure)).select("model", "example", "layer", "token_label", "is_answer", "value")
     chart = (
         alt.Chart(frame)
@@ -318,7 +341,11 @@ def erasure_heatmap(erasure: pl.DataFrame) -> alt.Chart:
             stroke=alt.condition(alt.datum.is_answer, alt.value(ANSWER_OUTLINE), alt.value(None)),
             tooltip=["layer:O", "token_label:N", "is_answer:N", alt.Tooltip("value:Q", format=".3f")],
         )
-        .properties(width=CONTENT_WIDTH, height=340, title="residual erasure: ‖y − ȳ‖₂ on the answer")
+        .properties(
+            width=CONTENT_WIDTH,
+            height=340,
+            title=f"residual erasure: {'KL(ȳ ‖ y), nats,' if kl else '‖y − ȳ‖₂'} on the answer",
+        )
     )
     return _pickers(chart, frame, ("model", "example"))
 

@@ -417,7 +417,7 @@ def compute_record(
         loaded=loaded,
         n_bootstrap=n_bootstrap,
         overwrite=True,
-        reuse_from=reuse_from,
+        reuse_from=(*reuse_from, out_dir.parent),  # the book's own runs of this model lend their prompts' rows
         renew_outdated=renew_outdated,
     )
 

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from ..models import LoadedModel
+from ..models import LoadedModel, takes_plain_models
 from ..trace import LayerTrace, require_finite
 from .shared.activations import each_batch, per_token_means
 from .shared.reduce import token_weighted_mean
@@ -38,6 +38,7 @@ def contribution_metrics(trace: LayerTrace) -> torch.Tensor:
     return torch.stack([cos_attn, cos_mlp, cos_layer, rel_attn, rel_mlp, rel_layer], dim=-1)
 
 
+@takes_plain_models()
 def residual_cosine(
     loaded: LoadedModel,
     prompts: Sequence[str | torch.Tensor],

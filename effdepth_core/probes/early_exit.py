@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
-from ..models import LoadedModel
+from ..models import LoadedModel, takes_plain_models
 from ..replay import clean_run
+from ..terminal import progress_bar
 from ..trace import require_finite, show_progress
 from .shared.answers import AnswerInput, answer_splits
 from .shared.lens import LENS, Translator
@@ -23,6 +23,7 @@ from .tuned_lens import LENS_STEPS, LENS_TOKENS, check_lens_cache, lens_identity
 EXIT_METRICS = ("agreement", "answer_nll", "answer_accuracy")
 
 
+@takes_plain_models()
 def early_exit(
     loaded: LoadedModel,
     examples: Sequence[AnswerInput],
@@ -34,7 +35,7 @@ def early_exit(
     tokens the value averages: all of the prompt's for ``agreement``, the answer's otherwise)."""
     rows = []
     for example, split in enumerate(
-        tqdm(answer_splits(loaded, examples), desc="early exit", disable=not show_progress(progress))
+        progress_bar(answer_splits(loaded, examples), desc="early exit", disable=not show_progress(progress))
     ):
         run = clean_run(loaded, split.without_last())
         targets = split.targets.to(loaded.head_device)

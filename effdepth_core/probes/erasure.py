@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
-from ..models import LoadedModel
+from ..models import LoadedModel, takes_plain_models
 from ..replay import CleanRun, clean_run, run_layers, run_suffix_layer
+from ..terminal import progress_bar
 from ..trace import (
     Hook,
     LayerTrace,
@@ -30,10 +30,13 @@ from ..trace import (
     trace_layers,
 )
 from .shared.answers import AnswerInput, AnswerSplit, answer_splits
-from .shared.output_change import head_buffer, output_change
+from .shared.output_change import OUTPUT_METRIC_OPTION, change_of, check_output_metric, head_buffer, output_change
 from .spec import Chart, Context, ProbeSpec, Shape
 
+OUTPUT_NAMES = {"l2": "erasure_effect", "kl": "erasure_kl"}  # the frame's metric per output_metric
 
+
+@takes_plain_models()
 def residual_means(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], batch_size: int = 4) -> torch.Tensor:
     """Mean of h_l over every token of ``prompts`` for l = 0..L, ``[L+1, d_model]`` float32."""
     token_lists = tokenize(loaded, prompts)
@@ -57,7 +60,7 @@ def _no_step(done: int) -> None:
 
 
 def _map_fast(
-    loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int, step=_no_step
+    loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int, step=_no_step, metric: str = "l2"
 ) -> torch.Tensor:
     """The ``[layer 0..L, position]`` map by prefix reuse: erasing h_l[t] leaves positions < t
     unchanged at every layer, so per position t the erasures at every layer l are batch rows that
@@ -67,7 +70,7 @@ def _map_fast(
     last = split.measured.stop - 1  # the last position whose distribution is measured
     run = clean_run(loaded, split.ids[: last + 1])
     if not run.reuses_prefixes:
-        return _map_rows(loaded, split, baselines, max_rows, run, step)
+        return _map_rows(loaded, split, baselines, max_rows, run, step, metric)
     measure, n_layers = split.measured, loaded.n_layers
     effects = torch.zeros(n_layers + 1, split.n_tokens, device=loaded.head_device)  # [layer 0..L, position]
     buffer = head_buffer(loaded)
@@ -87,7 +90,7 @@ def _map_fast(
                     if layer < n_layers:
                         hidden, _ = run_suffix_layer(loaded, run, layer, hidden, t)
                 changed = output_change(
-                    loaded, clean_probs[first - measure.start :], hidden[:, first - t :], buffer=buffer
+                    loaded, clean_probs[first - measure.start :], hidden[:, first - t :], buffer=buffer, metric=metric
                 )
                 effects[low:high, t] = changed
                 step(high - low)
@@ -95,7 +98,13 @@ def _map_fast(
 
 
 def _map_rows(
-    loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, max_rows: int, run: CleanRun, step=_no_step
+    loaded: LoadedModel,
+    split: AnswerSplit,
+    baselines: torch.Tensor,
+    max_rows: int,
+    run: CleanRun,
+    step=_no_step,
+    metric: str = "l2",
 ) -> torch.Tensor:
     """Without cached keys/values (an attention kernel that takes no mask): per layer, all
     positions as batch rows replayed from that layer on over the whole prompt."""
@@ -113,13 +122,15 @@ def _map_rows(
                 hidden[torch.arange(len(positions)), positions] = base
                 final = run_layers(loaded, run, layer, hidden)
                 effects[layer, positions.to(effects.device)] = output_change(
-                    loaded, clean_probs, final[:, measure], buffer=buffer
+                    loaded, clean_probs, final[:, measure], buffer=buffer, metric=metric
                 )
                 step(len(positions))
     return effects.cpu()
 
 
-def _map_slow(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, step=_no_step) -> torch.Tensor:
+def _map_slow(
+    loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, step=_no_step, metric: str = "l2"
+) -> torch.Tensor:
     """The oracle: one full forward pass per (layer, position), the residual replaced through a hook
     on the input of layer l (l < L) or the output of the last layer (l = L)."""
     measure = split.measured
@@ -137,12 +148,12 @@ def _map_slow(loaded: LoadedModel, split: AnswerSplit, baselines: torch.Tensor, 
             )
             with intervene([hook]), torch.inference_mode():
                 logits = loaded.model(input_ids=input_ids, use_cache=False).logits[0, measure]
-            probs = torch.softmax(logits.float(), dim=-1)
-            effects[layer, position] = (probs - clean_probs).norm(dim=-1).amax().cpu()
+            effects[layer, position] = change_of(clean_probs, logits, metric).cpu()
             step(1)
     return effects
 
 
+@takes_plain_models()
 def erasure_map(
     loaded: LoadedModel,
     examples: Sequence[AnswerInput],
@@ -150,15 +161,19 @@ def erasure_map(
     method: str = "fast",
     max_rows: int = 32,
     progress: bool | None = None,
+    output_metric: str = "l2",
 ) -> pl.DataFrame:
     """The (L+1)×T map per example: for erasing h_l[t] (l = 0 is the embedding, l = L the final
-    residual), the largest ‖y − ȳ‖₂ over the positions that predict the answer tokens.
+    residual), the largest ‖y − ȳ‖₂ (metric ``erasure_effect``, ``output_metric="l2"``, the paper's)
+    or KL(ȳ ‖ y) in nats (``erasure_kl``, ``output_metric="kl"``) over the positions that predict the
+    answer tokens.
 
     ``baselines`` ``[L+1, d_model]`` default to ``residual_means`` over the examples themselves.
     Long frame: ``example, layer, position, token, is_answer, metric, value``.
     """
     if method not in ("fast", "slow"):
         raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
+    check_output_metric(output_metric)
     splits = answer_splits(loaded, examples)
     if baselines is None:
         baselines = residual_means(loaded, [split.ids for split in splits])
@@ -168,21 +183,23 @@ def erasure_map(
     frames = []
     sites = [(loaded.n_layers + 1) * (s.measured.stop if method == "fast" else s.n_tokens) for s in splits]
     shown = show_progress(progress)
-    with tqdm(total=sum(sites), desc=f"erasure ({method})", unit="intervention", disable=not shown) as bar:
+    with progress_bar(total=sum(sites), desc=f"erasure ({method})", unit="intervention", disable=not shown) as bar:
         for example, split in enumerate(splits):
             effects = (
-                _map_fast(loaded, split, baselines, max_rows, bar.update)
+                _map_fast(loaded, split, baselines, max_rows, bar.update, output_metric)
                 if method == "fast"
-                else _map_slow(loaded, split, baselines, bar.update)
+                else _map_slow(loaded, split, baselines, bar.update, output_metric)
             )
             for layer in range(effects.shape[0]):
                 where = f"the effect of erasing layer {layer}'s residual (prompt {example})"
                 require_finite(effects[layer], where, loaded.name)
-            frames.append(_frame(loaded, example, split, effects))
+            frames.append(_frame(loaded, example, split, effects, OUTPUT_NAMES[output_metric]))
     return pl.concat(frames)
 
 
-def _frame(loaded: LoadedModel, example: int, split: AnswerSplit, effects: torch.Tensor) -> pl.DataFrame:
+def _frame(
+    loaded: LoadedModel, example: int, split: AnswerSplit, effects: torch.Tensor, name: str = "erasure_effect"
+) -> pl.DataFrame:
     n_layers_plus, n_tokens = effects.shape
     ids = split.ids
     tokens = [loaded.tokenizer.decode([i]) if loaded.tokenizer is not None else str(i) for i in ids.tolist()]
@@ -195,7 +212,7 @@ def _frame(loaded: LoadedModel, example: int, split: AnswerSplit, effects: torch
             "position": position.numpy(),
             "token": [tokens[p] for p in position.tolist()],
             "is_answer": split.is_answer[position].numpy(),
-            "metric": ["erasure_effect"] * (n_layers_plus * n_tokens),
+            "metric": [name] * (n_layers_plus * n_tokens),
             "value": effects.reshape(-1).double().numpy(),
         },
         schema={
@@ -211,7 +228,10 @@ def _frame(loaded: LoadedModel, example: int, split: AnswerSplit, effects: torch
 
 
 def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
-    return erasure_map(loaded, examples, method=context.settings.method, progress=context.progress)
+    settings = context.settings
+    return erasure_map(
+        loaded, examples, method=settings.method, progress=context.progress, output_metric=settings.output_metric
+    )
 
 
 def _cell(summary, frames) -> str:
@@ -232,6 +252,7 @@ SPEC = ProbeSpec(
     name="erasure",
     title="residual erasure",
     compute=_compute,
+    options=(OUTPUT_METRIC_OPTION,),
     cell=_cell,
     charts=(Chart("erasure", "erasure_heatmap", "erasure_by_example"),),
     unit="intervention",

@@ -36,14 +36,14 @@ from typing import NamedTuple
 import numpy as np
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
 from ..errors import EffdepthError, EffdepthWarning
-from ..models import LoadedModel
+from ..models import LoadedModel, takes_plain_models
 from ..replay import CleanRun, clean_run, run_layers
+from ..terminal import progress_bar
 from ..trace import Hook, intervene, require_finite, show_progress
 from .shared.answers import AnswerInput, AnswerSplit, answer_splits
-from .spec import KEY_ALWAYS, KEY_WHEN_SET, Chart, Context, Option, ProbeSpec, Shape
+from .spec import KEY_ALWAYS, KEY_WHEN_SET, Chart, Context, Option, ProbeSpec, Shape, spelled
 
 BASELINES = ("position-mean", "hidden-mean")
 QUADRATURES = ("riemann", "gauss", "adaptive")
@@ -317,25 +317,26 @@ def _layer_slow(
 def check_tolerance(tolerance: float, max_steps: int | None, steps: int) -> None:
     """ValueError for a tolerance or cap that cannot work (the command line says it in one line)."""
     if not (isinstance(tolerance, int | float) and math.isfinite(tolerance) and 0 < tolerance < 1):
-        raise ValueError(f"the completeness tolerance must be a fraction in (0, 1), got {tolerance!r}")
+        raise ValueError(f"the completeness tolerance igrad_tol must be a fraction in (0, 1), got {tolerance!r}")
     if max_steps is not None and max_steps < steps:
-        raise ValueError(f"max_steps ({max_steps}) must be at least steps ({steps})")
+        raise ValueError(f"igrad_max_steps ({max_steps}) must be at least igrad_steps ({steps})")
 
 
+@takes_plain_models()
 def integrated_gradients(
     loaded: LoadedModel,
     examples: Sequence[AnswerInput],
-    steps: int = 128,
-    quadrature: str = "adaptive",
-    baseline: str = "position-mean",
+    igrad_steps: int = 128,
+    igrad_quadrature: str = "adaptive",
+    igrad_baseline: str = "position-mean",
     method: str = "fast",
     layers: Sequence[int] | None = None,
     max_rows: int | None = None,
     progress: bool | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
-    max_steps: int | None = None,
+    igrad_tol: float = DEFAULT_TOLERANCE,
+    igrad_max_steps: int | None = None,
     slow_block: int = 1,
-    panels: int = 1,
+    igrad_panels: int = 1,
     memory_budget_mb: int | None = None,
 ) -> pl.DataFrame:
     """Per-layer integrated-gradient attributions to every position towards the answer tokens.
@@ -345,18 +346,22 @@ def integrated_gradients(
     ``attribution_sum``, ``completeness_gap`` = attribution_sum − target_delta, ``grad_evals`` (the
     gradient evaluations spent), ``panel_gap_sum`` (Σ over the rule's α panels of their completeness
     gaps' magnitudes, ≥ |completeness_gap|; one panel [0, 1] for the fixed rules) and
-    ``tolerance_met`` (1 when panel_gap_sum ≤ ``tolerance`` × |target_delta| + ``gap_floor``, the
+    ``tolerance_met`` (1 when panel_gap_sum ≤ ``igrad_tol`` × |target_delta| + ``gap_floor``, the
     float32 rounding floor of 1e-4 of the target's magnitude; else 0).
 
-    The adaptive rule refines until the tolerance is met or ``max_steps`` (default 8 × ``steps``)
-    gradient evaluations are spent; the fixed rules spend ``steps`` and are only checked. Every
-    layer that misses the tolerance is named in one warning at the end. ``slow_block``: the values
-    of α the slow path evaluates per forward pass (1: the oracle; 16: the published script).
-    ``max_rows``: α rows per pass of the fast path (default: as many as ``memory_budget_mb`` holds,
-    by default half the GPU's free memory; 16 on a CPU without a budget); ``panels``: panels the adaptive rule
-    halves per round (1, the default, always halves the single worst one; more batch its
-    evaluations on a GPU, a slightly different refinement to the same tolerance).
+    Options are spelled as ``measure`` and ``effdepth run`` spell them (``igrad_steps`` is
+    ``--igrad-steps``). The adaptive rule refines until the tolerance is met or ``igrad_max_steps``
+    (default 8 × ``igrad_steps``) gradient evaluations are spent; the fixed rules spend
+    ``igrad_steps`` and are only checked. Every layer that misses the tolerance is named in one
+    warning at the end. ``slow_block``: the values of α the slow path evaluates per forward pass
+    (1: the oracle; 16: the published script). ``max_rows``: α rows per pass of the fast path
+    (default: as many as ``memory_budget_mb`` holds, by default half the GPU's free memory; 16 on
+    a CPU without a budget); ``igrad_panels``: panels the adaptive rule halves per round (1, the
+    default, always halves the single worst one; more batch its evaluations on a GPU, a slightly
+    different refinement to the same tolerance).
     """
+    steps, quadrature, baseline = igrad_steps, igrad_quadrature, igrad_baseline
+    tolerance, max_steps, panels = igrad_tol, igrad_max_steps, igrad_panels
     if slow_block < 1:
         raise ValueError(f"slow_block must be at least 1, got {slow_block}")
     if panels < 1 or (max_rows is not None and max_rows < 1):
@@ -382,7 +387,7 @@ def integrated_gradients(
         for key, v in zip(rows, (example, layer, position, metric, value), strict=True):
             rows[key].append(v)
 
-    with tqdm(
+    with progress_bar(
         total=len(splits) * len(chosen), desc=f"igrad ({method})", unit="layer", disable=not show_progress(progress)
     ) as bar:
         for example, split in enumerate(splits):
@@ -426,12 +431,13 @@ def integrated_gradients(
     if misses:
         if quadrature == "adaptive":
             spent = f"the cap of {default_max_steps(steps) if max_steps is None else max_steps} gradient evaluations"
-            hint = "raise --igrad-max-steps or read those layers with care"
+            hint = f"raise {spelled('igrad_max_steps')} or read those layers with care"
         else:
             spent = f"{steps} {quadrature} steps"
-            hint = "raise --igrad-steps or use --igrad-quadrature adaptive"
+            hint = f"raise {spelled('igrad_steps')} or use {spelled('igrad_quadrature', 'adaptive')}"
         if loaded.dtype not in (torch.float32, torch.float64):
-            hint = f"in {str(loaded.dtype).removeprefix('torch.')} rounding alone can exceed it: try --dtype float32"
+            dtype = str(loaded.dtype).removeprefix("torch.")
+            hint = f"in {dtype} rounding alone can exceed it: try {spelled('dtype', 'float32')}"
         listed = "; ".join(misses[:8]) + (f"; and {len(misses) - 8} more" if len(misses) > 8 else "")
         warnings.warn(
             f"integrated gradients missed the completeness tolerance ({tolerance:.2%} of the target change) at "
@@ -489,16 +495,18 @@ def _check(settings, facts) -> None:
     if settings.igrad_quadrature == "adaptive":
         if settings.igrad_steps < _PANEL_ORDER:
             raise EffdepthError(
-                f"--igrad-steps {settings.igrad_steps} is too few for the adaptive quadrature "
+                f"{spelled('igrad_steps', settings.igrad_steps)} is too few for the adaptive quadrature "
                 f"(its panels have {_PANEL_ORDER} Gauss nodes; give at least {_PANEL_ORDER}, 128 by default)"
             )
         if settings.method == "slow":
             raise EffdepthError(
-                "--slow has no adaptive quadrature; add --igrad-quadrature riemann (the paper's, 256 steps)"
+                "the slow method has no adaptive quadrature; add "
+                f"{spelled('igrad_quadrature', 'riemann')} (the paper's, 256 steps)"
             )
     if settings.igrad_max_steps is not None and settings.igrad_max_steps < settings.igrad_steps:
         raise EffdepthError(
-            f"--igrad-max-steps {settings.igrad_max_steps} is below --igrad-steps {settings.igrad_steps}; "
+            f"{spelled('igrad_max_steps', settings.igrad_max_steps)} is below "
+            f"{spelled('igrad_steps', settings.igrad_steps)}; "
             "the cap must be at least the budget"
         )
 
@@ -508,14 +516,14 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.Da
     return integrated_gradients(
         loaded,
         examples,
-        steps=settings.igrad_steps,
-        quadrature=settings.igrad_quadrature,
-        baseline=settings.igrad_baseline,
+        igrad_steps=settings.igrad_steps,
+        igrad_quadrature=settings.igrad_quadrature,
+        igrad_baseline=settings.igrad_baseline,
         method=settings.method,
         progress=context.progress,
-        tolerance=settings.igrad_tol,
-        max_steps=settings.igrad_max_steps,
-        panels=settings.igrad_panels,
+        igrad_tol=settings.igrad_tol,
+        igrad_max_steps=settings.igrad_max_steps,
+        igrad_panels=settings.igrad_panels,
     )
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import polars as pl
 import torch
 
-from ..models import LoadedModel
+from ..models import LoadedModel, takes_plain_models
 from ..trace import residual_states, tokenize
 from .shared.lens import Translator, _check_top_k
 
 TOKEN_CHUNK = 256  # positions decoded at once: [chunk, vocab] float32 is the only vocabulary-sized buffer
 
 
+@takes_plain_models()
 def lens_by_token(
     loaded: LoadedModel, prompt: str | torch.Tensor, top_k: int = 5, lens: Translator | None = None
 ) -> pl.DataFrame:

@@ -10,13 +10,14 @@ import numpy as np
 import polars as pl
 import torch
 
-from ..models import LoadedModel
+from ..models import LoadedModel, takes_plain_models
 from ..trace import LayerTrace, require_finite
 from .shared.activations import each_batch, per_token_means
 from .shared.reduce import token_weighted_mean
 from .spec import Chart, Option, ProbeSpec, Rule, on_prompts
 
 
+@takes_plain_models()
 def residual_norm(
     loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], batch_size: int = 4, progress: bool | None = None
 ) -> pl.DataFrame:

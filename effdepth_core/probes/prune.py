@@ -21,15 +21,15 @@ from collections.abc import Sequence
 
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
 from ..errors import EffdepthError
-from ..models import LoadedModel
+from ..models import LoadedModel, takes_plain_models
 from ..replay import CleanRun, clean_run, run_layer
+from ..terminal import progress_bar
 from ..trace import require_finite, show_progress, tokenize
 from .shared.answers import AnswerInput, AnswerSplit, answer_splits
 from .shared.reduce import token_weighted_mean
-from .spec import Context, Option, ProbeSpec, Shape
+from .spec import Context, Option, ProbeSpec, Shape, spelled
 
 PRUNE_METRICS = ("answer_nll", "answer_accuracy")
 SCHEMA = {
@@ -92,10 +92,11 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(1e-12)
 
 
+@takes_plain_models()
 def layer_pruning(
     loaded: LoadedModel,
     examples: Sequence[AnswerInput],
-    block_sizes: Sequence[int] | None = None,
+    prune_sizes: Sequence[int] | None = None,
     calibration: Sequence[str | torch.Tensor] | None = None,
     max_rows: int = 16,
     progress: bool | None = None,
@@ -106,7 +107,7 @@ def layer_pruning(
     prompts), each layer's block influence (rule ``influence``) and each block's angular distance
     (rule ``block``): the scores the rules choose layers by."""
     n_layers = loaded.n_layers
-    sizes = sorted(set(block_sizes or default_block_sizes(n_layers)))
+    sizes = sorted(set(prune_sizes or default_block_sizes(n_layers)))
     if not sizes or sizes[0] < 1 or sizes[-1] >= n_layers:
         raise EffdepthError(f"pruning block sizes must be in 1..{n_layers - 1} for {loaded.name}, got {list(sizes)}")
     splits = answer_splits(loaded, examples)
@@ -137,7 +138,9 @@ def layer_pruning(
     sets += [("block", k, s, tuple(range(s, s + k))) for k in sizes for s in range(n_layers - k + 1)]
     sets += [("shortgpt", k, None, tuple(sorted(least[:k]))) for k in sizes]
     pairs = list(zip(runs, splits, strict=True))
-    bar = tqdm(total=len(pairs) * len(sets), desc="pruning", unit="removal", disable=not show_progress(progress))
+    bar = progress_bar(
+        total=len(pairs) * len(sets), desc="pruning", unit="removal", disable=not show_progress(progress)
+    )
     for example, (run, split) in enumerate(pairs):
         for first in range(0, len(sets), max_rows):
             chunk = sets[first : first + max_rows]
@@ -247,7 +250,7 @@ def _check(settings, facts) -> None:
     n_layers = facts.get("n_layers")
     if n_layers is not None and any(k >= n_layers for k in _sizes(settings.prune_sizes)):
         raise EffdepthError(
-            f"--prune-sizes {settings.prune_sizes} must stay below the model's {n_layers} layers "
+            f"{spelled('prune_sizes', settings.prune_sizes)} must stay below the model's {n_layers} layers "
             "(removing every layer leaves no model)"
         )
 
@@ -258,7 +261,7 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.Da
     # the rules choose layers on calibration text (never probed), so the scored prompts stay held out
     calibration = lens_corpus()[:PRUNE_CALIBRATION_TEXTS]
     sizes = _sizes(context.settings.prune_sizes) or None
-    return layer_pruning(loaded, examples, block_sizes=sizes, calibration=calibration, progress=context.progress)
+    return layer_pruning(loaded, examples, prune_sizes=sizes, calibration=calibration, progress=context.progress)
 
 
 def _cell(summary, frames) -> str:

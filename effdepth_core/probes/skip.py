@@ -17,18 +17,19 @@ from dataclasses import dataclass
 
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
 from ..errors import EffdepthError
-from ..models import LoadedModel
+from ..models import LoadedModel, takes_plain_models
 from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffix_layer
+from ..terminal import progress_bar
 from ..trace import Hook, intervene, replace_positions, require_finite, show_progress, tokenize
 from .shared.depth_score import depth_scores
-from .shared.output_change import head_buffer, output_change
-from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape, prompts_of
+from .shared.output_change import OUTPUT_METRIC_OPTION, change_of, check_output_metric, head_buffer, output_change
+from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape, prompts_of, spelled
 
 SKIP_PARTS = ("layer", "attn", "mlp")
 VARIANTS = ("future", "current")
+OUTPUT_NAMES = {"l2": "output_effect", "kl": "output_kl"}  # the frame's metric per output_metric
 MIN_TOKENS = {"future": 13, "current": 2}  # future: range(8, T-4, 8) must not be empty
 
 
@@ -113,6 +114,7 @@ def _effects_fast(
     record: int = 0,
     stop: int | None = None,
     buffer: torch.Tensor | None = None,
+    metric: str = "l2",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Layer effects ``[rows, L]`` and output effects ``[rows]`` for interventions sharing part and
     positions, replayed from the lowest skipped layer with rows joining at their own layer.
@@ -150,7 +152,11 @@ def _effects_fast(
             clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, measure]
             effects[:active, layer] = _relative_change(clean_delta, (out - hidden)[:, measure])
             hidden = out
-        outputs = None if clean_probs is None else output_change(loaded, clean_probs, hidden[:, measure], buffer=buffer)
+        outputs = (
+            None
+            if clean_probs is None
+            else output_change(loaded, clean_probs, hidden[:, measure], buffer=buffer, metric=metric)
+        )
     return effects.cpu(), None if outputs is None else outputs.cpu()
 
 
@@ -161,6 +167,7 @@ def _future_fast(
     clean_probs: torch.Tensor,
     prefixes: Prefixes,
     buffer: torch.Tensor | None = None,
+    metric: str = "l2",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The future-token variant by prefix reuse. Skipping layer s at positions < t leaves layers
     ≤ s unchanged at positions ≥ t, and the skipped prefix at layers > s is the prefix of the
@@ -185,12 +192,12 @@ def _future_fast(
             clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, t:]
             effects[:active, layer] = _relative_change(clean_delta, out - hidden)
             hidden = out
-        outputs = output_change(loaded, clean_probs, hidden, buffer=buffer)
+        outputs = output_change(loaded, clean_probs, hidden, buffer=buffer, metric=metric)
     return effects.cpu(), outputs.cpu()
 
 
 def _effects_slow(
-    loaded: LoadedModel, run: CleanRun, intervention: Intervention, clean_probs: torch.Tensor
+    loaded: LoadedModel, run: CleanRun, intervention: Intervention, clean_probs: torch.Tensor, metric: str = "l2"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The oracle: one full forward pass of the whole model with the intervention hooked in, its
     residuals recorded as ``clean_run`` records the clean ones."""
@@ -202,9 +209,7 @@ def _effects_slow(
     for layer in range(loaded.n_layers):
         clean_delta = (run.hidden[layer + 1] - run.hidden[layer])[:, measure]
         effects[:, layer] = _relative_change(clean_delta, (hidden[layer + 1] - hidden[layer])[:, measure])
-    probs = torch.softmax(logits[0, measure].float(), dim=-1)
-    output = (probs - clean_probs).norm(dim=-1).amax().view(1).cpu()
-    return effects, output
+    return effects, change_of(clean_probs, logits[0, measure], metric).view(1).cpu()
 
 
 Results = list[tuple[Intervention, torch.Tensor, torch.Tensor]]  # (intervention, layer effects [L], output effect)
@@ -228,11 +233,14 @@ def _groups(todo: list[Intervention]) -> dict[tuple, list[Intervention]]:
     return groups
 
 
-def _prompt_slow(loaded: LoadedModel, run: CleanRun, todo: list[Intervention], **_) -> Results:
+def _prompt_slow(loaded: LoadedModel, run: CleanRun, todo: list[Intervention], metric: str = "l2", **_) -> Results:
     """Every intervention of one prompt as its own full forward pass (the published loop)."""
     probs: dict = {}
     return [
-        (item, *(x[0] for x in _effects_slow(loaded, run, item, _clean_probs(loaded, run, item.measure, probs))))
+        (
+            item,
+            *(x[0] for x in _effects_slow(loaded, run, item, _clean_probs(loaded, run, item.measure, probs), metric)),
+        )
         for item in todo
     ]
 
@@ -244,6 +252,7 @@ def _prompt_fast(
     parts: Sequence[str],
     positions: list[int],
     max_rows: int,
+    metric: str = "l2",
 ) -> Results:
     """Every intervention of one prompt as batch rows replayed from the skipped layer on. The
     future-token skips of a part start at layer s+1 from the clean h_{s+1} and replay positions ≥ t
@@ -266,7 +275,7 @@ def _prompt_fast(
             for chunk in _chunks(group, max_rows):
                 record = positions[-1] if reuse else 0
                 effects, outputs = _effects_fast(
-                    loaded, run, chunk, clean_probs, prefixes if reuse else None, record, buffer=buffer
+                    loaded, run, chunk, clean_probs, prefixes if reuse else None, record, buffer=buffer, metric=metric
                 )
                 done[key] += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
             continue
@@ -280,7 +289,7 @@ def _prompt_fast(
             for chunk in _chunks(record_only, max_rows):
                 _effects_fast(loaded, run, chunk, None, prefixes, record=cut, stop=cut)
         for chunk in _chunks(group, max_rows):
-            effects, outputs = _future_fast(loaded, run, chunk, clean_probs, prefixes, buffer)
+            effects, outputs = _future_fast(loaded, run, chunk, clean_probs, prefixes, buffer, metric)
             done[key] += [(item, effects[r], outputs[r]) for r, item in enumerate(chunk)]
     return [entry for key in groups for entry in done[key]]  # in the order of the frame
 
@@ -293,36 +302,42 @@ def _check_lengths(token_lists: list[torch.Tensor], variants: Sequence[str]) -> 
                 f"prompt {index} has {ids.numel()} tokens; the skip probe's "
                 + (
                     f"future-token variant needs at least {shortest} (cut positions 8, 16, … up to T−5); "
-                    "use longer prompts or --skip-variants current"
+                    f"use longer prompts or {spelled('skip_variants', 'current')}"
                     if shortest == MIN_TOKENS["future"]
                     else f"all-token variant needs at least {shortest}"
                 )
             )
 
 
+@takes_plain_models()
 def skip_effects(
     loaded: LoadedModel,
     prompts: Sequence[str | torch.Tensor],
-    n_positions: int = 4,
-    parts: Sequence[str] = SKIP_PARTS,
-    variants: Sequence[str] = VARIANTS,
+    skip_positions: int = 4,
+    skip_parts: str | Sequence[str] = SKIP_PARTS,
+    skip_variants: str | Sequence[str] = VARIANTS,
     seed: int = 0,
     method: str = "fast",
     max_rows: int = 16,
     progress: bool | None = None,
     first_example: int = 0,
+    output_metric: str = "l2",
 ) -> pl.DataFrame:
     """Per prompt and intervention: effect of skipping a layer on every layer's contribution and on
     the output distribution. Prompt i is example ``first_example + i`` (positions are sampled per
     (seed, example), so a run extended by more prompts samples the first ones as before).
 
     Long frame: ``example, variant, position, part, skipped_layer, layer, metric, value`` with
-    metric ``layer_effect`` (``layer`` = the layer measured) or ``output_effect`` (``layer`` null).
+    metric ``layer_effect`` (``layer`` = the layer measured) or, with ``layer`` null, the change at
+    the output: ``output_effect`` (max over tokens of ‖y − ȳ‖₂, the paper's; ``output_metric="l2"``)
+    or ``output_kl`` (max over tokens of KL(ȳ ‖ y) in nats; ``output_metric="kl"``).
     Reduce with ``skip_summary`` (max over positions and prompts, as method.md §3).
     """
     if method not in ("fast", "slow"):
         raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
+    n_positions, parts, variants = skip_positions, _names(skip_parts), _names(skip_variants)
     check_skip_options(parts, variants)
+    check_output_metric(output_metric)
     token_lists = tokenize(loaded, prompts)
     _check_lengths(token_lists, variants)
     prompt_effects = _prompt_fast if method == "fast" else _prompt_slow
@@ -333,7 +348,7 @@ def skip_effects(
             (example, ids, positions, interventions_for(ids.numel(), loaded.n_layers, positions, parts, variants))
         )
     frames = []
-    with tqdm(
+    with progress_bar(
         total=sum(len(p[3]) for p in plans),
         desc=f"skip ({method})",
         unit="intervention",
@@ -341,22 +356,24 @@ def skip_effects(
     ) as bar:
         for example, ids, positions, todo in plans:
             run = clean_run(loaded, ids)
-            results = prompt_effects(loaded, run, todo, parts=parts, positions=positions, max_rows=max_rows)
+            results = prompt_effects(
+                loaded, run, todo, parts=parts, positions=positions, max_rows=max_rows, metric=output_metric
+            )
             for item, effects, output in results:
                 where = f"skipping {item.part} of layer {item.layer} ({item.variant} tokens) in prompt {example}"
                 require_finite(torch.cat([effects, output.view(1)]), f"the effect of {where}", loaded.name)
-            frames.append(_frame(example, results, loaded.n_layers))
+            frames.append(_frame(example, results, loaded.n_layers, OUTPUT_NAMES[output_metric]))
             bar.update(len(todo))
     return pl.concat(frames)
 
 
-def _frame(example: int, results, n_layers: int) -> pl.DataFrame:
+def _frame(example: int, results, n_layers: int, output_name: str = "output_effect") -> pl.DataFrame:
     columns: dict[str, list] = {
         k: [] for k in ("variant", "position", "part", "skipped_layer", "layer", "metric", "value")
     }
     for item, effects, output in results:
         entries = [(layer, "layer_effect", value) for layer, value in enumerate(effects.tolist())]
-        entries.append((None, "output_effect", float(output)))
+        entries.append((None, output_name, float(output)))
         for layer, metric, value in entries:
             row = (item.variant, item.position, item.part, item.layer, layer, metric, value)
             for key, v in zip(columns, row, strict=True):
@@ -429,8 +446,10 @@ SKIP_VARIANTS = Option(
 )
 
 
-def _names(text: str) -> list[str]:
-    return [x.strip() for x in str(text).split(",") if x.strip()]
+def _names(given: str | Sequence[str]) -> list[str]:
+    """``"layer,attn"`` (a setting's text) or ``["layer", "attn"]`` (Python) as a list of names."""
+    items = str(given).split(",") if isinstance(given, str) else [str(x) for x in given]
+    return [x.strip() for x in items if x.strip()]
 
 
 def group_label(example) -> str:
@@ -455,13 +474,14 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.Da
     frame = skip_effects(
         loaded,
         prompts_of(examples),
-        n_positions=settings.skip_positions,
-        parts=_names(settings.skip_parts),
-        variants=_names(settings.skip_variants),
+        skip_positions=settings.skip_positions,
+        skip_parts=_names(settings.skip_parts),
+        skip_variants=_names(settings.skip_variants),
         seed=settings.seed,
         method=settings.method,
         progress=context.progress,
         first_example=context.first_example,
+        output_metric=settings.output_metric,
     )
     return frame.with_columns(pl.col("example") - context.first_example)  # the run numbers its examples
 
@@ -481,8 +501,11 @@ def _cell(summary, frames) -> str:
     saved = frames.get("skip")
     if saved is None or saved.is_empty():
         return "—"
-    top = saved.filter(metric="output_effect").sort("value", descending=True).row(0, named=True)
-    return f"largest output effect {top['value']:.2f} (skipping {top['part']} of layer {top['skipped_layer']})"
+    output = saved.filter(pl.col("metric").is_in(list(OUTPUT_NAMES.values())))
+    top = output.sort("value", descending=True).row(0, named=True)
+    unit = " nats" if top["metric"] == OUTPUT_NAMES["kl"] else ""
+    what = {"layer": "layer", "attn": "the attention of layer", "mlp": "the MLP of layer"}[top["part"]]
+    return f"largest output effect {top['value']:.2f}{unit} (skipping {what} {top['skipped_layer']})"
 
 
 def _variant(frame: pl.DataFrame) -> dict:
@@ -501,7 +524,7 @@ SPEC = ProbeSpec(
     name="skip",
     title="layer skipping",
     compute=_compute,
-    options=(SKIP_POSITIONS, SKIP_PARTS_OPTION, SKIP_VARIANTS),
+    options=(SKIP_POSITIONS, SKIP_PARTS_OPTION, SKIP_VARIANTS, OUTPUT_METRIC_OPTION),
     aggregate=skip_summary,
     derived={"depth_score": _depth_score},
     summarize=_summarize,

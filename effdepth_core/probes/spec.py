@@ -39,6 +39,14 @@ CORE_SETTINGS = (
 )
 
 
+def spelled(name: str, value: object = None) -> str:
+    """An option as both callers write it, for messages: ``igrad_steps=16 (--igrad-steps 16)``."""
+    flag = "--" + name.replace("_", "-")
+    if value is None:
+        return f"{name}= ({flag})"
+    return f"{name}={value!r} ({flag} {value})"
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting of a probe: its default, command-line flag and help, valid values, and whether it

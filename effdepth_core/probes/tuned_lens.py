@@ -26,7 +26,6 @@ from pathlib import Path
 import polars as pl
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..acquire import model_files_digest
 from ..cache import (
@@ -39,8 +38,9 @@ from ..cache import (
     read_json,
 )
 from ..errors import EffdepthError
-from ..models import LoadedModel, model_fingerprint
+from ..models import LoadedModel, model_fingerprint, takes_plain_models
 from ..paths import names_path
+from ..terminal import progress_bar
 from ..trace import residual_states, show_progress, tokenize
 from ..zoo import ZOO, cache_dir
 from .shared.lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
@@ -246,6 +246,7 @@ def _heldout_kl(loaded: LoadedModel, lens: TunedLens, states: torch.Tensor, chun
     return total / states.shape[0]
 
 
+@takes_plain_models()
 def train_tuned_lens(
     loaded: LoadedModel,
     texts: Sequence[str],
@@ -277,7 +278,7 @@ def train_tuned_lens(
             lens.bias.copy_(torch.where(better[:, None], candidate.bias, lens.bias))
     optimizer = torch.optim.Adam(lens.parameters(), lr=training.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / training.steps)
-    for _ in tqdm(range(training.steps), desc="tuned lens", unit="step", disable=not show_progress(progress)):
+    for _ in progress_bar(range(training.steps), desc="tuned lens", unit="step", disable=not show_progress(progress)):
         rows = states[torch.randint(states.shape[0], (training.batch_tokens,), generator=generator)]
         rows = rows.to(loaded.head_device)
         final_logp = _final_logp(loaded, rows[:, -1].to(loaded.dtype))
@@ -358,6 +359,7 @@ def tuned_lens_path(spec: str, loaded: LoadedModel, training: LensTraining, corp
     return cache_dir() / "tuned-lens" / f"{name}-{digest}.safetensors"
 
 
+@takes_plain_models("loaded")
 def cached_tuned_lens(
     spec: str,
     loaded: LoadedModel,

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
 from ...models import LoadedModel
+from ...terminal import progress_bar
 from ...trace import (
     Batch,
     LayerTrace,
@@ -48,7 +48,7 @@ def per_token_means(
     token_lists = tokenize(loaded, prompts)
     sums = torch.zeros(len(token_lists), n_rows, len(metrics))  # [example, layer, metric]
     counts = torch.tensor([ids.numel() for ids in token_lists])
-    with tqdm(total=len(token_lists), desc=title, unit="prompt", disable=not show_progress(progress)) as bar:
+    with progress_bar(total=len(token_lists), desc=title, unit="prompt", disable=not show_progress(progress)) as bar:
         for batch in iter_batches(token_lists, loaded.rows(batch_size), loaded.input_device, max_tokens=max_tokens):
             # sums kept on the device and finite checks deferred until the batch ends (the batch's
             # setup, the lens's first pass, included): no host synchronisation per layer

@@ -13,9 +13,9 @@ import polars as pl
 import torch
 
 from ...errors import EffdepthError
-from ...models import LoadedModel
+from ...models import LoadedModel, takes_plain_models
 from ...trace import Batch, LayerTrace, forward, require_finite, trace_layers
-from ..spec import KEY_ALWAYS, KEY_NEVER, Option, Rule
+from ..spec import KEY_ALWAYS, KEY_NEVER, Option, Rule, spelled
 from .activations import LayerMeasure, per_token_means
 
 
@@ -121,6 +121,7 @@ def _decode_measure(
     return measure
 
 
+@takes_plain_models()
 def logit_lens(
     loaded: LoadedModel,
     prompts: Sequence[str | torch.Tensor],
@@ -285,9 +286,11 @@ LENS = Option("lens", "logit", "the lens of logit_lens and early_exit: logit, tu
 
 def _check_top_k(top_k: int, vocab: int, model: str) -> None:
     if top_k < 1:
-        raise EffdepthError(f"--top-k must be at least 1, got {top_k}")
+        raise EffdepthError(f"{spelled('top_k')} must be at least 1, got {top_k}")
     if top_k > vocab:
-        raise EffdepthError(f"--top-k {top_k} exceeds the vocabulary of {model} ({vocab}): use at most {vocab}")
+        raise EffdepthError(
+            f"{spelled('top_k', top_k)} exceeds the vocabulary of {model} ({vocab}): use at most {vocab}"
+        )
 
 
 def check_top_k(settings, facts: Mapping) -> None:
