@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -24,39 +26,94 @@ COMMON = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
-# per architecture: config overrides (sliding windows shorter than the prompts, soft-capping on)
-ARCHS: dict[str, dict] = {
-    "llama": {},
-    "qwen2": {},
-    "qwen3": {"head_dim": 8},
-    "mistral": {"sliding_window": 5},
-    "phi3": {},
-    "gemma2": {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 5.0, "query_pre_attn_scalar": 8},
-    "gemma3_text": {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 5.0, "query_pre_attn_scalar": 8},
-    "olmo2": {},
-    "gpt_neox": {"use_parallel_residual": True},
-    "gpt2": {"n_inner": 64, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0},  # Conv1D sublayers
-    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},  # a routed mixture of experts
-    "qwen3_moe": {
-        "head_dim": 8,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 16,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-    },
-    "gpt_neox_sequential": {"use_parallel_residual": False},
-    "cohere": {"logit_scale": 0.0625},  # a parallel block; its head scales the logits
-    "cohere2": {"logit_scale": 0.0625, "sliding_window": 4, "head_dim": 8},  # and sliding-window layers
+
+
+def _llama_mlp(layer, h, attn, config):
+    return layer.mlp(layer.post_attention_layernorm(h + attn))
+
+
+def _post_norm_mlp(layer, h, attn, config):  # Gemma 2/3: norms before and after the MLP
+    return layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h + attn)))
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One tiny architecture and how an independent computation reads it: ``config`` overrides
+    (sliding windows shorter than the prompts, soft-capping on); ``mlp(layer, h, attn, config)``
+    recomputes what the MLP sublayer adds to the residual by the architecture's own formula;
+    ``logits(logits, config)`` is what its forward does after ``lm_head``; ``write_scale(config)``
+    multiplies what each sublayer's module outputs (a residual multiplier)."""
+
+    config: dict = field(default_factory=dict)
+    mlp: Callable = _llama_mlp
+    logits: Callable = lambda logits, config: logits
+    write_scale: Callable = lambda config: 1.0
+
+
+def _softcap(logits, config):
+    cap = config.final_logit_softcapping
+    return torch.tanh(logits / cap) * cap
+
+
+_GEMMA = {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 5.0, "query_pre_attn_scalar": 8}
+ARCHS: dict[str, Arch] = {
+    "llama": Arch(),
+    "qwen2": Arch(),
+    "qwen3": Arch({"head_dim": 8}),
+    "mistral": Arch({"sliding_window": 5}),
+    "phi3": Arch(),
+    "gemma2": Arch(_GEMMA, mlp=_post_norm_mlp, logits=_softcap),
+    "gemma3_text": Arch(_GEMMA, mlp=_post_norm_mlp, logits=_softcap),
+    "olmo2": Arch(mlp=lambda layer, h, attn, config: layer.post_feedforward_layernorm(layer.mlp(h + attn))),
+    "gpt_neox": Arch(  # parallel: the MLP reads h_l, not h_l + a_l
+        {"use_parallel_residual": True}, mlp=lambda layer, h, attn, config: layer.mlp(layer.post_attention_layernorm(h))
+    ),
+    "gpt2": Arch(  # Conv1D sublayers
+        {"n_inner": 64, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0},
+        mlp=lambda layer, h, attn, config: layer.mlp(layer.ln_2(h + attn)),
+    ),
+    "mixtral": Arch({"num_local_experts": 4, "num_experts_per_tok": 2}),  # a routed mixture of experts
+    "qwen3_moe": Arch(
+        {
+            "head_dim": 8,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
+    ),
+    "gpt_neox_sequential": Arch({"use_parallel_residual": False}),
+    # parallel blocks whose head scales the logits (Cohere 2 with sliding-window layers too)
+    "cohere": Arch(
+        {"logit_scale": 0.0625},
+        mlp=lambda layer, h, attn, config: layer.mlp(layer.input_layernorm(h)),
+        logits=lambda logits, config: logits * config.logit_scale,
+    ),
+    "cohere2": Arch(
+        {"logit_scale": 0.0625, "sliding_window": 4, "head_dim": 8},
+        mlp=lambda layer, h, attn, config: layer.mlp(layer.input_layernorm(h)),
+        logits=lambda logits, config: logits * config.logit_scale,
+    ),
     # realistic multipliers: each write × 0.5, the logits ÷ 4
-    "granite": {"residual_multiplier": 0.5, "logits_scaling": 4.0},
+    "granite": Arch(
+        {"residual_multiplier": 0.5, "logits_scaling": 4.0},
+        mlp=lambda layer, h, attn, config: config.residual_multiplier * _llama_mlp(layer, h, attn, config),
+        logits=lambda logits, config: logits / config.logits_scaling,
+        write_scale=lambda config: config.residual_multiplier,
+    ),
 }
+
+
+def arch_of(loaded: LoadedModel) -> Arch:
+    """The ``ARCHS`` entry of a model ``make_tiny`` built."""
+    return ARCHS[loaded.name.removeprefix("tiny-")]
 
 
 def make_tiny(arch: str, seed: int = 0) -> LoadedModel:
     """A 3-layer random model of ``arch`` in float32 (weights deterministic for ``seed``)."""
     model_type = arch.removesuffix("_sequential")
-    kwargs = {**COMMON, **ARCHS[arch]}
+    kwargs = {**COMMON, **ARCHS[arch].config}
     if model_type == "gpt_neox":
         kwargs.pop("num_key_value_heads")
     config = AutoConfig.for_model(model_type, **kwargs)

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_tiny, random_prompts
+from conftest import arch_of, make_tiny, random_prompts
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from effdepth_core.errors import EffdepthWarning, NonFiniteActivationError, UnsupportedModelError
@@ -27,21 +27,7 @@ def _trace(loaded, ids):
 
 def _manual_mlp(loaded, layer_index: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     """What the MLP sublayer adds, recomputed from h_l and a_l by the architecture's own formula."""
-    layer = loaded.layers[layer_index]
-    kind = loaded.model_type
-    if kind in ("gemma2", "gemma3_text"):
-        return layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h + attn)))
-    if kind == "olmo2":
-        return layer.post_feedforward_layernorm(layer.mlp(h + attn))
-    if kind == "gpt2":
-        return layer.mlp(layer.ln_2(h + attn))
-    if kind == "gpt_neox" and loaded.parallel_residual:
-        return layer.mlp(layer.post_attention_layernorm(h))  # reads h_l, not h_l + a_l
-    if kind in ("cohere", "cohere2"):
-        return layer.mlp(layer.input_layernorm(h))  # a parallel block: the MLP reads the normed h_l
-    if kind == "granite":
-        return loaded.model.config.residual_multiplier * layer.mlp(layer.post_attention_layernorm(h + attn))
-    return layer.mlp(layer.post_attention_layernorm(h + attn))
+    return arch_of(loaded).mlp(loaded.layers[layer_index], h, attn, loaded.model.config)
 
 
 def test_residual_identity_and_hf_hidden_states(tiny):

@@ -75,7 +75,7 @@ def test_future_only_skip_fast_equals_slow(arch):
     assert fast["value"].max() > 0.05
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_fast_paths_without_prefix_reuse_equal_slow(arch, monkeypatch):
     # an attention kernel whose mask effdepth cannot slice (flash) falls back to whole-prompt replays
     monkeypatch.setattr(replay, "_PREFIX_ATTENTION", ())

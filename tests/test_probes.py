@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from conftest import make_tiny, random_prompts
+from conftest import arch_of, make_tiny, random_prompts
 
 from effdepth_core.probes import logit_lens, residual_cosine, token_weighted_mean
 from effdepth_core.probes.cosine import RESIDUAL_METRICS
@@ -39,8 +39,7 @@ def _capture(loaded, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
     finally:
         for handle in handles:
             handle.remove()
-    # Granite scales each sublayer's output by its residual multiplier before adding it (its layer's code)
-    scale = loaded.model.config.to_dict().get("residual_multiplier", 1.0) if loaded.model_type == "granite" else 1.0
+    scale = arch_of(loaded).write_scale(loaded.model.config)  # what each sublayer's output is multiplied by
     return {k: [t[0].double() * (scale if k in ("attn", "mlp") else 1.0) for t in v] for k, v in store.items()}
 
 
@@ -64,15 +63,8 @@ def naive_residual(loaded, prompts) -> dict[tuple[int, str], float]:
 
 
 def _softcap(loaded, logits: torch.Tensor) -> torch.Tensor:
-    """The head's tail after lm_head, as each model's forward writes it: Cohere's logit scale,
-    Granite's division by logits_scaling, Gemma's soft-cap."""
-    config = loaded.model.config.to_dict()
-    if loaded.model_type in ("cohere", "cohere2"):
-        logits = logits * config["logit_scale"]
-    if loaded.model_type == "granite":
-        logits = logits / config["logits_scaling"]
-    cap = config.get("final_logit_softcapping")
-    return torch.tanh(logits / cap) * cap if cap else logits
+    """The head's tail after lm_head, as the architecture's forward writes it (``Arch.logits``)."""
+    return arch_of(loaded).logits(logits, loaded.model.config)
 
 
 def naive_lens(loaded, prompts, k: int = 5) -> dict[tuple[int, str], float]:
