@@ -16,8 +16,8 @@ from typing import Any
 from . import registry
 from .cache import atomic_write_bytes, make_dirs
 from .display import RunResult
-from .errors import EffdepthError
-from .models import LoadedModel, as_the_caller_had, resolve_dtype, wrap_model
+from .errors import EffdepthError, nearest_name
+from .models import LoadedModel, as_the_caller_had, resolve_dtype, with_tokenizer, wrap_model
 from .paths import exists, names_path, user_path
 from .results import run
 from .settings import RunSettings
@@ -119,6 +119,8 @@ def measure(
         run_settings = RunSettings(model, task, progress=progress, **settings)
         return _measurement(run(run_settings, probes, out), name or model, task_label)
     if isinstance(model, LoadedModel):
+        if tokenizer is not None:
+            model = with_tokenizer(model, tokenizer, "measure")
         _as_the_model_is(model, settings)
         result = run(RunSettings(model.name, task, progress=progress, **settings), probes, out, loaded=model)
         return _measurement(result, name or model.name, task_label)
@@ -135,7 +137,6 @@ def measure(
 
 def _check_settings(settings: dict[str, Any]) -> None:
     """One line for a setting ``measure`` does not know, with the nearest valid name."""
-    import difflib
 
     from .settings import CORE_DEFAULTS
 
@@ -143,8 +144,8 @@ def _check_settings(settings: dict[str, Any]) -> None:
     arguments = ("probes", "tokenizer", "out", "progress")  # measure's own, which a misspelling may mean
     for name in settings:
         if name not in known:
-            close = difflib.get_close_matches(name, [*known, *arguments], n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            close = nearest_name(name, [*known, *arguments])
+            hint = f" (did you mean {close}?)" if close else ""
             raise EffdepthError(
                 f"measure() got an unknown setting {name!r}{hint}; it takes {', '.join(sorted(known))} "
                 "(the same as `effdepth run --help` lists as flags)"
@@ -172,9 +173,15 @@ def plot(result: RunResult, chart: str | None = None):
 
     charts = [c for name in result.per_example for c in registry.get(name).charts]
     chosen = [c for c in charts if chart is None or c.name == chart]
+    if not charts:
+        raise EffdepthError(
+            f"none of this result's probes ({', '.join(result.per_example)}) draws a chart; their frames are in "
+            "result.curves and result.per_example"
+        )
     if not chosen:
-        names = ", ".join(c.name for c in charts) or "none"
-        raise EffdepthError(f"no chart {chart!r} for this result's probes (its charts: {names})")
+        raise EffdepthError(
+            f"no chart {chart!r} for this result's probes (its charts: {', '.join(c.name for c in charts)})"
+        )
     frames = {**result.curves, **{f"{k}_by_example": v for k, v in result.per_example.items()}}
     drawn = []
     for found in chosen:

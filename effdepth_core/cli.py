@@ -233,7 +233,10 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     if args.chart is None:  # the first chart of the first probe (in the registry's order) the run has
         found = [c.name for s in registry.specs().values() if s.name in ran for c in s.charts]
         if not found:
-            raise EffdepthError(f"{run_dir} has results of no probe with a chart; run `effdepth run` there first")
+            raise EffdepthError(
+                f"none of the probes run in {run_dir} ({', '.join(ran) or 'none'}) draws a chart; "
+                f"read its results with `effdepth table {run_dir}`"
+            )
         args.chart = found[0]
     (probe, chart) = next((s.name, c) for s in registry.specs().values() for c in s.charts if c.name == args.chart)
     source = run_dir / f"{chart.frame}.parquet"

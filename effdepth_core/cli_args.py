@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .errors import nearest_name
+
 TABLE_FORMATS = ("text", "csv", "markdown", "json")
 HEAVY_COMMANDS = ("run", "plot", "grid")  # commands whose options come from the probe specs
 
@@ -52,8 +54,6 @@ class _Parser(argparse.ArgumentParser):
         help and the nearest option it does take (``--topk`` → did you mean ``--top-k``?)."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            import difflib
-
             command = getattr(parsed, "command", None)
             sub = next(
                 (a.choices.get(command) for a in self._actions if isinstance(a, argparse._SubParsersAction)), None
@@ -61,8 +61,8 @@ class _Parser(argparse.ArgumentParser):
             target = sub or self
             flags = [flag for action in target._actions for flag in action.option_strings if flag.startswith("--")]
             unknown = next((e for e in extras if e.startswith("-")), extras[0])
-            close = difflib.get_close_matches(unknown.split("=")[0], flags, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            close = nearest_name(unknown.split("=")[0], flags, separator="-")
+            hint = f" (did you mean {close}?)" if close else ""
             target.error(f"unknown option {unknown}{hint}" if unknown.startswith("-") else f"unexpected {unknown!r}")
         return parsed
 

@@ -329,7 +329,7 @@ class RunResult:
         cells = "".join(f"<td>{html.escape(cell)}</td>" for _, cell in self._cells())
         return (
             f"<p><b>{html.escape(self._labels()[0])}</b> on <b>{html.escape(self._labels()[1])}</b>: "
-            f"L = {s.get('n_layers')}, n = {s.get('n_examples')} prompts; probes {', '.join(self.per_example)}; "
+            f"L = {s.get('n_layers')}, n = {s.get('n_examples')}; probes {', '.join(self.per_example)}; "
             f"results in <code>{html.escape(str(self.out_dir))}</code></p>"
             f"<table><tr>{head}</tr><tr>{cells}</tr></table><p><small>{html.escape(CELL_LEGEND)}</small></p>"
         )

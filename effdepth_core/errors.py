@@ -23,3 +23,20 @@ class TaskError(EffdepthError):
 
 class NonFiniteActivationError(EffdepthError):
     """An activation contains NaN or inf."""
+
+
+def nearest_name(given: str, names: list[str], separator: str = "_") -> str | None:
+    """The name a misspelt or short ``given`` most likely means: one whose part after its prefix
+    (``igrad_`` of ``igrad_max_steps``) ``given`` ends or starts with, the longest such part first
+    (``max_steps`` → ``igrad_max_steps``, ``tolerance`` → ``igrad_tol``), else the closest spelling."""
+    import difflib
+
+    def tail(name: str) -> str:
+        return name.lstrip(separator).split(separator, 1)[-1] if separator in name.lstrip(separator) else ""
+
+    key = given.lstrip(separator)
+    tails = [n for n in names if len(tail(n)) >= 3 and (key.endswith(tail(n)) or key.startswith(tail(n)))]
+    if tails:
+        return max(tails, key=lambda n: len(tail(n)))
+    close = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    return close[0] if close else None

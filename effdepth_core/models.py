@@ -11,14 +11,14 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from .acquire import hub_error, resolve_model, save_dequantized
 from .cache import read_json
-from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError
+from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError, nearest_name
 from .paths import exists, user_path
 from .zoo import ZOO, is_gguf
 
@@ -104,7 +104,15 @@ PADDING_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}  # else (bf16, fp
 # with margin both ways. Half precision rounds at ~4e-3 per operation, so 2e-2 there.
 
 
-def pads_safely(model: nn.Module) -> bool:
+def decoder_stack(model: nn.Module, adapter: Adapter) -> nn.Module:
+    """The module that holds the decoder layers (``model.layers`` → ``model``): run alone, it gives
+    the last hidden state without the head. (``base_model`` is not always it: a multimodal causal
+    LM's may be the whole model.)"""
+    parent = adapter.layers.rpartition(".")[0]
+    return _get(model, parent) if parent else model
+
+
+def pads_safely(model: nn.Module, stack: nn.Module | None = None) -> bool:
     """Whether right-padding a batch leaves every prompt's own hidden states as they are alone: two
     prompts of 5 and 9 tokens, padded together, against each one alone (the last hidden state of
     every real token). A model whose attention reads padded keys (a top-k indexer over all positions)
@@ -114,7 +122,7 @@ def pads_safely(model: nn.Module) -> bool:
     prompts = [(torch.arange(n) * 7 + 3 * i) % max(vocab - 1, 1) + 1 for i, n in enumerate(lengths)]
     device = execution_device(model)
 
-    stack = getattr(model, "base_model", model)  # the decoder stack: its last hidden state, no head
+    stack = stack if stack is not None else getattr(model, "base_model", model)  # its last hidden state, no head
 
     def last_states(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # the stack's own output, not output_hidden_states (transformers 5 records those through
@@ -145,20 +153,39 @@ def pads_safely(model: nn.Module) -> bool:
     return True
 
 
-def _layout_gaps(model: nn.Module, adapter: Adapter) -> tuple[float, float]:
-    """On a short probe input: the largest |h_{l+1} − h_l − (attention's write + MLP's write)|
-    relative to |h_{l+1} − h_l| over the layers (0 up to rounding when the adapter names the modules
-    whose outputs each block adds to its residual), and how far the final norm and head applied to
-    the last residual are from the model's own logits (relative): the lens decodes that way."""
+class LayoutCheck(NamedTuple):
+    """What ``layout_check`` found: the worst layer's |h_{l+1} − h_l − (a_l + m_l)| relative to
+    |h_{l+1} − h_l| (``gap``) and whether it is within rounding (``writes_ok``); the relative miss
+    of the final norm and head against the model's logits (``head``, ``head_ok``); and whether each
+    layer's attention ran before its MLP (``ordered``: swapped names add up too)."""
+
+    gap: float
+    writes_ok: bool
+    head: float
+    head_ok: bool
+    ordered: bool
+
+    @property
+    def fits(self) -> bool:
+        return self.writes_ok and self.head_ok and self.ordered
+
+
+def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
+    """Run the model once on a short probe input with hooks on what ``adapter`` names, in the
+    model's own dtype. Rounding allowed: ``LAYOUT_TOLERANCE`` of the change, plus two units of the
+    dtype's rounding of the summed magnitudes (a bfloat16 block's small change beside a large
+    residual cannot add up closer than that)."""
     layers = _get(model, adapter.layers)
     seen: dict[int, dict[str, torch.Tensor]] = {i: {} for i in range(len(layers))}
+    order: dict[int, list[str]] = {i: [] for i in range(len(layers))}
     handles = []
 
     def keep(index: int, key: str, output: bool):
         def hook(module, args, kwargs, *out):
             value = out[0] if output else (args[0] if args else kwargs["hidden_states"])
             value = value[0] if isinstance(value, tuple) else value
-            seen[index][key] = value.detach().float()
+            seen[index][key] = value.detach()
+            order[index].append(key)
 
         return hook
 
@@ -173,7 +200,7 @@ def _layout_gaps(model: nn.Module, adapter: Adapter) -> tuple[float, float]:
         with torch.inference_mode():
             ids = (torch.arange(9) % max(vocab - 1, 1) + 1)[None]  # 9 tokens of ids 1.., whatever they mean
             logits = model(input_ids=ids.to(execution_device(model)), use_cache=False).logits.float()
-            last = seen[len(layers) - 1]["h_out"]
+            last = seen[len(layers) - 1]["h_out"]  # in the model's dtype, as its own final norm reads it
             decoded = model.get_output_embeddings()(_get(model, adapter.final_norm)(last)).float()
             if adapter.logit_scale is not None:
                 decoded = decoded * float(adapter.logit_scale(model.config))
@@ -183,29 +210,37 @@ def _layout_gaps(model: nn.Module, adapter: Adapter) -> tuple[float, float]:
     finally:
         for handle in handles:
             handle.remove()
-    gaps = []
+    ordered = all(keys.index("attn_out") < keys.index("mlp_out") for keys in order.values() if "mlp_out" in keys)
+    finite = bool(torch.isfinite(logits).all()) and all(
+        bool(torch.isfinite(t).all()) for p in seen.values() for t in p.values()
+    )
+    if not finite:  # NaN or inf in the model itself: not the layout's fault; the probes name the layer
+        return LayoutCheck(0.0, True, 0.0, True, ordered)
+    dtype = last.dtype
+    tolerance = LAYOUT_TOLERANCE.get(dtype, 3e-2)
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     scale = float(adapter.write_scale(model.config)) if adapter.write_scale is not None else 1.0
+    gaps, writes_ok = [], True
     for parts in seen.values():
-        change = parts["h_out"] - parts["h_in"]
-        gap = (change - scale * (parts["attn_out"] + parts["mlp_out"])).norm() / change.norm().clamp_min(1e-12)
-        gaps.append(float(gap))
+        h_in, h_out = parts["h_in"].float(), parts["h_out"].float()
+        attn, mlp = scale * parts["attn_out"].float(), scale * parts["mlp_out"].float()
+        change = h_out - h_in
+        missed = float((change - attn - mlp).norm())
+        gaps.append(missed / max(float(change.norm()), 1e-12))
+        rounding = 2 * eps * float(h_out.norm() + attn.norm() + mlp.norm())
+        writes_ok &= missed <= tolerance * float(change.norm()) + rounding
     head = float((decoded - logits).norm() / logits.norm().clamp_min(1e-12))
-    return max(gaps), head
+    return LayoutCheck(max(gaps), writes_ok, head, head <= tolerance, ordered)
 
 
-LAYOUT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}  # else (bf16, fp16): their rounding, 3e-2
-
-
-def _layout_tolerance(model: nn.Module) -> float:
-    """How far a verified layout may miss: float32 sums of three tensors round at ~1e-7 of the
-    change, so 1e-4 separates rounding from a wrong module; half precision rounds at ~1e-2."""
-    dtype = next(model.parameters()).dtype
-    return LAYOUT_TOLERANCE.get(dtype, 3e-2)
+LAYOUT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}  # else (bf16, fp16): 3e-2
 
 
 def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> None:
     """Refuse ``adapter`` in one line unless the modules it names exist, their writes add up to each
-    block's change and the final norm and head give the model's own logits (on a probe input)."""
+    block's change (attention first), and the final norm and head give the model's own logits."""
+    if not isinstance(adapter, Adapter):
+        raise UnsupportedModelError(f"adapter= takes an effdepth_core.models.Adapter, got {type(adapter).__name__}")
     try:
         layers = _get(model, adapter.layers)
         _get(model, adapter.final_norm)
@@ -213,21 +248,26 @@ def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> 
     except (AttributeError, IndexError, TypeError) as exc:
         raise UnsupportedModelError(f"{what} does not fit model {name!r}: it names no module {exc}") from None
     try:
-        gap, head = _layout_gaps(model, adapter)
-    except Exception as exc:  # a forward pass the hooks cannot read
+        check = layout_check(model, adapter)
+    except Exception as exc:  # a forward pass the hooks cannot read, or a callable that fails
         raise UnsupportedModelError(
-            f"{what} does not fit model {name!r}: its forward pass failed under the layout check ({type(exc).__name__})"
+            f"{what} does not fit model {name!r}: the layout check failed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:120] if str(exc) else 'no message'})"
         ) from None
-    tolerance = _layout_tolerance(model)
-    if gap > tolerance:
+    if not check.writes_ok:
         raise UnsupportedModelError(
             f"{what} does not fit model {name!r}: the attention and MLP writes it names miss each block's change "
-            f"by {gap:.1%} (a residual multiplier, or other modules write into the residual)"
+            f"by {check.gap:.1%} (a residual multiplier, or other modules write into the residual)"
         )
-    if head > tolerance:
+    if not check.ordered:
+        raise UnsupportedModelError(
+            f"{what} does not fit model {name!r}: the module it names as the attention ({adapter.attn_out}) runs "
+            f"after the one it names as the MLP ({adapter.mlp_out}); swap them"
+        )
+    if not check.head_ok:
         raise UnsupportedModelError(
             f"{what} does not fit model {name!r}: its final normalization and head miss the model's logits by "
-            f"{head:.1%} (a logit scale or soft-cap the lens would not apply)"
+            f"{check.head:.1%} (a logit scale or soft-cap the lens would not apply)"
         )
 
 
@@ -248,32 +288,31 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
         except (AttributeError, IndexError, TypeError):
             continue  # not this layout's module names
         try:
-            gap, head = _layout_gaps(model, adapter)
+            check = layout_check(model, adapter)
         except Exception as exc:  # a forward pass the hooks cannot read: not this layout
             tried.append(f"{label} (its forward failed: {type(exc).__name__})")
             continue
-        tolerance = _layout_tolerance(model)
-        if gap <= tolerance and head > tolerance:
+        if check.writes_ok and check.ordered and not check.head_ok:
             tried.append(
-                f"{label}: the writes add up, but the final normalization and head miss its logits by {head:.1%}"
+                f"{label}: the writes add up, but the final normalization and head miss its logits by {check.head:.1%}"
             )
             continue
-        if gap <= tolerance:
+        if check.fits:
             warnings.warn(
                 f"model {name!r} (model_type {model_type!r}) is not in the adapter table; its layout was "
                 f"inferred as {label} and verified on a probe input (the attention and MLP writes add up to "
-                f"each block's change within {gap:.1e})",
+                f"each block's change within {check.gap:.1e})",
                 EffdepthWarning,
                 stacklevel=3,
             )
             return adapter
-        tried.append(f"{label} (off by {gap:.1%} of the change)")
+        tried.append(f"{label} (off by {check.gap:.1%} of the change)")
     found = "; ".join(tried) if tried else "no known layout's module names match"
     raise UnsupportedModelError(
         f"model {name!r} has model_type {model_type!r}, which is not in the adapter table, and no layout could be "
         f"verified: the attention and MLP writes must add up to h_(l+1) − h_l and the final normalization and "
         f"head give its logits ({found}). Supported model types: "
-        f"{', '.join(supported_model_types())}; add a row to models.ADAPTERS"
+        f"{', '.join(supported_model_types())}; describe its layout with wrap_model(model, adapter=Adapter(...))"
     )
 
 
@@ -372,7 +411,7 @@ class LoadedModel:
 
     def base_model(self) -> nn.Module:
         """The decoder stack without the LM head (saves the vocab projection when only h is needed)."""
-        return self.model.base_model
+        return decoder_stack(self.model, self.adapter)
 
     def head(self, residual: torch.Tensor) -> torch.Tensor:
         """Logits from a residual-stream state: Head(FinalNorm(h)), soft-capping included."""
@@ -491,7 +530,19 @@ def wrap_model(
         adapter = infer_adapter(model, model_type, name)
     parallel = bool(getattr(config, adapter.parallel_attr, False)) if adapter.parallel_attr else False
     max_positions = getattr(config, "max_position_embeddings", None)
-    padding = pads_safely(model)
+    stack = decoder_stack(model, adapter)
+    try:  # the lens reads the stack's last hidden state (final norm applied): a stack must give one
+        with torch.inference_mode():
+            probe = torch.ones(1, 2, dtype=torch.long, device=execution_device(model))
+            if stack(input_ids=probe, use_cache=False).last_hidden_state is None:
+                raise ValueError("no last_hidden_state")
+    except Exception as exc:
+        raise UnsupportedModelError(
+            f"model {name!r}: its decoder stack ({adapter.layers.rpartition('.')[0] or 'the model'}) gives no last "
+            f"hidden state on its own ({type(exc).__name__}); load the text model alone, or describe it with "
+            "wrap_model(adapter=...)"
+        ) from None
+    padding = pads_safely(model, stack)
     if not padding:
         from .errors import EffdepthWarning
 
@@ -520,32 +571,41 @@ def wrap_model(
 
 @contextmanager
 def as_the_caller_had(model: nn.Module):
-    """Restore ``model``'s training mode and its parameters' ``requires_grad`` on exit (``wrap_model``
+    """Restore the training mode of ``model`` and of each submodule, and its parameters'
+    ``requires_grad``, on exit (``wrap_model``
     puts the model in eval mode with gradients off; a caller's model is left as it was given)."""
-    training = model.training
-    grads = {name: p.requires_grad for name, p in model.named_parameters()}
+    modes = [(module, module.training) for module in model.modules()]  # each submodule's own mode
+    grads = [(p, p.requires_grad) for p in model.parameters()]
     try:
         yield
     finally:
-        model.train(training)
-        for name, p in model.named_parameters():
-            p.requires_grad_(grads[name])
+        for module, training in modes:
+            module.training = training
+        for p, requires_grad in grads:
+            p.requires_grad_(requires_grad)
 
 
 def _nearest_keyword(exc: TypeError, signature: inspect.Signature) -> str:
     """ " (did you mean skip_variants?)" for a keyword that is another spelling of a parameter."""
-    import difflib
     import re
 
     found = re.search(r"keyword argument '(\w+)'", str(exc))
-    if not found:
-        return ""
-    given, names = found.group(1), list(signature.parameters)
-    tails = [
-        p for p in names if "_" in p and (given.endswith(p.split("_", 1)[1]) or given.startswith(p.split("_", 1)[1]))
-    ]
-    close = tails or difflib.get_close_matches(given, names, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+    close = nearest_name(found.group(1), list(signature.parameters)) if found else None
+    return f" (did you mean {close}?)" if close else ""
+
+
+def with_tokenizer(loaded: LoadedModel, tokenizer: object, caller: str) -> LoadedModel:
+    """``loaded`` with ``tokenizer`` where it has none; refused where it has another one."""
+    import dataclasses
+
+    if loaded.tokenizer is None:
+        return dataclasses.replace(loaded, tokenizer=tokenizer)
+    if loaded.tokenizer is not tokenizer:
+        raise EffdepthError(
+            f"{caller}(): {loaded.name!r} was loaded with its own tokenizer; tokenizer= would measure other token "
+            "ids under its name: drop tokenizer=, or wrap the model again with this one (wrap_model(model, tokenizer))"
+        )
+    return loaded
 
 
 def takes_plain_models(*names: str):
@@ -579,12 +639,16 @@ def takes_plain_models(*names: str):
                     warnings.simplefilter("always")
                     for name in wanted:
                         value = bound.arguments.get(name)
-                        if value is None or isinstance(value, LoadedModel):
-                            if adds_tokenizer and tokenizer is not None and value is not None:
+                        if value is None:
+                            if adds_tokenizer and tokenizer is not None and len(wanted) == 1:
                                 raise EffdepthError(
-                                    f"{fn.__name__}(): tokenizer= goes with a transformers model; {value.name!r} "
-                                    "is already loaded with its tokenizer"
+                                    f"{fn.__name__}(): tokenizer= goes with a model given in memory ({name}=), "
+                                    "and none was given"
                                 )
+                            continue
+                        if isinstance(value, LoadedModel):
+                            if adds_tokenizer and tokenizer is not None:
+                                bound.arguments[name] = with_tokenizer(value, tokenizer, fn.__name__)
                             continue
                         if not isinstance(value, nn.Module):
                             raise EffdepthError(
@@ -908,10 +972,25 @@ def _library_hook(hook: object) -> bool:
 
 def model_fingerprint(loaded: LoadedModel) -> str:
     """What keys a run of a model given in memory: the sha256 of its weights (``weights_fingerprint``),
-    its full configuration (``config_digest``) and its tokenizer (``tokenizer_digest``)."""
+    its full configuration (``config_digest``), its tokenizer (``tokenizer_digest``) and the layout
+    the probes read it by (the adapter's module names and scales: another adapter reads other writes)."""
     import hashlib
+    import json
 
-    parts = (weights_fingerprint(loaded), config_digest(loaded.model), tokenizer_digest(loaded.tokenizer))
+    layout = {
+        "layers": loaded.adapter.layers,
+        "final_norm": loaded.adapter.final_norm,
+        "attn_out": loaded.adapter.attn_out,
+        "mlp_out": loaded.adapter.mlp_out,
+        "write_scale": loaded.write_scale,
+        "logit_scale": loaded.logit_scale,
+    }
+    parts = (
+        weights_fingerprint(loaded),
+        config_digest(loaded.model),
+        tokenizer_digest(loaded.tokenizer),
+        hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest(),
+    )
     return hashlib.sha256(":".join(parts).encode()).hexdigest()
 
 

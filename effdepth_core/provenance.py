@@ -9,7 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .models import LoadedModel
-from .paths import names_path
+from .paths import exists, names_path
 from .zoo import ZOO
 
 
@@ -61,10 +61,10 @@ def model_provenance(spec: str, loaded: LoadedModel) -> dict:
         entry = ZOO[spec]
         info.update(sha256=entry.sha256, upstream=entry.upstream, quantization=entry.quantization)
         return info
-    path = names_path(spec) or Path(spec)
-    if path.is_file():
+    path = names_path(spec)  # None: a name no file or folder holds (a hub id, a label)
+    if path is not None and exists(path, "file"):
         info.update(path=str(path.resolve()), size=path.stat().st_size)
-    elif path.is_dir():
+    elif path is not None:
         info.update(path=str(path.resolve()))
     revision = getattr(loaded.model.config, "_commit_hash", None)
     if revision:

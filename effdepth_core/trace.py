@@ -50,7 +50,8 @@ def require_finite(tensor: torch.Tensor, what: str, model: str) -> None:
         return
     if not torch.isfinite(tensor).all():
         raise NonFiniteActivationError(
-            f"{what} of model {model!r} contains NaN or inf; try --dtype float32 or check the weights"
+            f"{what} of model {model!r} contains NaN or inf; try float32 (dtype='float32', --dtype float32) "
+            "or check the weights"
         )
 
 

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import arch_of, make_tiny, random_prompts
+from conftest import ARCHS, arch_of, make_tiny, random_prompts
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from effdepth_core.errors import EffdepthWarning, NonFiniteActivationError, UnsupportedModelError
@@ -163,3 +163,31 @@ def test_every_layout_is_verified_at_load_a_table_row_and_a_users_adapter_alike(
     ids = random_prompts([11])[0]
     for record in _trace(loaded, ids):  # what the adapter reads is what each block adds
         torch.testing.assert_close(record.h_out - record.h_in, record.attn + record.mlp, atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_row_loads_in_half_precision(dtype):
+    """The layout check runs in the model's own dtype and allows its rounding: every architecture
+    in bfloat16 and float16 loads, and a swapped attention/MLP pair (whose writes add up too) is
+    still refused there."""
+    from effdepth_core.models import Adapter, layout_check
+
+    for arch in sorted(ARCHS):
+        model = make_tiny(arch).model.to(dtype)
+        loaded = wrap_model(model, None, name=arch)
+        assert layout_check(model, loaded.adapter).fits, arch
+    with pytest.raises(UnsupportedModelError, match="runs after the one it names as the MLP"):
+        wrap_model(make_tiny("llama").model.to(dtype), None, adapter=Adapter(attn_out="mlp", mlp_out="self_attn"))
+
+
+def test_the_layout_enters_a_models_identity():
+    """Two adapters read two sets of writes: a model given in memory is keyed by its adapter too."""
+    import dataclasses
+
+    from effdepth_core.models import Adapter, model_fingerprint
+
+    loaded = make_tiny("llama")
+    other = dataclasses.replace(loaded, adapter=Adapter(mlp_out="mlp.down_proj"))
+    scaled = dataclasses.replace(loaded, logit_scale=0.5)
+    assert len({model_fingerprint(x) for x in (loaded, other, scaled)}) == 3
+    assert model_fingerprint(make_tiny("llama")) == model_fingerprint(loaded)  # the same model: the same key

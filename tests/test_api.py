@@ -291,6 +291,7 @@ def test_a_probe_called_on_a_transformers_model_gives_the_wrapped_models_numbers
 
     model, tokenizer = make_tiny("llama").model, char_tokenizer()
     model.train().requires_grad_(True)
+    model.model.layers[0].eval()  # a submodule's own mode is the caller's too
     loaded = make_tiny("llama")  # the same weights, wrapped by hand
     loaded.tokenizer = tokenizer
     assert residual_cosine(model, PROMPTS, tokenizer=tokenizer).equals(residual_cosine(loaded, PROMPTS))
@@ -299,10 +300,17 @@ def test_a_probe_called_on_a_transformers_model_gives_the_wrapped_models_numbers
     ids = [torch.arange(3, 19)]  # token ids need no tokenizer
     assert skip_effects(model, ids, skip_positions=1).equals(skip_effects(loaded, ids, skip_positions=1))
     assert model.training and all(p.requires_grad for p in model.parameters())  # as the caller had it
+    assert not model.model.layers[0].training and model.model.layers[1].training
     with pytest.raises(EffdepthError, match="pass tokenizer="):  # text without a tokenizer: the way out
         residual_cosine(model, PROMPTS)
-    with pytest.raises(EffdepthError, match="already loaded"):  # a tokenizer beside a loaded model
-        residual_cosine(loaded, PROMPTS, tokenizer=tokenizer)
+    with pytest.raises(EffdepthError, match="loaded with its own tokenizer"):  # another tokenizer: refused
+        residual_cosine(loaded, PROMPTS, tokenizer=char_tokenizer())
+    bare = make_tiny("llama")  # a LoadedModel without a tokenizer takes the one given
+    assert residual_cosine(bare, PROMPTS, tokenizer=tokenizer).equals(residual_cosine(loaded, PROMPTS))
+    with pytest.raises(EffdepthError, match="goes with a model given in memory"):
+        from effdepth_core.results import RunSettings, run
+
+        run(RunSettings("smollm2-135m", "gsm8k"), tokenizer=tokenizer)
     with pytest.raises(EffdepthError, match="got str"):
         residual_cosine("smollm2-135m", PROMPTS)
 
@@ -340,3 +348,20 @@ def test_a_measurement_reads_like_what_was_passed_and_draws_every_probe(cache):
     drawn = result.plot()  # every probe's chart: the cosine curves and the lens panels
     titles = json.dumps(drawn.spec)
     assert "vconcat" in drawn.spec and "KL" in titles and "cos" in titles.lower()
+
+
+def test_a_misspelt_or_short_option_name_is_answered_with_the_one_it_means(capsys):
+    from effdepth_core.cli import main
+    from effdepth_core.errors import nearest_name
+
+    names = ["igrad_steps", "igrad_max_steps", "igrad_tol", "prune_sizes", "batch_size", "lens_steps", "top_k"]
+    asked = {"max_steps": "igrad_max_steps", "tolerance": "igrad_tol", "block_sizes": "prune_sizes", "topk": "top_k"}
+    for given, meant in asked.items():
+        assert nearest_name(given, names) == meant, given
+    assert nearest_name("zzz", names) is None
+    for given, meant in (("max_steps", "igrad_max_steps"), ("variants", "skip_variants"), ("tolerance", "igrad_tol")):
+        with pytest.raises(EffdepthError, match=f"did you mean {meant}\\?"):
+            measure("smollm2-135m", "gsm8k", **{given: 1})
+    with pytest.raises(SystemExit):
+        main(["run", "--max-steps", "3"])
+    assert "did you mean --igrad-max-steps?" in capsys.readouterr().err

@@ -238,9 +238,11 @@ def _cell(summary, frames) -> str:
     saved = frames.get("erasure")
     if saved is None or saved.is_empty():
         return "—"
+    kl = "metric" in saved.columns and saved.filter(pl.col("metric") == OUTPUT_NAMES["kl"]).height > 0
     by_layer = saved.group_by("layer").agg(pl.col("value").max()).sort("value", descending=True)
     top = by_layer.row(0, named=True)
-    return f"largest effect {top['value']:.2f} (erasing at layer {top['layer']})"
+    measured = f"KL {top['value']:.2f} nats" if kl else f"‖Δy‖₂ {top['value']:.2f}"
+    return f"largest effect {measured} (erasing at layer {top['layer']})"
 
 
 def _work(shape: Shape, settings, lengths) -> float:

@@ -360,6 +360,10 @@ def integrated_gradients(
     default, always halves the single worst one; more batch its evaluations on a GPU, a slightly
     different refinement to the same tolerance).
     """
+    for option, value in ((IGRAD_STEPS, igrad_steps), (IGRAD_QUADRATURE, igrad_quadrature),
+                          (IGRAD_BASELINE, igrad_baseline), (IGRAD_TOL, igrad_tol),
+                          (IGRAD_MAX_STEPS, igrad_max_steps), (IGRAD_PANELS, igrad_panels)):  # fmt: skip
+        option.check(value)
     steps, quadrature, baseline = igrad_steps, igrad_quadrature, igrad_baseline
     tolerance, max_steps, panels = igrad_tol, igrad_max_steps, igrad_panels
     if slow_block < 1:

@@ -109,7 +109,9 @@ def layer_pruning(
     n_layers = loaded.n_layers
     sizes = sorted(set(prune_sizes or default_block_sizes(n_layers)))
     if not sizes or sizes[0] < 1 or sizes[-1] >= n_layers:
-        raise EffdepthError(f"pruning block sizes must be in 1..{n_layers - 1} for {loaded.name}, got {list(sizes)}")
+        raise EffdepthError(
+            f"{spelled('prune_sizes')} must be in 1..{n_layers - 1} for {loaded.name}, got {list(sizes)}"
+        )
     splits = answer_splits(loaded, examples)
     runs = [clean_run(loaded, split.without_last()) for split in splits]
     scoring = (

@@ -335,6 +335,9 @@ def skip_effects(
     """
     if method not in ("fast", "slow"):
         raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
+    SKIP_POSITIONS.check(skip_positions)
+    if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
+        raise EffdepthError(f"max_rows must be a whole number of at least 1, got {max_rows!r}")
     n_positions, parts, variants = skip_positions, _names(skip_parts), _names(skip_variants)
     check_skip_options(parts, variants)
     check_output_metric(output_metric)

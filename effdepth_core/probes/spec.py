@@ -84,6 +84,8 @@ class Option:
                     if fraction
                     else (f"must be a number, got {value!r}")
                 )
+            if self.type is int and not isinstance(value, int):
+                return f"must be a whole number, got {value!r}"
             if fraction and not 0 < value < 1:
                 return f"must be a fraction between 0 and 1 (exclusive), got {value}"
             if self.open_interval and not ((low is None or value > low) and (high is None or value < high)):
@@ -102,7 +104,7 @@ class Option:
     def check(self, value: Any) -> None:
         problem = self.problem(value)
         if problem:
-            raise EffdepthError(f"{self.cli_flag} {problem}")
+            raise EffdepthError(f"{self.name} ({self.cli_flag}) {problem}")
 
     def parse(self, text: str) -> Any:
         """The command line's reading of ``text`` (a ValueError says why it is not valid)."""

@@ -1,0 +1,133 @@
+"""Every causal-LM type the installed transformers ships, built tiny from its config, is either
+measured correctly — the cosine and logit-lens curves equal an independent computation from HF's own
+hidden states and the model's own tail (the forward after the last layer, fed each layer's state) —
+or refused in one line; none gives numbers that differ. A type that cannot be built tiny here is
+skipped with its reason. A transformers upgrade that adds or changes a model is caught here."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from effdepth_core.errors import UnsupportedModelError
+from effdepth_core.models import wrap_model
+from effdepth_core.probes import logit_lens, residual_cosine, token_weighted_mean
+
+# every size field a config may have, shrunk (only those it has are set; sub-configs too)
+SMALL = dict(
+    hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=128, max_position_embeddings=256, moe_intermediate_size=32, num_experts=4,
+    n_routed_experts=4, num_local_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=32,
+    n_shared_experts=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+    sliding_window=4, first_k_dense_replace=1, moe_layer_freq=1, decoder_sparse_step=1, n_group=1, topk_group=1,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+    num_key_value_groups=2, d_model=64, n_embd=64, n_layer=2, n_head=4, ffn_dim=128, encoder_layers=2,
+    decoder_layers=2, encoder_ffn_dim=128, decoder_ffn_dim=128, decoder_attention_heads=4,
+    encoder_attention_heads=4, pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2,
+    image_size=32, patch_size=8,
+)  # fmt: skip
+SUBCONFIGS = ("text_config", "decoder", "language_config", "llm_config", "vision_config", "audio_config")
+MAX_PARAMS = 20_000_000  # a config whose sizes are not all named above stays large: not built here
+
+
+def _shrink(config):
+    fields = config.to_dict()
+    for key, value in SMALL.items():
+        if key in fields or key in getattr(config, "attribute_map", {}):
+            try:
+                setattr(config, key, value)
+            except Exception:  # a config that validates its fields may refuse one: keep its own
+                pass
+    if isinstance(fields.get("layer_types"), list):
+        config.layer_types = fields["layer_types"][:2]
+    if isinstance(fields.get("mlp_only_layers"), list):
+        config.mlp_only_layers = []
+    for name in SUBCONFIGS:
+        inner = getattr(config, name, None)
+        if inner is not None and hasattr(inner, "to_dict"):
+            _shrink(inner)
+    return config
+
+
+def _build(model_type: str):
+    """The tiny float32 model of ``model_type`` with perturbed norms, or the reason it cannot be built."""
+    try:
+        config = _shrink(AutoConfig.for_model(model_type))
+        with torch.device("meta"):
+            size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+        if size > MAX_PARAMS:
+            return None, f"its config keeps {size / 1e6:.0f}M parameters at the shrunk sizes"
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).float().eval()
+    except Exception as exc:  # many configs need fields this generic shrink does not know
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+    with torch.no_grad():  # norms start at identity; perturb them so their weights matter
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.3 * torch.randn_like(param))
+    return model, None
+
+
+def _reference(loaded, prompts):
+    """Token-weighted cos(h_{l+1} − h_l, h_l) per layer and KL(q_l ‖ p) per layer 0..L, from HF's
+    hidden states (h_L from the last layer's output) and the model's own forward after its last
+    layer fed h_l (its final norm, head and whatever it applies to the logits), in float64."""
+    n_layers, last = loaded.n_layers, loaded.layers[-1]
+    cos = torch.zeros(n_layers, dtype=torch.float64)
+    kl = torch.zeros(n_layers + 1, dtype=torch.float64)
+    tokens = 0
+    for ids in prompts:
+        kept = {}
+        handle = last.register_forward_hook(
+            lambda m, a, o, kept=kept: kept.__setitem__("h_L", o[0] if isinstance(o, tuple) else o)
+        )
+        with torch.no_grad():
+            out = loaded.model(input_ids=ids[None], output_hidden_states=True, use_cache=False)
+        handle.remove()
+        states = [s[0] for s in out.hidden_states[:n_layers]] + [kept["h_L"][0]]  # [token, d] each
+        log_p = torch.log_softmax(out.logits[0].double(), -1)
+        for layer in range(n_layers):
+            delta, h = states[layer + 1].double() - states[layer].double(), states[layer].double()
+            cos[layer] += torch.nn.functional.cosine_similarity(delta, h, dim=-1).sum()
+        for layer, state in enumerate(states):
+
+            def replace(module, args, output, state=state):
+                return (state[None], *output[1:]) if isinstance(output, tuple) else state[None]
+
+            handle = last.register_forward_hook(replace)
+            with torch.no_grad():
+                log_q = torch.log_softmax(loaded.model(input_ids=ids[None], use_cache=False).logits[0].double(), -1)
+            handle.remove()
+            kl[layer] += (log_q.exp() * (log_q - log_p)).sum()
+        tokens += ids.numel()
+    return cos / tokens, kl / tokens
+
+
+@pytest.mark.parametrize("model_type", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+def test_every_causal_lm_type_is_measured_right_or_refused_in_one_line(model_type):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # inferred layouts are announced; transformers warns on tiny configs
+        model, why = _build(model_type)
+        if model is None:
+            pytest.skip(f"{model_type} cannot be built tiny here: {why}")
+        try:
+            loaded = wrap_model(model, None, name=model_type)
+        except UnsupportedModelError as exc:
+            assert "\n" not in str(exc) and model_type in str(exc)  # one line, naming the model
+            return
+        vocab = loaded.vocab_size
+        # two prompts of other lengths, measured as one right-padded batch
+        prompts = [(torch.arange(11) * 7 + 3) % (vocab - 3) + 3, (torch.arange(7) * 5 + 4) % (vocab - 3) + 3]
+        cos = token_weighted_mean(residual_cosine(loaded, prompts, batch_size=2, progress=False))
+        lens = token_weighted_mean(logit_lens(loaded, prompts, batch_size=2, progress=False))
+        ref_cos, ref_kl = _reference(loaded, prompts)
+    ours_cos = torch.tensor(cos.filter(metric="cos_layer").sort("layer")["value"].to_list(), dtype=torch.float64)
+    ours_kl = torch.tensor(lens.filter(metric="kl").sort("layer")["value"].to_list(), dtype=torch.float64)
+    # float32 forward passes round at ~1e-7 of the values; 1e-4 (cosines, in [-1, 1]) and 1e-3 of
+    # the largest KL (+1e-3 nats for near-uniform tiny models) separate rounding from a wrong read
+    assert float((ours_cos - ref_cos).abs().max()) < 1e-4, (ours_cos, ref_cos)
+    assert float((ours_kl - ref_kl).abs().max()) < 1e-3 * (float(ref_kl.abs().max()) + 1e-3), (ours_kl, ref_kl)
