@@ -261,7 +261,7 @@ def test_bad_tolerances_are_refused():
     for tolerance in (0.0, -0.1, 1.0, 2.0, math.nan, math.inf):
         with pytest.raises(EffdepthError, match=r"igrad_tol \(--igrad-tol\) must be a fraction between 0 and 1"):
             integrated_gradients(loaded, items, igrad_tol=tolerance)
-    with pytest.raises(EffdepthError, match="igrad_steps .* must be a whole number"):
+    with pytest.raises(EffdepthError, match=r"igrad_steps .* must be a whole number"):
         integrated_gradients(loaded, items, igrad_steps=3.5)
     with pytest.raises(ValueError, match="at least igrad_steps"):
         integrated_gradients(loaded, items, igrad_steps=16, igrad_max_steps=8)
