@@ -112,17 +112,16 @@ def decoder_stack(model: nn.Module, adapter: Adapter) -> nn.Module:
     return _get(model, parent) if parent else model
 
 
-def pads_safely(model: nn.Module, stack: nn.Module | None = None) -> bool:
+def pads_safely(model: nn.Module, stack: nn.Module) -> bool:
     """Whether right-padding a batch leaves every prompt's own hidden states as they are alone: two
     prompts of 5 and 9 tokens, padded together, against each one alone (the last hidden state of
-    every real token). A model whose attention reads padded keys (a top-k indexer over all positions)
+    every real token, from ``stack``, the decoder stack run alone; an error running a prompt alone is
+    raised: the lens needs that). A model whose attention reads padded keys (a top-k indexer over all positions)
     fails, and is then measured one prompt at a time."""
     vocab = int(getattr(model.config, "vocab_size", 8) or 8)
     lengths = (5, 9)
     prompts = [(torch.arange(n) * 7 + 3 * i) % max(vocab - 1, 1) + 1 for i, n in enumerate(lengths)]
     device = execution_device(model)
-
-    stack = stack if stack is not None else getattr(model, "base_model", model)  # its last hidden state, no head
 
     def last_states(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # the stack's own output, not output_hidden_states (transformers 5 records those through
@@ -130,9 +129,10 @@ def pads_safely(model: nn.Module, stack: nn.Module | None = None) -> bool:
         out = stack(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
         return out.last_hidden_state.float().cpu()
 
+    with torch.inference_mode():
+        alone = [last_states(p[None], torch.ones(1, p.numel(), dtype=torch.long))[0] for p in prompts]
     try:
         with torch.inference_mode():
-            alone = [last_states(p[None], torch.ones(1, p.numel(), dtype=torch.long))[0] for p in prompts]
             width = max(lengths)
             ids = torch.zeros(len(prompts), width, dtype=torch.long)
             mask = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -236,17 +236,25 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
 LAYOUT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}  # else (bf16, fp16): 3e-2
 
 
-def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> None:
-    """Refuse ``adapter`` in one line unless the modules it names exist, their writes add up to each
-    block's change (attention first), and the final norm and head give the model's own logits."""
-    if not isinstance(adapter, Adapter):
-        raise UnsupportedModelError(f"adapter= takes an effdepth_core.models.Adapter, got {type(adapter).__name__}")
+def _missing_module(model: nn.Module, adapter: Adapter) -> str | None:
+    """Why a module ``adapter`` names is not in ``model`` (None when all are)."""
     try:
         layers = _get(model, adapter.layers)
         _get(model, adapter.final_norm)
         _get(layers[0], adapter.attn_out), _get(layers[0], adapter.mlp_out)
     except (AttributeError, IndexError, TypeError) as exc:
-        raise UnsupportedModelError(f"{what} does not fit model {name!r}: it names no module {exc}") from None
+        return str(exc)
+    return None
+
+
+def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> None:
+    """Refuse ``adapter`` in one line unless the modules it names exist, their writes add up to each
+    block's change (attention first), and the final norm and head give the model's own logits."""
+    if not isinstance(adapter, Adapter):
+        raise UnsupportedModelError(f"adapter= takes an effdepth_core.models.Adapter, got {type(adapter).__name__}")
+    missing = _missing_module(model, adapter)
+    if missing:
+        raise UnsupportedModelError(f"{what} does not fit model {name!r}: it names no module {missing}")
     try:
         check = layout_check(model, adapter)
     except Exception as exc:  # a forward pass the hooks cannot read, or a callable that fails
@@ -281,11 +289,7 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
 
     tried = []
     for label, adapter in _LAYOUTS.items():
-        try:
-            layers = _get(model, adapter.layers)
-            _get(model, adapter.final_norm)
-            _get(layers[0], adapter.attn_out), _get(layers[0], adapter.mlp_out)
-        except (AttributeError, IndexError, TypeError):
+        if _missing_module(model, adapter):
             continue  # not this layout's module names
         try:
             check = layout_check(model, adapter)
@@ -479,7 +483,7 @@ def readable_name(name_or_path: str, model_type: str) -> str:
     if not name_or_path:
         return model_type
     path = Path(name_or_path).expanduser()
-    if not (path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()):
+    if not (path.is_absolute() or name_or_path.startswith((".", "~")) or exists(path)):
         return name_or_path  # a hub id
     parts = path.parts
     if len(parts) >= 3 and parts[-3] == "models" and parts[-2] in ZOO:
@@ -530,19 +534,14 @@ def wrap_model(
         adapter = infer_adapter(model, model_type, name)
     parallel = bool(getattr(config, adapter.parallel_attr, False)) if adapter.parallel_attr else False
     max_positions = getattr(config, "max_position_embeddings", None)
-    stack = decoder_stack(model, adapter)
     try:  # the lens reads the stack's last hidden state (final norm applied): a stack must give one
-        with torch.inference_mode():
-            probe = torch.ones(1, 2, dtype=torch.long, device=execution_device(model))
-            if stack(input_ids=probe, use_cache=False).last_hidden_state is None:
-                raise ValueError("no last_hidden_state")
+        padding = pads_safely(model, decoder_stack(model, adapter))
     except Exception as exc:
         raise UnsupportedModelError(
             f"model {name!r}: its decoder stack ({adapter.layers.rpartition('.')[0] or 'the model'}) gives no last "
             f"hidden state on its own ({type(exc).__name__}); load the text model alone, or describe it with "
             "wrap_model(adapter=...)"
         ) from None
-    padding = pads_safely(model, stack)
     if not padding:
         from .errors import EffdepthWarning
 
