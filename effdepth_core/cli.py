@@ -421,10 +421,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not isinstance(stdout, EscapingStream):  # nothing printed can carry a terminal escape from a file
         sys.stdout, sys.stderr = EscapingStream(stdout, "\n\t"), EscapingStream(stderr, "\n\t\r")
-    try:
-        return _main(argv, command)
-    finally:
-        sys.stdout, sys.stderr = stdout, stderr
+    interrupted: list[int] = []
+    with _noting_interrupts(interrupted):
+        try:
+            code = _main(argv, command)
+        except KeyboardInterrupt:  # before the command's own handling (while the parser's imports load)
+            code = None
+        finally:
+            sys.stdout, sys.stderr = stdout, stderr
+    if code is None or (interrupted and code == 0):  # a Ctrl-C some library caught is still one: 130
+        print("effdepth: interrupted; finished results are kept, rerun to resume", file=sys.stderr)
+        return 130
+    return code
+
+
+class _noting_interrupts:
+    """Within it, each SIGINT is noted in ``seen`` before it raises KeyboardInterrupt as usual (main
+    thread only; elsewhere a no-op), so that no library that catches the exception can turn a
+    Ctrl-C into exit status 0."""
+
+    def __init__(self, seen: list[int]):
+        self.seen, self.previous = seen, None
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+
+            def note(signum, frame):
+                self.seen.append(signum)
+                raise KeyboardInterrupt
+
+            self.previous = signal.signal(signal.SIGINT, note)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
 
 
 def _main(argv: list[str], command: str | None) -> int:

@@ -129,7 +129,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="DIR",
-        help="folders of runs (or results roots) whose runs may lend their first examples' rows; no other "
+        help="runs, folders of runs or results roots whose runs may lend their first examples' rows; no other "
         "folder is read for that, unless --out is left to effdepth (then its own earlier runs lend too)",
     )
     run.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")

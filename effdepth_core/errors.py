@@ -25,6 +25,11 @@ class NonFiniteActivationError(EffdepthError):
     """An activation contains NaN or inf."""
 
 
+class OptionError(EffdepthError, ValueError):
+    """An argument outside its range or choices: one line on the command line, and still the
+    ValueError Python code expects."""
+
+
 def nearest_name(given: str, names: list[str], separator: str = "_") -> str | None:
     """The name a misspelt or short ``given`` most likely means: one whose part after its prefix
     (``igrad_`` of ``igrad_max_steps``) ``given`` ends or starts with, the longest such part first
@@ -40,3 +45,23 @@ def nearest_name(given: str, names: list[str], separator: str = "_") -> str | No
         return max(tails, key=lambda n: len(tail(n)))
     close = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+def require_whole(name: str, value, minimum: int = 1) -> int:
+    """``value`` when it is a whole number of at least ``minimum`` (not a bool), else one line naming ``name``."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise OptionError(f"{name} must be a whole number of at least {minimum}, got {value!r}")
+    return int(value)
+
+
+def require_layers(name: str, layers, n_layers: int, model: str) -> list[int]:
+    """``layers`` as a list when each is a layer index 0..n_layers-1 of ``model``, else one line."""
+    chosen = [layers] if isinstance(layers, int) else list(layers)
+    wrong = [v for v in chosen if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n_layers]
+    if wrong or not chosen:
+        raise OptionError(
+            f"{name} must be layer indices 0..{n_layers - 1} of {model} ({n_layers} layers), got {layers!r}"
+        )
+    return chosen

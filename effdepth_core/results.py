@@ -39,10 +39,12 @@ from .models import (
     takes_plain_models,
     user_hooks,
 )
+from .paths import exists, user_path
 from .probes.spec import Context, ProbeSpec
 from .rundir import (
     EXAMPLES,
     FORMAT,
+    METADATA,
     OutputDirectoryError,
     RunDirectory,
     read_cached_frame,
@@ -190,14 +192,15 @@ def _run_key(settings: RunSettings, weights: str | None, examples: list[Example]
     examples given in place of the task's. Two models wrapped under one name, or one's own prompts
     run under a task's name, never share a cache entry with each other or with the task."""
     extra = {}
-    if weights is not None:
+    if weights is not None:  # keyed by content, not by its label (name=)
         extra["weights_sha256"] = weights
     if examples is not None:
         text = json.dumps([e.to_json() for e in examples], sort_keys=True)
         extra["examples_sha256"] = hashlib.sha256(text.encode()).hexdigest()
     if not extra:
         return settings.key()
-    return hashlib.sha256(json.dumps({"settings": settings.key(), **extra}, sort_keys=True).encode()).hexdigest()[:16]
+    base = settings.key(by_name=weights is None)
+    return hashlib.sha256(json.dumps({"settings": base, **extra}, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _load(settings: RunSettings, names: list[str], loaded: LoadedModel | None, examples) -> tuple:
@@ -245,16 +248,25 @@ def _example_text(example: dict | Example, with_answer: bool) -> str:
     return str(data.get("prompt"))
 
 
-def _candidates(out: Path, settings: RunSettings, roots: Sequence[Path], derived: bool) -> list[Path]:
-    """Runs that may donate: those under the roots the user named (``--reuse-from``), and beside
-    ``out`` only when effdepth chose ``out`` under its results root (a user's --out folder's
-    neighbours are the user's, never read unasked)."""
+def _candidates(
+    out: Path, settings: RunSettings, roots: Sequence[Path], derived: bool, in_memory: bool = False
+) -> list[Path]:
+    """Runs that may donate: those the user named (``--reuse-from``: a run, a folder of runs, or a
+    results root of models' folders), and beside ``out`` only when effdepth chose ``out`` under its
+    results root (a user's --out folder's neighbours are the user's, never read unasked) — for a
+    model given in memory, keyed by its content, the runs under every label there."""
     beside = [out.parent] if derived else []
-    named = [Path(root).expanduser() for root in roots]  # a folder of runs, or a results root of models' folders
+    if derived and in_memory and exists(out.parent.parent, "dir"):
+        beside += sorted(p for p in out.parent.parent.iterdir() if p.is_dir() and not p.is_symlink())
+    named = [user_path(root) for root in roots]
     folders = [*beside, *named, *(root / slug(settings.model) for root in named)]
     seen, found = set(), []
+    for run_dir in named:  # a named run folder lends itself
+        if exists(run_dir / METADATA, "file") and not run_dir.is_symlink() and run_dir.resolve() != out.resolve():
+            seen.add(run_dir.resolve())
+            found.append(run_dir)
     for folder in folders:
-        if not folder.is_dir():
+        if not exists(folder, "dir"):
             continue
         for entry in sorted(folder.iterdir()):
             resolved = entry.resolve()
@@ -272,6 +284,7 @@ def _find_donor(
     settings: RunSettings,
     roots: Sequence[Path],
     derived: bool = False,
+    in_memory: bool = False,
 ) -> _Donor | None:
     """The earlier run (beside an ``out`` effdepth chose, or under ``roots``) that measured the most of this run's
     first examples with the same probe key; every file read is checked against its sha256."""
@@ -279,7 +292,7 @@ def _find_donor(
         return None
     ours = [_example_text(e, spec.needs_answers) for e in examples]
     best: tuple[int, Path, dict] | None = None
-    for folder in _candidates(out, settings, roots, derived):
+    for folder in _candidates(out, settings, roots, derived, in_memory):
         metadata = read_metadata(folder, skip_newer=True)
         if metadata is None or int(metadata.get("format", 1)) < FORMAT or metadata.get("pending"):
             continue
@@ -499,8 +512,8 @@ def _measure(
     identity = spec.identity(loaded, Context(settings)) if spec.identity else {}
     if plan.weights is not None:  # a model in memory: its rows are its weights', whatever its name
         identity = {**identity, "weights_sha256": plan.weights}
-    key = settings.probe_key(spec, identity)
-    donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from, plan.derived)
+    key = settings.probe_key(spec, identity, by_name=plan.weights is None)
+    donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from, plan.derived, plan.weights is not None)
     frames = _compute(spec, loaded, examples, settings, donor)
     record = {
         "seconds": round(time.perf_counter() - started, 4),

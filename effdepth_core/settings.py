@@ -139,13 +139,17 @@ class RunSettings:
 
     # --- the cache key ---------------------------------------------------------------------------
 
-    def _base_fields(self) -> dict:
-        """What pins the examples and the model, whatever the probes (not ``n``; see COMPATIBILITY)."""
+    def _base_fields(self, by_name: bool = True) -> dict:
+        """What pins the examples and the model, whatever the probes (not ``n``; see COMPATIBILITY).
+        ``by_name=False``: the model was given in memory and is keyed by its content, which the
+        caller adds; its label (``model``) is then left out, so a renamed model shares its cache."""
         fields = {k: getattr(self, k) for k in CORE_SETTINGS if k not in _NOT_IN_KEY}
+        if not by_name:
+            del fields["model"]
         task_path = names_path(self.task)
         if task_path is not None and exists(task_path, "file"):
             fields["task_sha256"] = hashlib.sha256(task_path.read_bytes()).hexdigest()
-        model_path = names_path(self.model)
+        model_path = names_path(self.model) if by_name else None
         if model_path is not None:  # a path: the same spelling elsewhere is another model
             from .acquire import model_files_digest
 
@@ -169,24 +173,24 @@ class RunSettings:
         fields["version"] = __version__
         return fields
 
-    def key_fields(self) -> dict:
+    def key_fields(self, by_name: bool = True) -> dict:
         """The fields the run's key hashes (COMPATIBILITY says which and why)."""
-        fields = self._base_fields()
+        fields = self._base_fields(by_name)
         for name, option in registry.options().items():
             value = getattr(self, name)
             if option.key == KEY_ALWAYS or (option.key == KEY_WHEN_SET and value != option.default):
                 fields[name] = value
         return fields
 
-    def key(self) -> str:
+    def key(self, by_name: bool = True) -> str:
         """Hash of the settings that change a run's numbers (not device, batch size, or display)."""
-        return hashlib.sha256(json.dumps(self.key_fields(), sort_keys=True).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self.key_fields(by_name), sort_keys=True).encode()).hexdigest()[:16]
 
-    def probe_key(self, spec: ProbeSpec, identity: Mapping | None = None) -> str:
+    def probe_key(self, spec: ProbeSpec, identity: Mapping | None = None, by_name: bool = True) -> str:
         """Hash of what one probe's per-example rows depend on: the examples' source and the model
         (not ``n``), the probe's options and revision, and its ``identity`` (a tuned lens's sha256).
         Two runs with equal probe keys and a common first k examples share those examples' rows."""
-        base = {k: v for k, v in self._base_fields().items() if k != "n"}
+        base = {k: v for k, v in self._base_fields(by_name).items() if k != "n"}
         options = {o.name: getattr(self, o.name) for o in spec.options if o.key != KEY_NEVER}
         payload = {"base": base, "probe": spec.name, "revision": spec.revision, "options": options}
         if spec.needs_answers:  # which tokens are the answer changes its numbers

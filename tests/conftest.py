@@ -12,6 +12,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from effdepth_core.models import LoadedModel, wrap_model
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n N: the cores shared out, not oversubscribed
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 VOCAB = 64
 COMMON = dict(
     vocab_size=VOCAB,

@@ -55,6 +55,19 @@ def test_measure_refuses_what_it_cannot_key_in_one_line(cache):
             measure(model, empty, tokenizer=char_tokenizer(), progress=False)
 
 
+def test_a_model_in_memory_is_keyed_by_its_content_not_its_label(cache):
+    """name= labels the result; the key is the model's content, so a relabelled model reuses the
+    rows (nothing computed) and shows its new label, while another model under the same label does not."""
+    model, tokenizer = make_tiny("llama").model, char_tokenizer()
+    first = measure(model, PROMPTS, tokenizer=tokenizer, name="mine", progress=False)
+    again = measure(model, PROMPTS, tokenizer=tokenizer, name="the same, renamed", progress=False)
+    assert again.model_label == "the same, renamed" and again.metadata["key"] == first.metadata["key"]
+    assert again.metadata["probes"]["cosine"]["reused"]["examples"] == len(PROMPTS)  # rows reused, none computed
+    assert again.per_example["cosine"].equals(first.per_example["cosine"])
+    other = measure(make_tiny("llama", seed=7).model, PROMPTS, tokenizer=tokenizer, name="mine", progress=False)
+    assert other.metadata["key"] != first.metadata["key"] and "reused" not in other.metadata["probes"]["cosine"]
+
+
 def test_a_model_loaded_by_name_is_keyed_by_its_name_only_while_it_is_what_the_name_loads(cache, tiny_dir):
     """A hostile pass found the name key reused for a bfloat16 load of a float32-measured model and
     for a model whose weights were edited in place: both returned the earlier numbers. The name keys

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+# a browser per page and a papermill rerun: minutes; CI runs them once, at the locked versions
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")  # Debian's, or GitHub's Chrome
 FLAGS = [

@@ -47,6 +47,7 @@ def test_dequantized_weights_are_verified_file_by_file(tmp_path):
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_a_damaged_dequantized_cache_is_rebuilt_and_a_markerless_one_refused(smollm2, tmp_path, monkeypatch, capsys):
     """On the default model, in a cache of its own (the GGUF copied): flipped bits in the cached
     weights make the next load rebuild them from the verified GGUF, with a warning, to the same

@@ -355,6 +355,7 @@ def _max_relative_diff(a: pl.DataFrame, b: pl.DataFrame, keys: list[str]) -> flo
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_fast_equals_slow_on_the_default_model(smollm2):
     # The fast paths run the same float32 arithmetic in batches of other shapes than the one-row
     # slow path, so BLAS sums in another order: over 30 layers (forward and, for igrad, backward)
@@ -410,3 +411,20 @@ def test_the_output_change_by_hand():
     assert change_of(clean, logits, "l2").item() == pytest.approx(math.sqrt(2 * 0.25**2), rel=1e-6)
     with pytest.raises(EffdepthError, match="output_metric must be one of l2, kl"):
         skip_effects(make_tiny("llama"), random_prompts([21]), output_metric="js")
+
+
+def test_skip_summary_is_the_same_bytes_whatever_the_row_order():
+    """Identical runs write identical files: the summary's sums see each group's prompts in one order
+    (the per-prompt maxima came out of a hash group-by in any order, and a std's 17th digit moved)."""
+    from effdepth_core.probes.skip import skip_summary
+
+    frame = skip_effects(make_tiny("llama"), random_prompts([21, 24, 19, 22]), skip_positions=2, skip_parts=("layer",))
+    summary = skip_summary(frame)
+    for seed in range(5):
+        assert skip_summary(frame.sample(fraction=1.0, shuffle=True, seed=seed)).equals(summary)
+    keys = ["variant", "part", "skipped_layer", "layer", "metric"]
+    row = summary.row(0, named=True)
+    group = frame.filter(*((pl.col(k) == row[k]) if row[k] is not None else pl.col(k).is_null() for k in keys))
+    maxima = [group.filter(example=e)["value"].max() for e in sorted(set(group["example"]))]  # one per prompt
+    assert row["value"] == max(maxima) and row["mean"] == pytest.approx(np.mean(maxima), rel=1e-12)
+    assert row["std"] == pytest.approx(np.std(maxima, ddof=1), rel=1e-12)  # sample std, as polars gives it

@@ -73,9 +73,18 @@ def scratch(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _marks(code: str) -> list:
+    """A block that loads a model (the default one, by name) takes 10-60 s: slow (run once, in CI's locked run)."""
+    return [pytest.mark.real_model, pytest.mark.slow] if "smollm2-135m" in code else []
+
+
 @pytest.mark.parametrize(
     ("path", "line", "language", "code", "why"),
-    [pytest.param(*b, id=f"{b[0].relative_to(ROOT)}:{b[1]}") for b in BLOCKS if b[2] in ("bash", "python")],
+    [
+        pytest.param(*b, id=f"{b[0].relative_to(ROOT)}:{b[1]}", marks=_marks(b[3]))
+        for b in BLOCKS
+        if b[2] in ("bash", "python")
+    ],
 )
 def test_a_docs_code_block_runs_as_written(path, line, language, code, why, scratch, smollm2):  # fetched once
     if why is not None:
@@ -92,6 +101,7 @@ def test_a_docs_code_block_runs_as_written(path, line, language, code, why, scra
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_readme_shows_what_its_set_up_command_prints(tmp_path, smollm2, capsys):  # ~1 min on 2 cores
     """The sample under README's set-up command is that command's own output, table and legends."""
     import shlex

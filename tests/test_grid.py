@@ -108,12 +108,14 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.xdist_group("ray")  # one local cluster at a time (pytest -n 2 --dist loadgroup)
 def test_ray_gives_the_local_executors_bytes(tmp_path, models, local, ray_cluster):
     root = _root(tmp_path, models)
     assert _grid(root, "--executor", "ray") == 0
     assert _results(root) == local
 
 
+@pytest.mark.xdist_group("ray")  # one local cluster at a time (pytest -n 2 --dist loadgroup)
 def test_a_killed_ray_worker_is_retried(tmp_path, models, local, ray_cluster, capsys):
     root = _root(tmp_path, models)
     killed: list[int] = []
@@ -141,6 +143,7 @@ def test_a_killed_ray_worker_is_retried(tmp_path, models, local, ray_cluster, ca
     assert _results(root) == local  # the retry removed what the killed worker left and finished it
 
 
+@pytest.mark.xdist_group("ray")  # one local cluster at a time (pytest -n 2 --dist loadgroup)
 def test_an_interrupted_ray_driver_cancels_and_loses_nothing(tmp_path, models, local, ray_cluster, monkeypatch):
     monkeypatch.chdir(tmp_path)
     root = _root(tmp_path, models)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from effdepth_core import results, zoo
 from effdepth_core.cli import main
@@ -292,3 +293,73 @@ def test_a_real_process_exits_2_with_one_line(argv, tmp_path):
     )
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("effdepth: error:")
+
+
+def _numbers_cases():
+    from effdepth_core.probes import early_exit, erasure_map, integrated_gradients, layer_pruning, skip_effects
+
+    return [
+        (lambda m, ex: early_exit(m, ex, chunk=0), "chunk must be a whole number of at least 1, got 0"),
+        (
+            lambda m, ex: integrated_gradients(m, ex, layers=[99]),
+            r"layers must be layer indices 0\.\.2 .* \[99\]",
+        ),
+        (lambda m, ex: integrated_gradients(m, ex, layers=[]), "layers must be layer indices"),
+        (lambda m, ex: integrated_gradients(m, ex, layers=[True]), "layers must be layer indices"),
+        (lambda m, ex: integrated_gradients(m, ex, slow_block=0), "slow_block must be a whole number"),
+        (lambda m, ex: integrated_gradients(m, ex, max_rows=2.5), "max_rows must be a whole number"),
+        (lambda m, ex: integrated_gradients(m, ex, method="fastest"), "method must be 'fast' or 'slow'"),
+        (lambda m, ex: erasure_map(m, ex, max_rows=0), "max_rows must be a whole number of at least 1"),
+        (lambda m, ex: layer_pruning(m, ex, max_rows=-1), "max_rows must be a whole number"),
+        (lambda m, ex: skip_effects(m, [ex[0][0]], max_rows=1.5), "max_rows must be a whole number"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_numbers_cases())))
+def test_every_number_a_probe_function_takes_is_checked_before_work(case, monkeypatch):
+    """A number out of its range is one line (an EffdepthError the CLI prints, and the ValueError
+    Python code expects), raised before the model runs a single forward pass."""
+    from conftest import make_tiny, random_prompts
+
+    from effdepth_core.errors import EffdepthError
+
+    call, message = _numbers_cases()[case]
+    loaded = make_tiny("llama")
+    forwards = []
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(EffdepthError, match=message) as raised:
+            call(loaded, [(ids, 4) for ids in random_prompts([14])])
+    finally:
+        handle.remove()
+    assert isinstance(raised.value, ValueError)
+    assert forwards == [], "the check ran after the model's forward pass"
+
+
+def test_a_ctrl_c_is_never_exit_0_whoever_catches_it(monkeypatch, capsys):
+    """A Ctrl-C that a library catches (or one at start-up, before a command handles it) still ends
+    the command with status 130 and the one line, never as a success."""
+    import signal
+    import time
+
+    from effdepth_core import cli
+
+    def swallowing(args):  # a library that catches KeyboardInterrupt and carries on
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(2)
+        except KeyboardInterrupt:
+            pass
+        return 0
+
+    monkeypatch.setattr(cli, "_cmd_models", swallowing)
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["models"]) == 130
+    assert capsys.readouterr().err.strip() == "effdepth: interrupted; finished results are kept, rerun to resume"
+    assert signal.getsignal(signal.SIGINT) is before  # put back
+
+    def interrupted_at_start(command=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted_at_start)
+    assert main(["models"]) == 130 and "interrupted" in capsys.readouterr().err

@@ -128,6 +128,7 @@ def test_pruning_and_early_exit_on_the_real_model(smollm2):
     assert logit_lens(smollm2, prompts, lens=TunedLens.identity(smollm2)).equals(logit_lens(smollm2, prompts))
 
 
+@pytest.mark.slow
 def test_dequantized_weights_equal_the_gguf_parse(smollm2):
     """The second load reads the cached safetensors: the same weights, tokens and logits as parsing
     and dequantizing the GGUF again."""

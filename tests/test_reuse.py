@@ -52,6 +52,8 @@ def test_a_larger_run_reuses_the_first_examples_and_equals_a_fresh_one(tiny_dir,
     assert extended.summary == fresh.summary
     beside = run(small.replace(n=4), probes, tmp_path / "runs" / "beside")  # neighbours lend only when named
     assert all("reused" not in record for record in beside.metadata["probes"].values())
+    one = run(small.replace(n=4), probes, tmp_path / "one", reuse_from=[tmp_path / "runs" / "small"])  # a run named
+    assert all(record["reused"]["examples"] == 3 for record in one.metadata["probes"].values())
 
 
 def test_only_the_missing_examples_are_computed_and_a_changed_option_reuses_nothing(tiny_dir, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import polars as pl
 import torch
 
+from ..errors import require_whole
 from ..models import LoadedModel, takes_plain_models
 from ..replay import clean_run
 from ..terminal import progress_bar
@@ -33,6 +34,7 @@ def early_exit(
 ) -> pl.DataFrame:
     """Per example and exit layer: ``example, layer, metric, value, n_tokens`` (``n_tokens``: the
     tokens the value averages: all of the prompt's for ``agreement``, the answer's otherwise)."""
+    require_whole("chunk", chunk)
     rows = []
     for example, split in enumerate(
         progress_bar(answer_splits(loaded, examples), desc="early exit", disable=not show_progress(progress))

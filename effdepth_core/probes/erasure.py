@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import polars as pl
 import torch
 
+from ..errors import OptionError, require_whole
 from ..models import LoadedModel, takes_plain_models
 from ..replay import CleanRun, clean_run, run_layers, run_suffix_layer
 from ..terminal import progress_bar
@@ -172,14 +173,15 @@ def erasure_map(
     Long frame: ``example, layer, position, token, is_answer, metric, value``.
     """
     if method not in ("fast", "slow"):
-        raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
+        raise OptionError(f"method must be 'fast' or 'slow', got {method!r}")
     check_output_metric(output_metric)
+    require_whole("max_rows", max_rows)
     splits = answer_splits(loaded, examples)
     if baselines is None:
         baselines = residual_means(loaded, [split.ids for split in splits])
     require_finite(baselines, "the mean residuals (erasure baselines)", loaded.name)
     if tuple(baselines.shape) != (loaded.n_layers + 1, loaded.d_model):
-        raise ValueError(f"baselines must be [{loaded.n_layers + 1}, {loaded.d_model}], got {tuple(baselines.shape)}")
+        raise OptionError(f"baselines must be [{loaded.n_layers + 1}, {loaded.d_model}], got {tuple(baselines.shape)}")
     frames = []
     sites = [(loaded.n_layers + 1) * (s.measured.stop if method == "fast" else s.n_tokens) for s in splits]
     shown = show_progress(progress)

@@ -37,7 +37,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from ..errors import EffdepthError, EffdepthWarning
+from ..errors import EffdepthError, EffdepthWarning, OptionError, require_layers, require_whole
 from ..models import LoadedModel, takes_plain_models
 from ..replay import CleanRun, clean_run, run_layers
 from ..terminal import progress_bar
@@ -113,15 +113,15 @@ class PathIntegral(NamedTuple):
 def quadrature_rule(kind: str, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Nodes α in [0, 1) and weights summing to 1."""
     if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+        raise OptionError(f"steps must be at least 1, got {steps}")
     if kind == "riemann":
         return torch.arange(steps, dtype=torch.float64) / steps, torch.full((steps,), 1.0 / steps, dtype=torch.float64)
     if kind == "gauss":
         nodes, weights = np.polynomial.legendre.leggauss(steps)
         return torch.from_numpy((nodes + 1) / 2), torch.from_numpy(weights / 2)
     if kind == "adaptive":
-        raise ValueError("the adaptive quadrature chooses its nodes per layer; it has no fixed rule")
-    raise ValueError(f"quadrature must be one of {QUADRATURES}, got {kind!r}")
+        raise OptionError("the adaptive quadrature chooses its nodes per layer; it has no fixed rule")
+    raise OptionError(f"quadrature must be one of {QUADRATURES}, got {kind!r}")
 
 
 def make_baseline(h: torch.Tensor, kind: str) -> torch.Tensor:
@@ -130,7 +130,7 @@ def make_baseline(h: torch.Tensor, kind: str) -> torch.Tensor:
         return h.mean(dim=1, keepdim=True).expand_as(h)
     if kind == "hidden-mean":
         return h.mean(dim=2, keepdim=True).expand_as(h)
-    raise ValueError(f"baseline must be one of {BASELINES}, got {kind!r}")
+    raise OptionError(f"baseline must be one of {BASELINES}, got {kind!r}")
 
 
 def _target(loaded: LoadedModel, final: torch.Tensor, split: AnswerSplit) -> torch.Tensor:
@@ -216,7 +216,7 @@ class LayerPath:
         are within it."""
         max_steps = default_max_steps(steps) if max_steps is None else max_steps
         if max_steps < steps:
-            raise ValueError(f"max_steps ({max_steps}) must be at least steps ({steps})")
+            raise OptionError(f"max_steps ({max_steps}) must be at least steps ({steps})")
         base_nodes, base_weights = quadrature_rule("gauss", _PANEL_ORDER)
         n_start = max(1, min(8, steps // _PANEL_ORDER))
         edges = torch.linspace(0, 1, n_start + 1, dtype=torch.float64)
@@ -317,9 +317,9 @@ def _layer_slow(
 def check_tolerance(tolerance: float, max_steps: int | None, steps: int) -> None:
     """ValueError for a tolerance or cap that cannot work (the command line says it in one line)."""
     if not (isinstance(tolerance, int | float) and math.isfinite(tolerance) and 0 < tolerance < 1):
-        raise ValueError(f"the completeness tolerance igrad_tol must be a fraction in (0, 1), got {tolerance!r}")
+        raise OptionError(f"the completeness tolerance igrad_tol must be a fraction in (0, 1), got {tolerance!r}")
     if max_steps is not None and max_steps < steps:
-        raise ValueError(f"igrad_max_steps ({max_steps}) must be at least igrad_steps ({steps})")
+        raise OptionError(f"igrad_max_steps ({max_steps}) must be at least igrad_steps ({steps})")
 
 
 @takes_plain_models()
@@ -366,23 +366,25 @@ def integrated_gradients(
         option.check(value)
     steps, quadrature, baseline = igrad_steps, igrad_quadrature, igrad_baseline
     tolerance, max_steps, panels = igrad_tol, igrad_max_steps, igrad_panels
-    if slow_block < 1:
-        raise ValueError(f"slow_block must be at least 1, got {slow_block}")
-    if panels < 1 or (max_rows is not None and max_rows < 1):
-        raise ValueError(f"panels and max_rows must be at least 1, got {panels} and {max_rows}")
+    require_whole("slow_block", slow_block)
+    if max_rows is not None:
+        require_whole("max_rows", max_rows)
+    if memory_budget_mb is not None:
+        require_whole("memory_budget_mb", memory_budget_mb)
     if method not in ("fast", "slow"):
-        raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
+        raise OptionError(f"method must be 'fast' or 'slow', got {method!r}")
     check_tolerance(tolerance, max_steps, steps)
     if quadrature == "adaptive":
         if method == "slow":
-            raise ValueError("the adaptive quadrature has no slow path; use riemann or gauss with method='slow'")
+            raise OptionError("the adaptive quadrature has no slow path; use riemann or gauss with method='slow'")
         if steps < _PANEL_ORDER:
-            raise ValueError(f"the adaptive quadrature needs at least {_PANEL_ORDER} steps, got {steps}")
+            raise OptionError(f"the adaptive quadrature needs at least {_PANEL_ORDER} steps, got {steps}")
         nodes = weights = None
     else:
         nodes, weights = quadrature_rule(quadrature, steps)
+    every = list(range(loaded.n_layers))
+    chosen = every if layers is None else require_layers("layers", layers, loaded.n_layers, loaded.name)
     splits = answer_splits(loaded, examples)
-    chosen = list(range(loaded.n_layers)) if layers is None else list(layers)
     budget = default_budget_bytes(loaded) if memory_budget_mb is None else memory_budget_mb << 20
     rows: dict[str, list] = {k: [] for k in ("example", "layer", "position", "metric", "value")}
     misses: list[str] = []

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import polars as pl
 import torch
 
-from ..errors import EffdepthError
+from ..errors import EffdepthError, require_whole
 from ..models import LoadedModel, takes_plain_models
 from ..replay import CleanRun, clean_run, run_layer
 from ..terminal import progress_bar
@@ -107,6 +107,7 @@ def layer_pruning(
     prompts), each layer's block influence (rule ``influence``) and each block's angular distance
     (rule ``block``): the scores the rules choose layers by."""
     n_layers = loaded.n_layers
+    require_whole("max_rows", max_rows)
     sizes = sorted(set(prune_sizes or default_block_sizes(n_layers)))
     if not sizes or sizes[0] < 1 or sizes[-1] >= n_layers:
         raise EffdepthError(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import polars as pl
 import torch
 
-from ..errors import EffdepthError
+from ..errors import EffdepthError, OptionError, require_whole
 from ..models import LoadedModel, takes_plain_models
 from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffix_layer
 from ..terminal import progress_bar
@@ -334,10 +334,9 @@ def skip_effects(
     Reduce with ``skip_summary`` (max over positions and prompts, as method.md §3).
     """
     if method not in ("fast", "slow"):
-        raise ValueError(f"method must be 'fast' or 'slow', got {method!r}")
+        raise OptionError(f"method must be 'fast' or 'slow', got {method!r}")
     SKIP_POSITIONS.check(skip_positions)
-    if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
-        raise EffdepthError(f"max_rows must be a whole number of at least 1, got {max_rows!r}")
+    require_whole("max_rows", max_rows)
     n_positions, parts, variants = skip_positions, _names(skip_parts), _names(skip_variants)
     check_skip_options(parts, variants)
     check_output_metric(output_metric)
@@ -401,7 +400,9 @@ def skip_summary(frame: pl.DataFrame) -> pl.DataFrame:
     """Max (the paper's statistic), mean and std over positions and prompts per
     (variant, part, skipped_layer, layer, metric)."""
     keys = ["variant", "part", "skipped_layer", "layer", "metric"]
+    # sorted before the sums: a group's rows in one order, so identical runs write identical bytes
     per_example = frame.group_by([*keys, "example"]).agg(pl.col("value").max())
+    per_example = per_example.sort([*keys, "example"], nulls_last=True)
     return (
         per_example.group_by(keys)
         .agg(

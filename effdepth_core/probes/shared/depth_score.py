@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import polars as pl
 
+from ...errors import OptionError
+
 
 def depth_score(importance: Sequence[float]) -> float:
     """Importance-weighted mean layer index; NaN when every importance is 0."""
@@ -20,7 +22,7 @@ def _importance(skip: pl.DataFrame, variant: str, part: str) -> pl.DataFrame:
     """Per example and layer: max output effect over positions."""
     rows = skip.filter(pl.col("metric") == "output_effect", pl.col("variant") == variant, pl.col("part") == part)
     if rows.is_empty():
-        raise ValueError(f"the skip frame has no output effects for variant {variant!r}, part {part!r}")
+        raise OptionError(f"the skip frame has no output effects for variant {variant!r}, part {part!r}")
     return rows.group_by("example", "skipped_layer").agg(pl.col("value").max()).sort("example", "skipped_layer")
 
 
