@@ -28,7 +28,7 @@ from . import __version__, registry
 from .cache import read_regular
 from .depth import effective_depths
 from .display import RunResult
-from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError
+from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError, TaskError
 from .models import (
     LoadedModel,
     load_model,
@@ -142,6 +142,8 @@ class _Plan:
     examples: list[Example] | None  # final unless a token-length filter needs the tokenizer
     weights: str | None = None  # ``model_fingerprint`` of a model given in memory (``_run_key``)
     derived: bool = False  # ``out`` is effdepth's own folder under a results root (no --out given)
+    base: dict | None = None  # ``settings.base_fields``, read once: every key of the run is of these bytes
+    fields: dict | None = None  # the run key's fields (``settings.key_fields`` on ``base``)
 
 
 def _plan(
@@ -179,14 +181,17 @@ def _plan(
             )
         if not loaded.is_as_loaded(settings.model, asked):
             weights = model_fingerprint(loaded)
-    key = _run_key(settings, weights, given_examples)
+    base = settings.base_fields(by_name=weights is None)
+    key, fields = _run_key(settings, weights, given_examples, base)
     if out_dir is None and results_root is None:
         results_root = cache_dir() / "runs"
     out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(settings, results_root, key=key)
-    return _Plan(names, out, key, examples, weights, derived=out_dir is None)
+    return _Plan(names, out, key, examples, weights, derived=out_dir is None, base=base, fields=fields)
 
 
-def _run_key(settings: RunSettings, weights: str | None, examples: list[Example] | None) -> str:
+def _run_key(
+    settings: RunSettings, weights: str | None, examples: list[Example] | None, base: dict
+) -> tuple[str, dict]:
     """The run's key: its settings' — and what the settings cannot name: the weights, configuration
     and tokenizer of a model given in memory (not loaded from ``settings.model``), the text of
     examples given in place of the task's. Two models wrapped under one name, or one's own prompts
@@ -197,10 +202,23 @@ def _run_key(settings: RunSettings, weights: str | None, examples: list[Example]
     if examples is not None:
         text = json.dumps([e.to_json() for e in examples], sort_keys=True)
         extra["examples_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    fields = settings.key_fields(weights is None, base)
+    own = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]  # = settings.key()
     if not extra:
-        return settings.key()
-    base = settings.key(by_name=weights is None)
-    return hashlib.sha256(json.dumps({"settings": base, **extra}, sort_keys=True).encode()).hexdigest()[:16]
+        return own, fields
+    return hashlib.sha256(json.dumps({"settings": own, **extra}, sort_keys=True).encode()).hexdigest()[:16], fields
+
+
+def _check_read_once(settings: RunSettings, plan: _Plan, examples: list[Example]) -> None:
+    """A task file's examples come from the bytes the run's key was computed from, or nothing runs
+    (a file rewritten between the two reads would be measured under the old text's key)."""
+    keyed = (plan.base or {}).get("task_sha256")
+    used = {e.meta.get("task_sha256") for e in examples}
+    if keyed is not None and used != {keyed}:
+        raise TaskError(
+            f"task file {settings.task} changed while effdepth read it (its examples are not the text the "
+            "run's key was computed from); run again once the file is written"
+        )
 
 
 def _load(settings: RunSettings, names: list[str], loaded: LoadedModel | None, examples) -> tuple:
@@ -442,21 +460,22 @@ def run(
     working directory (the command line passes ``results``, its documented default).
     """
     plan = _plan(settings, probes, out_dir, loaded, examples, results_root)
-    described = {**settings.numbers(), **settings.key_fields()}  # what a refusal compares, named
+    described = {**settings.numbers(), **plan.fields}  # what a refusal compares, named
     directory = RunDirectory.open(plan.out, plan.key, described, registry.frames(), overwrite)
     try:
         missing = _to_compute(directory, plan, settings, overwrite, renew_outdated)
         if missing or not directory.has_examples():
             loaded, examples = _load(settings, plan.names, loaded, plan.examples)
+            _check_read_once(settings, plan, examples)
             started = False
             for name in missing:
                 frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from)
                 if not started:  # only once the first probe succeeded: --overwrite replaces a run here
-                    directory.start(_new_metadata(settings, plan.key, loaded, examples), examples)
+                    directory.start(_new_metadata(settings, plan.key, loaded, examples, plan.fields), examples)
                     started = True
                 directory.save_probe(name, frames, record)
             if not started:  # every probe cached, the examples not yet written
-                directory.start(_new_metadata(settings, plan.key, loaded, examples), examples)
+                directory.start(_new_metadata(settings, plan.key, loaded, examples, plan.fields), examples)
         return _summarize(settings, directory, n_bootstrap)
     except BaseException:
         directory.discard_if_empty()  # a new run that produced nothing leaves nothing
@@ -512,7 +531,7 @@ def _measure(
     identity = spec.identity(loaded, Context(settings)) if spec.identity else {}
     if plan.weights is not None:  # a model in memory: its rows are its weights', whatever its name
         identity = {**identity, "weights_sha256": plan.weights}
-    key = settings.probe_key(spec, identity, by_name=plan.weights is None)
+    key = settings.probe_key(spec, identity, by_name=plan.weights is None, base=plan.base)
     donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from, plan.derived, plan.weights is not None)
     frames = _compute(spec, loaded, examples, settings, donor)
     record = {
@@ -530,14 +549,16 @@ def _measure(
     return frames, record
 
 
-def _new_metadata(settings: RunSettings, key: str, loaded: LoadedModel, examples: list[Example]) -> dict:
+def _new_metadata(
+    settings: RunSettings, key: str, loaded: LoadedModel, examples: list[Example], fields: dict | None = None
+) -> dict:
     from .provenance import environment, model_provenance
 
     return {
         "format": FORMAT,
         "key": key,
         "settings": settings.numbers(),
-        "key_fields": settings.key_fields(),
+        "key_fields": fields if fields is not None else settings.key_fields(),
         "effdepth_version": __version__,
         "environment": environment(),
         "model_name": loaded.name,

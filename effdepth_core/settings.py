@@ -173,9 +173,16 @@ class RunSettings:
         fields["version"] = __version__
         return fields
 
-    def key_fields(self, by_name: bool = True) -> dict:
-        """The fields the run's key hashes (COMPATIBILITY says which and why)."""
-        fields = self._base_fields(by_name)
+    def base_fields(self, by_name: bool = True) -> dict:
+        """What pins the examples and the model (the task file's and model folder's content read
+        now): computed once per run and passed to ``key_fields``/``probe_key``, so every key of the
+        run is of the same bytes."""
+        return self._base_fields(by_name)
+
+    def key_fields(self, by_name: bool = True, base: Mapping | None = None) -> dict:
+        """The fields the run's key hashes (COMPATIBILITY says which and why); ``base``: the run's
+        ``base_fields`` (read now when not given)."""
+        fields = dict(base) if base is not None else self._base_fields(by_name)
         for name, option in registry.options().items():
             value = getattr(self, name)
             if option.key == KEY_ALWAYS or (option.key == KEY_WHEN_SET and value != option.default):
@@ -186,11 +193,13 @@ class RunSettings:
         """Hash of the settings that change a run's numbers (not device, batch size, or display)."""
         return hashlib.sha256(json.dumps(self.key_fields(by_name), sort_keys=True).encode()).hexdigest()[:16]
 
-    def probe_key(self, spec: ProbeSpec, identity: Mapping | None = None, by_name: bool = True) -> str:
+    def probe_key(
+        self, spec: ProbeSpec, identity: Mapping | None = None, by_name: bool = True, base: Mapping | None = None
+    ) -> str:
         """Hash of what one probe's per-example rows depend on: the examples' source and the model
         (not ``n``), the probe's options and revision, and its ``identity`` (a tuned lens's sha256).
         Two runs with equal probe keys and a common first k examples share those examples' rows."""
-        base = {k: v for k, v in self._base_fields(by_name).items() if k != "n"}
+        base = {k: v for k, v in (base if base is not None else self._base_fields(by_name)).items() if k != "n"}
         options = {o.name: getattr(self, o.name) for o in spec.options if o.key != KEY_NEVER}
         payload = {"base": base, "probe": spec.name, "revision": spec.revision, "options": options}
         if spec.needs_answers:  # which tokens are the answer changes its numbers

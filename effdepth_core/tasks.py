@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import json
 import random
 import re
@@ -195,8 +196,9 @@ def _arithmetic(op: str, n: int, digits: int, rng: random.Random) -> list[Exampl
 TASK_FILE_LIMIT = 1 << 30  # a task file of prompts past 1 GiB is not one a run can use
 
 
-def _read_lines(path: Path) -> list[str]:
-    """The lines of a user's task file; one-line errors for unreadable or non-UTF-8 files."""
+def _read_lines(path: Path) -> tuple[list[str], str]:
+    """The lines of a user's task file and the sha256 of the bytes they were read from; one-line
+    errors for unreadable or non-UTF-8 files."""
     from .cache import read_regular
 
     try:
@@ -207,9 +209,10 @@ def _read_lines(path: Path) -> list[str]:
         raise TaskError(f"cannot read task file {path}: {exc}") from exc
     except OSError as exc:
         raise TaskError(f"cannot read task file {path} ({exc.strerror or exc})") from exc
+    digest = hashlib.sha256(data).hexdigest()
     data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark (some editors write one)
     try:
-        return data.decode("utf-8").split("\n")
+        return data.decode("utf-8").split("\n"), digest
     except UnicodeDecodeError as exc:
         number = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
@@ -241,8 +244,11 @@ def _encodable(text: str) -> bool:
 
 
 def _jsonl(path: Path) -> list[Example]:
+    """A task file's examples, each with the sha256 of the bytes read (``meta["task_sha256"]``: what
+    a run's key must match, so a file rewritten between the key and the read is caught)."""
     examples = []
-    for number, line in enumerate(_read_lines(path), start=1):
+    lines, digest = _read_lines(path)
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -261,8 +267,9 @@ def _jsonl(path: Path) -> list[Example]:
         answer = row.get("answer")
         if answer is not None and not isinstance(answer, str):
             raise TaskError(f"{path}:{number}: 'answer' must be a string when given")
-        meta = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
-        examples.append(Example(row["prompt"], answer, {"task": path.stem, "index": len(examples), **meta}))
+        meta = {k: v for k, v in row.items() if k not in ("prompt", "answer", "task_sha256")}
+        meta = {"task": path.stem, "index": len(examples), **meta, "task_sha256": digest}
+        examples.append(Example(row["prompt"], answer, meta))
     if not examples:
         raise TaskError(f"task file {path} has no examples; each line needs a JSON object with 'prompt'")
     return examples

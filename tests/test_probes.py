@@ -283,3 +283,40 @@ def test_the_lens_by_token_averages_to_the_logit_lens_and_names_its_tokens(arch)
     assert row["top_tokens"][0] == loaded.tokenizer.decode([int(logits.argmax())])
     assert row["token"] == loaded.tokenizer.decode([int(loaded.encode(prompt)[4])])
     assert row["top_probs"][0] == pytest.approx(float(torch.softmax(logits, -1).max()), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "drift", "leak", "safe"),
+    [
+        (torch.bfloat16, 0.03, 0.0, True),  # deep bf16 rounding of another batch shape, every row alike
+        (torch.bfloat16, 0.0, 0.03, False),  # the padded prompt alone moves: padding
+        (torch.bfloat16, 0.03, 0.3, False),  # padding on top of the rounding, well beyond it
+        (torch.float32, 0.0, 1e-3, False),  # float32: a 0.1 % move of the padded prompt is padding
+        (torch.float32, 1e-3, 0.0, True),
+    ],
+)
+def test_padding_is_told_from_the_batchs_own_rounding(dtype, drift, leak, safe):
+    """On an H200 random bf16 Qwen2.5-1.5B/7B weights moved a batch's last states by 1.4-3.6 %
+    whether padded or not, and were measured one prompt at a time (7x slower): the unpadded prompt's
+    own drift is the batch's rounding, and only a padded prompt's move beyond it is padding."""
+    import types
+
+    from effdepth_core.models import pads_safely
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = types.SimpleNamespace(vocab_size=50)
+            self.embed = torch.nn.Embedding(50, 8, dtype=dtype)
+            self.first = torch.nn.Identity()
+
+        def forward(self, input_ids, attention_mask, use_cache=False):
+            h = self.first(self.embed(input_ids).float())  # [batch, token, d_model]
+            if input_ids.shape[0] > 1:
+                h = h * (1 + drift)  # every row of the batch, by the batch shape's rounding
+                padded = (attention_mask == 0).any(dim=1)  # [batch]
+                h = h * (1 + leak * padded[:, None, None])
+            return types.SimpleNamespace(last_hidden_state=h)
+
+    stack = Stack()
+    assert pads_safely(stack, stack, stack.first) is safe

@@ -3,6 +3,7 @@ probe key), computes only the rest, and gives what a fresh run gives."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import polars as pl
@@ -98,3 +99,29 @@ def test_the_precision_walk_reuses_its_own_smaller_steps(tiny_dir, tmp_path):
     assert walk.steps == [2, 4]
     record = walk.result.metadata["probes"]["cosine"]
     assert record["reused"]["examples"] == 2 and record["reused"]["from"].endswith("-n2-seed0")
+
+
+def test_a_task_file_rewritten_between_its_reads_is_refused(tiny_dir, tmp_path, monkeypatch):
+    """The key is of the bytes measured: a file rewritten between the read that keys the run and
+    the one that gives its examples is refused in one line, and nothing is written."""
+    from effdepth_core.errors import TaskError
+
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"prompt": "the cat sat on the mat"}\n')
+    settings = RunSettings(str(tiny_dir), str(task), n=1, progress=False)
+    real = RunSettings.base_fields
+
+    def rewritten_first(self, by_name=True):  # the user saves the file between effdepth's two reads
+        task.write_text('{"prompt": "the dog sat on the mat"}\n')
+        return real(self, by_name)
+
+    monkeypatch.setattr(RunSettings, "base_fields", rewritten_first)
+    with pytest.raises(TaskError, match="changed while effdepth read it"):
+        run(settings, "cosine", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(RunSettings, "base_fields", real)
+    done = run(settings, "cosine", tmp_path / "out")  # the file as it now is: measured, keyed by it
+    (line,) = (tmp_path / "out" / "examples.jsonl").read_text().splitlines()
+    assert "dog" in json.loads(line)["prompt"] and done.metadata["key_fields"]["task_sha256"] == (
+        hashlib.sha256(task.read_bytes()).hexdigest()
+    )
