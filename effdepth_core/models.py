@@ -308,6 +308,35 @@ def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> 
         )
 
 
+# Token mixers that are not attention: state-space (Mamba), recurrent (RWKV, xLSTM, Griffin),
+# convolutional (LFM) layers, told by the config effdepth reads, not by the model's name.
+_MIXER_FIELDS = (
+    "state_size",
+    "ssm_state_size",
+    "mamba_d_state",
+    "mamba_expand",
+    "conv_L_cache",
+    "hybrid_override_pattern",
+)
+_MIXER_LAYER_TYPES = ("mamba", "linear_attention", "hybrid", "conv", "recurrent", "rwkv", "mlstm", "ssm")
+_MIXER_MODEL_TYPES = ("rwkv", "xlstm")  # recurrent models whose configs name no such field
+
+
+def mixer_kind(config, model_type: str) -> str | None:
+    """What mixes tokens in a model whose blocks are not (or not only) attention — a state-space,
+    recurrent, linear-attention or convolutional layer — as named by its config; None otherwise."""
+    fields = [f for f in _MIXER_FIELDS if getattr(config, f, None) not in (None, [], "")]
+    types = [*(getattr(config, "layer_types", None) or []), *(getattr(config, "layers_block_type", None) or [])]
+    kinds = sorted({t for t in types if isinstance(t, str) and any(k in t.lower() for k in _MIXER_LAYER_TYPES)})
+    if kinds:
+        return f"its layer types include {', '.join(kinds)}"
+    if fields:
+        return f"its config has {', '.join(fields)}"
+    if model_type in _MIXER_MODEL_TYPES:
+        return f"{model_type} is a recurrent model"
+    return None
+
+
 def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
     """The adapter of a model type outside the table: the first known layout whose modules exist
     and whose attention and MLP writes add up to what each block adds to the residual, checked on
@@ -341,6 +370,14 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
             return adapter
         tried.append(f"{label} (off by {check.gap:.1%} of the change)")
     found = "; ".join(tried) if tried else "no known layout's module names match"
+    mixer = mixer_kind(model.config, model_type)
+    if mixer is not None:
+        raise UnsupportedModelError(
+            f"model {name!r} (model_type {model_type!r}) mixes tokens with state-space, recurrent, linear-attention "
+            f"or convolutional layers ({mixer}), and its blocks do not verify as a token mixer's write plus an MLP's "
+            f"adding up to each block's change ({found}); effdepth measures residual blocks it can split so "
+            "(linear-attention hybrids that verify, such as kimi_linear, are measured)"
+        )
     raise UnsupportedModelError(
         f"model {name!r} has model_type {model_type!r}, which is not in the adapter table, and no layout could be "
         f"verified: the attention and MLP writes must add up to h_(l+1) − h_l and the final normalization and "

@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from effdepth_core.errors import UnsupportedModelError
-from effdepth_core.models import wrap_model
+from effdepth_core.models import mixer_kind, wrap_model
 from effdepth_core.probes import logit_lens, residual_cosine, token_weighted_mean
 
 # every size field a config may have, shrunk (only those it has are set; sub-configs too)
@@ -118,6 +118,8 @@ def test_every_causal_lm_type_is_measured_right_or_refused_in_one_line(model_typ
             loaded = wrap_model(model, None, name=model_type)
         except UnsupportedModelError as exc:
             assert "\n" not in str(exc) and model_type in str(exc)  # one line, naming the model
+            # a state-space, recurrent or convolutional mixer is refused as that, not for module names
+            assert (mixer_kind(model.config, model_type) is not None) == ("mixes tokens with" in str(exc)), str(exc)
             return
         vocab = loaded.vocab_size
         # two prompts of other lengths, measured as one right-padded batch
@@ -131,3 +133,15 @@ def test_every_causal_lm_type_is_measured_right_or_refused_in_one_line(model_typ
     # the largest KL (+1e-3 nats for near-uniform tiny models) separate rounding from a wrong read
     assert float((ours_cos - ref_cos).abs().max()) < 1e-4, (ours_cos, ref_cos)
     assert float((ours_kl - ref_kl).abs().max()) < 1e-3 * (float(ref_kl.abs().max()) + 1e-3), (ours_kl, ref_kl)
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "jamba", "zamba", "lfm2", "qwen3_next", "rwkv", "recurrent_gemma"])
+def test_state_space_and_recurrent_mixers_are_refused_as_such(model_type):
+    """The families issue 33 names, refused for what they are (a mixer that is not attention)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, why = _build(model_type)
+        if model is None:
+            pytest.skip(f"{model_type} cannot be built tiny here: {why}")
+        with pytest.raises(UnsupportedModelError, match=f"model_type '{model_type}'.* mixes tokens with state-space"):
+            wrap_model(model, None, name=model_type)
