@@ -192,7 +192,8 @@ def plot(result: RunResult, chart: str | None = None):
         frame = frames[found.frame]
         builder = found.builder if callable(found.builder) else getattr(plots, found.builder)
         options = found.options(frame) if found.options else {}
-        drawn.append(builder(frame, model=result.summary.get("model"), task=result.summary.get("task"), **options))
+        model, task = result._labels()  # as the caller named them (a Measurement), not a cache path
+        drawn.append(builder(frame, model=model, task=task, **options))
     shown = [d for d in drawn if not isinstance(d, plots.Note)]
     if len(shown) <= 1:
         return plots.show(shown[0] if shown else drawn[0] if drawn else plots.Note("this result has nothing to draw"))

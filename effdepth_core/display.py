@@ -295,6 +295,37 @@ class RunResult:
     summary: dict = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)
 
+    def curve(self, probe: str, metric: str):
+        """One curve as a numpy array over its layers (``result.curve("logit_lens", "kl")``).
+
+        Args:
+            probe: a probe that ran (a key of ``curves``).
+            metric: one of that probe's metrics (``cos_layer``, ``kl``, ``overlap``, …).
+
+        Returns:
+            ``[layer]`` float64 values, layer 0 first (the frame's rows for other columns, such as
+            a lens or a skip variant, must be filtered from ``curves[probe]`` instead).
+        """
+        from .errors import EffdepthError, nearest_name
+
+        if probe not in self.curves:
+            close = nearest_name(probe, list(self.curves))
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise EffdepthError(f"no probe {probe!r} in this result{hint}; it has {', '.join(self.curves)}")
+        frame = self.curves[probe]
+        metrics = sorted(set(frame["metric"])) if "metric" in frame.columns else []
+        if metric not in metrics:
+            close = nearest_name(metric, metrics)
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise EffdepthError(f"{probe} has no metric {metric!r}{hint}; it has {', '.join(metrics)}")
+        rows = frame.filter(metric=metric).sort("layer")
+        if rows["layer"].n_unique() != rows.height:
+            others = [c for c in rows.columns if c not in ("layer", "metric", "value")]
+            raise EffdepthError(
+                f"{probe}'s {metric} has several rows per layer (by {', '.join(others)}); filter curves[{probe!r}]"
+            )
+        return rows["value"].to_numpy()
+
     def _cells(self) -> list[tuple[str, str]]:
         header, rows = table_rows([self.summary])
         return list(zip(header[7:], rows[0][7:], strict=True))

@@ -813,6 +813,22 @@ def quiet_libraries(progress: bool = True) -> None:
         os.environ["TQDM_DISABLE"] = "1"  # loaders that use tqdm directly (GGUF dequantization)
 
 
+@contextlib.contextmanager
+def _loading_bars(progress: bool):
+    """transformers' own loading bar ("Loading weights") only when ``progress``; the caller's
+    setting is put back afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    if not progress and was_on:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not progress and was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _looks_like_path(spec: str) -> bool:
     return Path(spec).suffix == ".gguf" or spec.startswith((".", "/", "~")) or spec.count("/") > 1
 
@@ -899,7 +915,8 @@ def load_model(
                 load_kwargs["max_memory"] = max_memory
             if offload_folder is not None:
                 load_kwargs["offload_folder"] = str(offload_folder)
-        model = AutoModelForCausalLM.from_pretrained(source, **load_kwargs)
+        with _loading_bars(progress):
+            model = AutoModelForCausalLM.from_pretrained(source, **load_kwargs)
         if tokenizer is None or isinstance(tokenizer, str | Path):
             where = str(tokenizer) if tokenizer is not None else source
             try:

@@ -361,6 +361,7 @@ def test_a_measurement_reads_like_what_was_passed_and_draws_every_probe(cache):
     drawn = result.plot()  # every probe's chart: the cosine curves and the lens panels
     titles = json.dumps(drawn.spec)
     assert "vconcat" in drawn.spec and "KL" in titles and "cos" in titles.lower()
+    assert "my llama" in titles and "2 prompts" in titles and "prompts/" not in titles  # labels, not cache paths
 
 
 def test_a_misspelt_or_short_option_name_is_answered_with_the_one_it_means(capsys):
@@ -378,3 +379,26 @@ def test_a_misspelt_or_short_option_name_is_answered_with_the_one_it_means(capsy
     with pytest.raises(SystemExit):
         main(["run", "--max-steps", "3"])
     assert "did you mean --igrad-max-steps?" in capsys.readouterr().err
+
+
+def test_curves_as_arrays_and_the_one_prompt_prediction_table(cache):
+    from effdepth_core.probes import lens_by_token, prediction_table
+
+    tiny = make_tiny("llama")
+    result = measure(tiny.model, PROMPTS, tokenizer=char_tokenizer(), progress=False)
+    kl = result.curve("logit_lens", "kl")
+    frame = result.curves["logit_lens"].filter(metric="kl").sort("layer")
+    assert kl.tolist() == frame["value"].to_list() and len(kl) == tiny.n_layers + 1
+    with pytest.raises(EffdepthError, match="no metric 'kll' \\(did you mean 'kl'\\?\\)"):
+        result.curve("logit_lens", "kll")
+    with pytest.raises(EffdepthError, match="no probe 'lens'"):
+        result.curve("lens", "kl")
+    rows = lens_by_token(tiny.model, PROMPTS[0], tokenizer=char_tokenizer(), top_k=3)
+    for rank in (0, 2):
+        table = prediction_table(rows, rank)
+        assert table["layer"].to_list() == list(range(tiny.n_layers + 1))
+        for layer, position, tokens in rows.select("layer", "position", "top_tokens").iter_rows():
+            column = next(c for c in table.columns if c.split(" ", 1)[0] == str(position))
+            assert table.filter(layer=layer)[column].item() == tokens[rank]  # the lens's rank-th token there
+    with pytest.raises(EffdepthError, match="rank must be below the top_k kept \\(3\\)"):
+        prediction_table(rows, 3)

@@ -124,3 +124,31 @@ def test_readme_shows_what_its_set_up_command_prints(tmp_path, smollm2, capsys):
     # the last line names the run folder: README's is the default one, this test's is --out
     assert printed[-1] == f"results in {tmp_path / 'run'}/" and shown[-1].startswith("results in results/")
     assert printed[:-1] == shown[:-1], "README's sample output differs from what its set-up command prints now"
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_the_guides_notebook_runs_and_its_committed_outputs_are_a_runs(tmp_path, smollm2):  # ~30 s
+    """book/using/notebook.ipynb runs top to bottom as `jupyter nbconvert --execute` runs it, and
+    what is committed is a run's output: every code cell has one, of the kinds a run gives (a
+    table stays a table, a chart a chart), none an error, and no machine's path is in it."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = ROOT / "book" / "using" / "notebook.ipynb"
+    text = path.read_text(encoding="utf-8")
+    assert str(Path.home()) not in text and "/tmp/" not in text
+    committed = nbformat.reads(text, as_version=4)
+    fresh = nbformat.reads(text, as_version=4)
+    NotebookClient(fresh, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+
+    def kinds(notebook):
+        return [
+            [(o.output_type, sorted(o.get("data", {}))) for o in cell.outputs]
+            for cell in notebook.cells
+            if cell.cell_type == "code"
+        ]
+
+    assert all(cell for cell in kinds(committed)), "a code cell without its output: rerun the notebook"
+    assert not [o for cell in kinds(fresh) for o in cell if o[0] == "error"]
+    assert kinds(fresh) == kinds(committed)

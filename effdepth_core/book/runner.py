@@ -37,6 +37,7 @@ ABOUT_PAGES = ("methods",)
 USING_PAGES = (
     "using/cli",
     "using/python",
+    "using/notebook",  # an executed notebook (.ipynb), rerun by tests/test_docs.py
     "using/runs",
     "using/safety",
     "using/models",
@@ -138,7 +139,7 @@ def toc_text(root: Path) -> str:
             chapters.insert(0, {"file": f"sections/{section}"})
         parts.append({"caption": titles[section], "chapters": chapters})
     parts.append({"caption": "About the measurements", "chapters": [{"file": p} for p in ABOUT_PAGES]})
-    using = [{"file": p} for p in USING_PAGES if (root / "book" / f"{p}.md").is_file()]
+    using = [{"file": p} for p in USING_PAGES if any((root / "book" / f"{p}{s}").is_file() for s in (".md", ".ipynb"))]
     if using:
         parts.append({"caption": "Using effdepth", "chapters": using})
     toc = {"format": "jb-book", "root": INTRO_PAGE, "parts": parts}

@@ -6,7 +6,7 @@ from .cosine import residual_cosine
 from .early_exit import early_exit, early_exit_summary
 from .erasure import erasure_map, residual_means
 from .igrad import integrated_gradients
-from .lens_tokens import lens_by_token
+from .lens_tokens import lens_by_token, prediction_table
 from .logit_lens import logit_lens  # the submodule first, so this name stays the function
 from .prune import layer_pruning, prune_summary, rule_comparison
 from .shared.depth_score import depth_score, depth_scores
@@ -30,6 +30,7 @@ __all__ = [
     "layer_pruning",
     "lens_by_token",
     "logit_lens",
+    "prediction_table",
     "prune_summary",
     "residual_cosine",
     "residual_means",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import polars as pl
 import torch
 
+from ..errors import EffdepthError
 from ..models import LoadedModel, takes_plain_models
 from ..trace import residual_states, tokenize
 from .shared.lens import Translator, _check_top_k
@@ -79,3 +80,28 @@ def _words(loaded: LoadedModel, ids: list[int]) -> list[str]:
     if loaded.tokenizer is None:
         return [f"[{i}]" for i in ids]
     return [loaded.tokenizer.decode([i]) for i in ids]
+
+
+def prediction_table(rows: pl.DataFrame, rank: int = 0) -> pl.DataFrame:
+    """The one-prompt view: a layer × position table of the lens's ``rank``-th most likely token
+    (0: its top prediction), as tuned-lens and TransformerLens show it; a frame, so it renders as a
+    table in a notebook.
+
+    Args:
+        rows: ``lens_by_token``'s frame for one prompt.
+        rank: which of the kept top-k tokens to show (0 ≤ rank < top_k).
+
+    Returns:
+        One row per layer (``layer``, last is the model's output), one column per position, named
+        ``"<position> <input token>"``.
+    """
+    from ..errors import require_whole
+
+    kept = int(rows["top_tokens"].list.len().min()) if rows.height else 0
+    if require_whole("rank", rank, 0) >= kept:
+        raise EffdepthError(f"rank must be below the top_k kept ({kept}), got {rank}")
+    names = {p: f"{p} {t!r}" for p, t in rows.select("position", "token").unique().sort("position").iter_rows()}
+    picked = rows.select("layer", "position", pl.col("top_tokens").list.get(rank).alias("predicted"))
+    wide = picked.pivot(on="position", index="layer", values="predicted").sort("layer")
+    return wide.rename({str(p): name for p, name in names.items()})
+
