@@ -104,4 +104,3 @@ def prediction_table(rows: pl.DataFrame, rank: int = 0) -> pl.DataFrame:
     picked = rows.select("layer", "position", pl.col("top_tokens").list.get(rank).alias("predicted"))
     wide = picked.pivot(on="position", index="layer", values="predicted").sort("layer")
     return wide.rename({str(p): name for p, name in names.items()})
-
