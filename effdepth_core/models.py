@@ -96,6 +96,7 @@ _LAYOUTS = {
     "sublayer-norm (Gemma 2/3, OLMo 2)": _POST_SUBLAYER_NORMS,
     "GPT-2-like": ADAPTERS["gpt2"],
     "GPT-NeoX-like": ADAPTERS["gpt_neox"],
+    "final_layernorm (Phi, Persimmon)": Adapter(final_norm="model.final_layernorm"),
 }
 
 
