@@ -363,3 +363,19 @@ def test_a_ctrl_c_is_never_exit_0_whoever_catches_it(monkeypatch, capsys):
 
     monkeypatch.setattr(cli, "build_parser", interrupted_at_start)
     assert main(["models"]) == 130 and "interrupted" in capsys.readouterr().err
+
+
+def test_a_summary_whose_anchor_is_gone_is_not_trusted(tiny_dir, tmp_path, capsys):
+    """A run's files are trusted through its metadata.json (which records their sha256): without it
+    `effdepth table` skips the summary, saying why, rather than printing numbers nobody vouches for."""
+    from effdepth_core.results import RunSettings, run
+
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"prompt": "the cat sat on the mat"}\n')
+    run(RunSettings(str(tiny_dir), str(task), n=1, progress=False), "cosine", tmp_path / "runs" / "a")
+    assert main(["table", str(tmp_path / "runs")]) == 0
+    capsys.readouterr()
+    (tmp_path / "runs" / "a" / "metadata.json").unlink()
+    assert main(["table", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "no effdepth metadata.json beside it records it" in err and "could be read" in err
