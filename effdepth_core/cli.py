@@ -447,7 +447,9 @@ class _noting_interrupts:
         import signal
         import threading
 
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler  # an ignored SIGINT stays ignored
+        ):
 
             def note(signum, frame):
                 self.seen.append(signum)

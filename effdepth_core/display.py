@@ -258,15 +258,18 @@ def read_summary(path: Path, warn) -> dict | None:
     """An ``effective_depth.json`` that effdepth wrote (completed from its ``metadata.json`` where an
     older version left out level, digits or n asked), or None after ``warn(message)``."""
     from .cache import read_regular
-    from .rundir import METADATA, SUMMARY, read_metadata, verified_files
+    from .rundir import FORMAT, METADATA, SUMMARY, read_metadata, verified_files
 
     try:
         summary = json.loads(read_regular(path, what="summary").decode("utf-8"))
         why = summary_problem(summary)
         metadata = read_metadata(path.parent) or {}
         recorded = (metadata.get("files") or {}).get(SUMMARY) if path.name == SUMMARY else None
-        if why is None and recorded is None:  # a record is trusted through its anchor, the run's metadata.json
-            why = f"no effdepth metadata.json beside it records it: not a run of effdepth's, or its {METADATA} is gone"
+        older = int(metadata.get("format", FORMAT)) < FORMAT  # format 1 wrote its summary unrecorded
+        if why is None and not metadata:  # a record is trusted through its anchor, the run's metadata.json
+            why = f"no effdepth {METADATA} beside it: not a run of effdepth's, or its {METADATA} is gone"
+        elif why is None and recorded is None and not older:
+            why = f"its run's {METADATA} does not record it (a summary is read as effective_depth.json of its run)"
         if why is None and recorded is not None and verified_files(path.parent, {SUMMARY: recorded}) is not None:
             why = "it differs from the sha256 its run recorded: edited since effdepth wrote it; rerun to restore it"
         if why is None:

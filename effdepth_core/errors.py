@@ -58,10 +58,12 @@ def require_whole(name: str, value, minimum: int = 1) -> int:
 
 def require_layers(name: str, layers, n_layers: int, model: str) -> list[int]:
     """``layers`` as a list when each is a layer index 0..n_layers-1 of ``model``, else one line."""
-    chosen = [layers] if isinstance(layers, int) else list(layers)
-    wrong = [v for v in chosen if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n_layers]
+    import numbers
+
+    chosen = [layers] if isinstance(layers, numbers.Integral) else list(layers)
+    wrong = [v for v in chosen if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < n_layers]
     if wrong or not chosen:
         raise OptionError(
             f"{name} must be layer indices 0..{n_layers - 1} of {model} ({n_layers} layers), got {layers!r}"
         )
-    return chosen
+    return [int(v) for v in chosen]

@@ -174,6 +174,8 @@ def pads_safely(model: nn.Module, stack: nn.Module, first_layer: nn.Module | Non
 
     unpadded = lengths.index(width)
     noise = drift(padded[unpadded, :width], alone[unpadded][0][0])
+    if not math.isfinite(noise):  # the batch itself breaks (NaN where alone is finite): never padded
+        return False
     for row, (state, first) in enumerate(alone):
         n = state.shape[1]
         if drift(padded[row, :n], state[0]) > max(tolerance, PADDING_NOISE_FACTOR * noise):

