@@ -270,7 +270,7 @@ def test_map_ridge_must_be_finite(tiny_dir, capsys, ridge):
     assert "--ridge must be a finite number" in capsys.readouterr().err
 
 
-def test_table_skips_hand_edited_tuned_rules(tmp_path, capsys):
+def test_table_skips_hand_edited_tuned_rules(tiny_dir, tmp_path, capsys):
     from effdepth_core.cli import main
 
     good = {"model": "m", "task": "gsm8k", "n_layers": 30, "n_examples": 2, "cosine": {"ed": 3, "ratio": 4 / 30}}
@@ -285,9 +285,12 @@ def test_table_skips_hand_edited_tuned_rules(tmp_path, capsys):
         folder.mkdir()
         text = json.dumps({**good, "tuned_lens_kl": entry}).replace("Infinity", "1e999")
         (folder / "effective_depth.json").write_text(text)
-    (tmp_path / "fine").mkdir()
-    (tmp_path / "fine" / "effective_depth.json").write_text(json.dumps(good))
+    from effdepth_core.results import RunSettings, run
+
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"prompt": "the cat sat on the mat"}\n')
+    run(RunSettings(str(tiny_dir), str(task), n=1, progress=False), "cosine", tmp_path / "fine")  # a real run
     assert main(["table", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
-    assert len([line for line in out.splitlines() if line.startswith("m ")]) == 1
+    assert len([line for line in out.splitlines() if line.startswith(str(tiny_dir))]) == 1  # the real run's row
     assert err.count("effdepth: warning: skipping") == len(bad), err
