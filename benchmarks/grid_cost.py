@@ -22,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from effdepth_core.book.cost import Calibration
-from effdepth_core.book.grid import cells, run_unit, units
+from effdepth_book.cost import Calibration
+from effdepth_book.grid import cells, run_unit, units
 
 ROOT = Path(__file__).resolve().parents[1]
 

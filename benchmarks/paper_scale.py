@@ -278,8 +278,8 @@ PAPER_TASKS = (("hellaswag", 10, None), ("gsm8k", 10, None), ("aime24", 5, 400))
 def paper_grid() -> None:
     """The paper's whole grid on one H200, from the rates this script measured there (the cost
     model's ``GPU_RATES``) and the tasks' real prompts (tokens estimated as characters / 4)."""
+    from effdepth_book.cost import gpu_rate, task_lengths
     from effdepth_core import registry
-    from effdepth_core.book.cost import gpu_rate, task_lengths
     from effdepth_core.probes.spec import Shape
     from effdepth_core.settings import RunSettings
 

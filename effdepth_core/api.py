@@ -1,8 +1,10 @@
 """The model-first Python API: ``measure(model, prompts)`` — a model already in memory (a
 transformers model and its tokenizer, or a ``LoadedModel``) or a name ``load_model`` knows, and a
 list of prompts or a task — returns the run's result (curves, per-example frames, EDs with
-intervals, ``.plot()``, a table in a notebook), cached under effdepth's cache or ``out``, keyed by
-what was measured: the weights of a model in memory, the text of the prompts."""
+intervals, ``.plot()``, a table in a notebook). A model in memory is measured directly
+(``results.run_in_memory``); a kept result (``cache=True``, ``out=``, or a model named by a string)
+is cached under effdepth's cache or ``out``, keyed by what was measured: the weights, configuration
+and tokenizer of a model in memory, the text of the prompts."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from .display import RunResult
 from .errors import EffdepthError, nearest_name
 from .models import LoadedModel, as_the_caller_had, resolve_dtype, with_tokenizer, wrap_model
 from .paths import exists, names_path, user_path
-from .results import run
+from .results import run, run_in_memory
 from .settings import RunSettings
 from .tasks import TASKS, Example, _encodable
 from .trace import show_progress
@@ -90,6 +92,7 @@ def measure(
     out: str | Path | None = None,
     progress: bool | None = None,
     name: str | None = None,
+    cache: bool | None = None,
     **settings: Any,
 ) -> Measurement:
     """Run ``probes`` on ``model`` over ``prompts`` and return the result.
@@ -100,9 +103,18 @@ def measure(
     prompt, or a list of prompts (text or ``Example``s; the answer probes need Examples with an
     answer). ``name``: the model's label in the result (default: the alias or folder it was loaded
     from). ``settings``: any ``RunSettings`` field or probe option (``n``, ``seed``, ``top_k``…).
-    Results are kept in ``out`` or under effdepth's cache (``$EFFDEPTH_CACHE/runs``), never the
-    working directory, and read back when the same model and prompts are measured again."""
+    ``cache``: whether to keep the result and read it back when the same model (by its weights,
+    configuration and tokenizer) and prompts are measured again. A model named by ``model`` is kept
+    by default; a model in memory is measured directly, with no file written (``out_dir`` None),
+    unless ``cache=True`` or ``out`` is given. Results are kept in ``out`` or under effdepth's cache
+    (``$EFFDEPTH_CACHE/runs``), never the working directory."""
     _check_settings(settings)
+    if cache is not None and not isinstance(cache, bool):
+        raise EffdepthError(f"cache= takes True or False, got {cache!r}")
+    if cache is False and out is not None:
+        raise EffdepthError("out= keeps the result in a folder and cache=False keeps none; drop one")
+    by_name = isinstance(model, str)
+    keep = out is not None or (cache is not False if by_name else bool(cache))  # a name: kept unless told not
     if isinstance(tokenizer, str | Path):
         raise EffdepthError(
             f"tokenizer= takes a tokenizer object, not its name {str(tokenizer)!r}: pass "
@@ -117,12 +129,13 @@ def measure(
     progress = show_progress(progress)
     if isinstance(model, str):
         run_settings = RunSettings(model, task, progress=progress, **settings)
-        return _measurement(run(run_settings, probes, out), name or model, task_label)
+        result = run(run_settings, probes, out) if keep else run_in_memory(run_settings, probes)
+        return _measurement(result, name or model, task_label)
     if isinstance(model, LoadedModel):
         if tokenizer is not None:
             model = with_tokenizer(model, tokenizer, "measure")
         _as_the_model_is(model, settings)
-        result = run(RunSettings(model.name, task, progress=progress, **settings), probes, out, loaded=model)
+        result = _run(RunSettings(model.name, task, progress=progress, **settings), probes, out, model, keep)
         return _measurement(result, name or model.name, task_label)
     if not hasattr(model, "config"):
         raise EffdepthError(f"model must be a name, a LoadedModel or a transformers model, got {type(model).__name__}")
@@ -131,8 +144,13 @@ def measure(
         if loaded.tokenizer is None:
             raise EffdepthError("measuring text needs the model's tokenizer: pass tokenizer=")
         _as_the_model_is(loaded, settings)
-        result = run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded=loaded)
+        result = _run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded, keep)
         return _measurement(result, loaded.name, task_label)
+
+
+def _run(settings: RunSettings, probes, out, loaded: LoadedModel, keep: bool) -> RunResult:
+    """A kept run (the cache, or ``out``) or the shortest road: the probes on the model, in memory."""
+    return run(settings, probes, out, loaded=loaded) if keep else run_in_memory(settings, probes, loaded=loaded)
 
 
 def _check_settings(settings: dict[str, Any]) -> None:
@@ -169,7 +187,7 @@ def plot(result: RunResult, chart: str | None = None):
 
     if importlib.util.find_spec("altair") is None or importlib.util.find_spec("vl_convert") is None:
         raise EffdepthError("charts need the book extra (altair, vl-convert): pip install 'effdepth[book]'")
-    from .book import plots
+    from effdepth_book import plots
 
     charts = [c for name in result.per_example for c in registry.get(name).charts]
     chosen = [c for c in charts if chart is None or c.name == chart]

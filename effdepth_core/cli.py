@@ -245,7 +245,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     _book_extra()
     import polars as pl
 
-    from .book import plots
+    from effdepth_book import plots
 
     check_recorded(run_dir, metadata, probe)
     frame = read_cached_frame(source)
@@ -268,7 +268,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 def _cmd_book(args: argparse.Namespace) -> int:
     _book_extra()
-    from .book.runner import SECTIONS, execute, find_set, parameter_sets, parameters_yaml, write_findings, write_toc
+    from effdepth_book import sections as book_sections
+    from effdepth_book.runner import (
+        execute,
+        find_set,
+        parameter_sets,
+        parameters_yaml,
+        write_findings,
+        write_toc,
+    )
 
     root = args.root.resolve()
     if args.bootstrap_seed is not None and not args.findings:
@@ -276,7 +284,7 @@ def _cmd_book(args: argparse.Namespace) -> int:
     if not args.pages and not args.check:
         raise EffdepthError("--no-pages narrows --check; add --check")
     if args.findings or args.check or args.findings_only:
-        from .book.runner import findings_markdown, stale_generated
+        from effdepth_book.runner import findings_markdown, stale_generated
 
         if args.findings:
             print(findings_markdown(root, args.profile, args.bootstrap_seed), end="")
@@ -301,14 +309,14 @@ def _cmd_book(args: argparse.Namespace) -> int:
         return 0
     if args.params and not args.section:
         raise EffdepthError("--params names one section's file; add --section")
-    sections = [args.section] if args.section else list(SECTIONS)
+    sections = [book_sections.get(args.section).name] if args.section else list(book_sections.names())
     sets = [s for section in sections for s in parameter_sets(root, section, args.profile, args.params)]
     if args.only is not None:
         sets = [s for s in sets if s.name == args.only]
         if not sets:
             raise EffdepthError(f"no parameter set named {args.only!r} in {', '.join(sections)} ({args.profile})")
     if not args.toc_only and args.params is None:
-        from .book.grid import cells
+        from effdepth_book.grid import cells
 
         cells(root, args.profile, sections)  # two runs that would share a directory: found before any work
     toc = write_toc(root)
@@ -328,7 +336,7 @@ def _cmd_book(args: argparse.Namespace) -> int:
 def _cmd_grid(args: argparse.Namespace) -> int:
     _quiet(args)
     _book_extra()
-    from .book.grid import parse_shard
+    from effdepth_book.grid import parse_shard
 
     root = args.root.resolve()
     if not (root / "params").is_dir():
@@ -350,8 +358,8 @@ def _cmd_grid(args: argparse.Namespace) -> int:
 
 
 def _grid_in_checkout(args: argparse.Namespace, root: Path, slice_) -> int:
-    from .book.executors import compute_plan
-    from .book.grid import hours, plan_grid
+    from effdepth_book.executors import compute_plan
+    from effdepth_book.grid import hours, plan_grid
 
     plan = plan_grid(root, args.profile, args.section, slice_)
     for state, cost, cell in plan.rows:

@@ -160,7 +160,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     book = commands.add_parser("book", help="execute the book's notebooks (papermill) from params/", **common)
     book.add_argument(
-        "--section", choices=["scale", "difficulty", "long_cot", "beyond"], help="one section (default: all)"
+        "--section", metavar="SECTION", help="one section (scale, long_cot, difficulty, beyond, …; default: all)"
     )
     book.add_argument("--params", type=_path, help="a section's parameter file (default params/<section>.yml)")
     book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")
@@ -242,9 +242,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         **common,
     )
     grid.add_argument("profile", nargs="?", default="full", choices=["quick", "full"], help="params profile")
-    grid.add_argument(
-        "--section", action="append", choices=["scale", "difficulty", "long_cot", "beyond"], help="only these sections"
-    )
+    grid.add_argument("--section", action="append", metavar="SECTION", help="only these sections (default: all)")
     grid.add_argument("--root", type=_path, default=Path("."), help="the effdepth checkout")
     grid.add_argument("--dry-run", action="store_true", help="print the plan with its estimated cost; compute nothing")
     grid.add_argument(

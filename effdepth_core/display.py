@@ -293,7 +293,7 @@ def read_summary(path: Path, warn) -> dict | None:
 class RunResult:
     """What ``run`` produced: where, the saved frames, the per-example frames and the ED per rule."""
 
-    out_dir: Path
+    out_dir: Path | None  # None: computed in memory and kept nowhere (``run_in_memory``)
     curves: dict[str, pl.DataFrame]
     per_example: dict[str, pl.DataFrame]
     depth: dict[str, DepthResult]
@@ -349,8 +349,13 @@ class RunResult:
         cells = "; ".join(f"{label} {cell}" for label, cell in self._cells())
         return (
             f"<{type(self).__name__}: {model} on {task} ({s.get('n_layers')} layers, n = {s.get('n_examples')}). "
-            f"ED {cells}. Probes: {', '.join(self.per_example)}. Saved in {self.out_dir}>"
+            f"ED {cells}. Probes: {', '.join(self.per_example)}. {self._where()}>"
         )
+
+    def _where(self) -> str:
+        if self.out_dir is None:
+            return "Kept in memory only (measure(..., out=FOLDER) or cache=True keeps a result)"
+        return f"Saved in {self.out_dir}"
 
     @property
     def eds(self) -> pl.DataFrame:
@@ -366,6 +371,6 @@ class RunResult:
         return (
             f"<p><b>{html.escape(self._labels()[0])}</b> on <b>{html.escape(self._labels()[1])}</b>: "
             f"L = {s.get('n_layers')}, n = {s.get('n_examples')}; probes {', '.join(self.per_example)}; "
-            f"results in <code>{html.escape(str(self.out_dir))}</code></p>"
+            f"{html.escape(self._where())}</p>"
             f"<table><tr>{head}</tr><tr>{cells}</tr></table><p><small>{html.escape(CELL_LEGEND)}</small></p>"
         )

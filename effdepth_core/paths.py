@@ -1,9 +1,11 @@
 """The one place a path a user gives becomes a ``Path``: ``~`` expanded (a ``~user`` with no home
 is one line, not Python's RuntimeError), and existence asked so that a name the file system
-cannot take (longer than 255 bytes) is simply no file rather than an ``OSError``."""
+cannot take (longer than 255 bytes) is simply no file rather than an ``OSError``; and every file
+or folder name effdepth derives from a user's text goes through ``short_name``, so none exceeds it."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from .errors import EffdepthError
@@ -33,3 +35,15 @@ def names_path(text: str) -> Path | None:
     except RuntimeError:
         return None
     return path if exists(path) else None
+
+
+NAME_BYTES = 200  # a derived file or folder name stays well under the 255 bytes file systems allow
+
+
+def short_name(name: str, source: str | None = None) -> str:
+    """``name`` as it is, or — past ``NAME_BYTES`` — cut and ended with a hash of ``source`` (the
+    whole spec it came from), so that two long specs never share a name."""
+    if len(name.encode()) <= NAME_BYTES:
+        return name
+    digest = hashlib.sha256((source or name).encode()).hexdigest()[:12]
+    return f"{name.encode()[: NAME_BYTES - 13].decode(errors='ignore')}-{digest}"

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import registry
+from .depth import N_BOOTSTRAP_RUN
 from .errors import EffdepthError
 from .models import LoadedModel
 from .results import RunResult, run
@@ -110,7 +111,7 @@ def precise_run(
     reuse_from: Sequence[Path | str] = (),
     cached_only: bool = False,
     load=None,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = N_BOOTSTRAP_RUN,
     renew_outdated: bool = False,
 ) -> PreciseRun:
     """Walk ``n`` = ``rule.n_min``, … until the rule is met, the cap is reached or the data set runs

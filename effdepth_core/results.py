@@ -26,7 +26,7 @@ import torch
 
 from . import __version__, registry
 from .cache import read_regular
-from .depth import effective_depths
+from .depth import N_BOOTSTRAP_RUN, effective_depths
 from .display import RunResult
 from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError, TaskError
 from .models import (
@@ -451,7 +451,7 @@ def run(
     out_dir: Path | str | None = None,
     loaded: LoadedModel | None = None,
     examples: list[Example] | None = None,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = N_BOOTSTRAP_RUN,
     overwrite: bool = False,
     reuse_from: Sequence[Path | str] = (),
     renew_outdated: bool = False,
@@ -495,6 +495,60 @@ def run(
         raise
     finally:
         directory.release()
+
+
+@takes_plain_models("loaded")
+def run_in_memory(
+    settings: RunSettings,
+    probes: str | Sequence[str] = registry.DEFAULT,
+    loaded: LoadedModel | None = None,
+    examples: list[Example] | None = None,
+    n_bootstrap: int = N_BOOTSTRAP_RUN,
+) -> RunResult:
+    """Run ``probes`` on a model in memory and return the result, reading and writing no file but
+    the task's: no run directory, no cache key, no weights hashed, no earlier run's rows. The same
+    checks, probes and summary as ``run`` (its numbers equal a cached run's); ``out_dir`` is None.
+    ``measure()`` takes this road for a model in memory unless asked to keep the result.
+
+    Args:
+        settings: the run's settings (``settings.model`` labels the result).
+        probes: probe names, or a comma-separated string.
+        loaded: the model (loaded from ``settings.model`` when None).
+        examples: the examples (the task's when None).
+        n_bootstrap: resamples of each ED's interval.
+
+    Returns:
+        The result: curves, per-example frames, ED per rule and the summary.
+    """
+    names = parse_probes(probes, settings)
+    if loaded is not None:
+        check_settings(settings, names, {"vocab_size": loaded.vocab_size, "n_layers": loaded.n_layers})
+        asked = resolve_dtype(settings.dtype, resolve_device(settings.device))
+        if loaded.dtype != asked:
+            raise EffdepthError(
+                f"the model given is {str(loaded.dtype).removeprefix('torch.')} but the settings ask for "
+                f"{str(asked).removeprefix('torch.')}; pass dtype={str(loaded.dtype).removeprefix('torch.')!r}"
+            )
+        hooked = user_hooks(loaded.model)
+        if hooked is not None:  # the probes' own hooks and replays assume the model computes as loaded
+            raise EffdepthError(
+                f"the model has a hook on {hooked}: it would change what the probes read; remove it "
+                "(handle.remove()) before measuring"
+            )
+    if examples is not None:
+        check_examples(examples, [registry.get(n) for n in names])
+    loaded, examples = _load(settings, names, loaded, examples)
+    metadata = _new_metadata(settings, "", loaded, examples)
+    per_example, saved = {}, {}
+    for name in names:
+        spec = registry.get(name)
+        started = time.perf_counter()
+        frames = _compute(spec, loaded, examples, settings)
+        per_example[name] = frames.pop(f"{name}_by_example")
+        saved.update(frames)
+        metadata["probes"][name] = {"seconds": round(time.perf_counter() - started, 4), "revision": spec.revision}
+    summary, depth = summary_of(settings, metadata, per_example, saved, n_bootstrap)
+    return RunResult(None, saved, per_example, depth, summary, metadata)
 
 
 def _to_compute(
@@ -607,7 +661,7 @@ def _checked_summary(probe: str, added: object, summary: dict) -> dict:
 
 
 def summary_of(
-    settings: RunSettings, metadata: dict, per_example: dict, saved: dict, n_bootstrap: int = 1000
+    settings: RunSettings, metadata: dict, per_example: dict, saved: dict, n_bootstrap: int = N_BOOTSTRAP_RUN
 ) -> tuple[dict, dict]:
     """``effective_depth.json``'s content and the ED per rule, from a run's frames."""
     n_layers = int(metadata["n_layers"])

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import __version__, registry
 from .errors import EffdepthError
-from .paths import exists, names_path
+from .paths import NAME_BYTES, exists, names_path, short_name  # noqa: F401 (NAME_BYTES: part of this module's API)
 from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec
 from .tasks import ANSWER_FORMAT, ARITHMETIC, TASKS, check_task
 
@@ -286,18 +286,6 @@ def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[
             spec.check(settings, facts)
 
 
-NAME_BYTES = 200  # a derived file or folder name stays well under the 255 bytes file systems allow
-
-
-def short_name(name: str, source: str | None = None) -> str:
-    """``name`` as it is, or — past ``NAME_BYTES`` — cut and ended with a hash of ``source`` (the
-    whole spec it came from), so that two long specs never share a name."""
-    if len(name.encode()) <= NAME_BYTES:
-        return name
-    digest = hashlib.sha256((source or name).encode()).hexdigest()[:12]
-    return f"{name.encode()[: NAME_BYTES - 13].decode(errors='ignore')}-{digest}"
-
-
 def slug(text: str) -> str:
     """A file-name-safe form of a model or task spec (never hidden: no leading dot): a path by its
     own name — a file's stem, a folder's name (a ``dequantized-*`` folder by its model's) — not the
@@ -412,15 +400,11 @@ class MapSettings:
             name += f"-ridge{self.ridge:g}"
         return f"{short_name(name, f'{self.small}--{self.big}--{self.task}')}-{self.key()[:8]}"
 
-    def file_name(self) -> str:
-        """The name of the single-file cache of effdepth before the map's run directory."""
-        return self.name().rsplit("-", 1)[0] + ".parquet"
-
     def key(self) -> str:
         fields = {k: v for k, v in asdict(self).items() if k not in ("device", "progress")}
         for name in ("small", "big"):
-            path = Path(getattr(self, name)).expanduser()
-            if path.exists():
+            path = names_path(getattr(self, name))  # None: a name, or one no file system could hold
+            if path is not None:
                 from .acquire import model_files_digest
 
                 fields[f"{name}_files"] = model_files_digest(path)

@@ -34,12 +34,21 @@ def test_measure_a_model_in_memory_on_a_list_of_prompts(cache):
     assert result.per_example["cosine"].equals(residual_cosine(loaded, PROMPTS))
     assert result.per_example["logit_lens"].equals(logit_lens(loaded, PROMPTS))
     assert set(result.depth) >= {"cosine", "logit_lens_kl", "logit_lens_overlap"}
-    assert str(result.out_dir).startswith(str(cache / "cache")) and not (cache / "results").exists()
-    again = measure(model, PROMPTS, tokenizer=tokenizer, progress=False)  # read back, not recomputed
-    assert again.out_dir == result.out_dir and again.per_example["cosine"].equals(result.per_example["cosine"])
-    other = measure(model, PROMPTS[:1], tokenizer=tokenizer, progress=False)  # other text: another entry
-    assert other.out_dir != result.out_dir
-    assert "<table>" in result._repr_html_()
+    # a model in memory takes the shortest road: probes on the model, no run kept (only the prompts'
+    # content-named task file is written)
+    assert result.out_dir is None and not (cache / "cache" / "runs").exists() and not (cache / "results").exists()
+    kept = measure(model, PROMPTS, tokenizer=tokenizer, progress=False, cache=True)  # asked to keep it
+    assert str(kept.out_dir).startswith(str(cache / "cache")) and kept.summary == result.summary
+    for name, frame in result.per_example.items():
+        assert kept.per_example[name].equals(frame), name  # the two roads give the same numbers
+    again = measure(model, PROMPTS, tokenizer=tokenizer, progress=False, cache=True)  # read back, not recomputed
+    assert again.out_dir == kept.out_dir and again.per_example["cosine"].equals(result.per_example["cosine"])
+    assert again.metadata["probes"]["cosine"]["seconds"] == kept.metadata["probes"]["cosine"]["seconds"]
+    other = measure(model, PROMPTS[:1], tokenizer=tokenizer, progress=False, cache=True)  # other text: another entry
+    assert other.out_dir != kept.out_dir
+    assert "<table>" in result._repr_html_() and "memory only" in repr(result)
+    with pytest.raises(EffdepthError, match="cache=False keeps none"):
+        measure(model, PROMPTS, tokenizer=tokenizer, out=cache / "x", cache=False)
 
 
 def test_measure_refuses_what_it_cannot_key_in_one_line(cache):
@@ -59,12 +68,14 @@ def test_a_model_in_memory_is_keyed_by_its_content_not_its_label(cache):
     """name= labels the result; the key is the model's content, so a relabelled model reuses the
     rows (nothing computed) and shows its new label, while another model under the same label does not."""
     model, tokenizer = make_tiny("llama").model, char_tokenizer()
-    first = measure(model, PROMPTS, tokenizer=tokenizer, name="mine", progress=False)
-    again = measure(model, PROMPTS, tokenizer=tokenizer, name="the same, renamed", progress=False)
+    first = measure(model, PROMPTS, tokenizer=tokenizer, name="mine", progress=False, cache=True)
+    again = measure(model, PROMPTS, tokenizer=tokenizer, name="the same, renamed", progress=False, cache=True)
     assert again.model_label == "the same, renamed" and again.metadata["key"] == first.metadata["key"]
     assert again.metadata["probes"]["cosine"]["reused"]["examples"] == len(PROMPTS)  # rows reused, none computed
     assert again.per_example["cosine"].equals(first.per_example["cosine"])
-    other = measure(make_tiny("llama", seed=7).model, PROMPTS, tokenizer=tokenizer, name="mine", progress=False)
+    other = measure(
+        make_tiny("llama", seed=7).model, PROMPTS, tokenizer=tokenizer, name="mine", progress=False, cache=True
+    )
     assert other.metadata["key"] != first.metadata["key"] and "reused" not in other.metadata["probes"]["cosine"]
 
 
@@ -77,20 +88,25 @@ def test_a_model_loaded_by_name_is_keyed_by_its_name_only_while_it_is_what_the_n
 
     spec = str(tiny_dir)
     plain = load_model(spec, device="cpu", dtype="float32", progress=False)
-    first = measure(plain, PROMPTS, progress=False)
-    assert first.out_dir == measure(load_model(spec, device="cpu", progress=False), PROMPTS, progress=False).out_dir
+    first = measure(plain, PROMPTS, progress=False, cache=True)
+    assert (
+        first.out_dir
+        == measure(load_model(spec, device="cpu", progress=False), PROMPTS, progress=False, cache=True).out_dir
+    )
     half = load_model(spec, device="cpu", dtype="bfloat16", progress=False)
-    in_bf16 = measure(half, PROMPTS, progress=False)
+    in_bf16 = measure(half, PROMPTS, progress=False, cache=True)
     assert in_bf16.out_dir != first.out_dir and in_bf16.metadata["settings"]["dtype"] == "bfloat16"
     assert in_bf16.per_example["cosine"].equals(residual_cosine(half, PROMPTS))
     with torch.no_grad():  # an edit in place: another model under the same name
         plain.layers[1].mlp.down_proj.weight.mul_(3.0)
-    edited = measure(plain, PROMPTS, progress=False)
+    edited = measure(plain, PROMPTS, progress=False, cache=True)
     assert edited.out_dir != first.out_dir
     assert edited.per_example["cosine"].equals(residual_cosine(plain, PROMPTS))
     assert not edited.per_example["cosine"].equals(first.per_example["cosine"])
     eager = load_model(spec, device="cpu", dtype="float32", progress=False, attn_implementation="eager")
-    assert measure(eager, PROMPTS, progress=False).out_dir != first.out_dir  # another load: keyed by weights
+    assert (
+        measure(eager, PROMPTS, progress=False, cache=True).out_dir != first.out_dir
+    )  # another load: keyed by weights
     with pytest.raises(EffdepthError, match="the model given is bfloat16 but the settings ask for float32"):
         run(RunSettings(spec, "gsm8k", n=2, progress=False), "cosine", loaded=half)
 
@@ -173,8 +189,8 @@ def test_lens_curves_mark_the_eds_effective_depth_gives():
     book's labelled summary does."""
     from conftest import random_prompts
 
+    from effdepth_book import plots
     from effdepth_core import effective_depth
-    from effdepth_core.book import plots
     from effdepth_core.depth import depth_table
 
     loaded = make_tiny("llama")
@@ -198,7 +214,7 @@ def test_the_api_reference_page_gives_every_public_name_with_its_signature_and_d
     import inspect
 
     import effdepth_core
-    from effdepth_core.book.api_reference import api_markdown
+    from effdepth_book.api_reference import api_markdown
 
     page = api_markdown()
     unescaped = page.replace("\\", "")  # Markdown's escapes taken back out

@@ -14,9 +14,10 @@ import nbformat
 import polars as pl
 import pytest
 
-from effdepth_core.book import plots, reference
-from effdepth_core.book.runner import SECTIONS, parameter_sets, toc_text
-from effdepth_core.book.study import (
+from effdepth_book import plots, reference
+from effdepth_book.runner import parameter_sets, toc_text
+from effdepth_book.sections import names as section_names
+from effdepth_book.study import (
     difficulty_specs,
     difficulty_trend,
     expand_levels,
@@ -84,11 +85,15 @@ def test_toc_is_generated_from_params():
     assert (ROOT / "book" / "_toc.yml").resolve() == (ROOT / "_toc.yml").resolve()
 
 
-@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize("section", section_names())
 def test_templates_are_clean_and_take_every_parameter(section):
     notebook = nbformat.read(ROOT / "book" / "templates" / f"{section}.ipynb", as_version=4)
     code = [c for c in notebook.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code), "templates carry no outputs"
+    ids = [c.get("id") for c in notebook.cells]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    assert not twice, f'cells {twice} share an id (a copied cell keeps its id: delete the copy\'s "id" field)'
+    assert f'pages.open_page("{section}"' in "".join(c.source for c in code)  # the template names its section
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1
     namespace: dict = {}
@@ -266,7 +271,7 @@ def test_run_study_reads_the_cache_and_reports_unloadable_models(tiny_dir, tmp_p
     for rule, label in (("cosine", "cosine"), ("logit_lens_kl", "lens KL"), ("logit_lens_overlap", "lens overlap")):
         row = summary.filter(rule=label).row(0, named=True)
         assert row["ed"] == direct.summary[rule]["ed"] and row["task"] == "addition 2 digits"
-    import effdepth_core.book.study as study_module
+    import effdepth_book.study as study_module
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a cached study must not load the model")
@@ -295,7 +300,7 @@ def test_run_study_reads_the_cache_and_reports_unloadable_models(tiny_dir, tmp_p
 def test_a_cached_only_study_says_why_a_hub_model_is_missing(tmp_path, monkeypatch):
     """The intro's findings read the cache only: a hub model that is not downloaded is named as such,
     with a precision rule or without one, and a missing run of an offline model as not computed."""
-    from effdepth_core.book import study
+    from effdepth_book import study
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
     specs = [{"task": "gsm8k", "precision": {"n_min": 20, "n_max": 40}}, {"task": "hellaswag", "n": 2}]
@@ -311,11 +316,13 @@ def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
     module a page runs (the statistics) stales it."""
     import shutil
 
-    from effdepth_core.book import runner
+    from effdepth_book import runner
 
-    package = tmp_path / "effdepth_core"
-    shutil.copytree(runner._PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(runner, "_PACKAGE", package)
+    copies = {name: tmp_path / name for name in runner._PACKAGES}
+    for name, root in runner._PACKAGES.items():
+        shutil.copytree(root, copies[name], ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(runner, "_PACKAGES", copies)
+    package = copies["effdepth_core"]
     item = parameter_sets(ROOT, "scale", "full")[0]
     fresh = runner.page_inputs(ROOT, item)
     (package / "cli.py").write_text((package / "cli.py").read_text() + "\n# an unrelated edit\n")
@@ -326,5 +333,61 @@ def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
     (package / "depth.py").write_text((package / "depth.py").read_text() + "\n# the statistics change\n")
     assert runner.page_inputs(ROOT, item) != fresh
     names = [name for name, _ in runner.page_code(ROOT / "book" / "templates" / "scale.ipynb")]
-    assert "depth.py" in names and "book/findings.py" in names and "cli.py" not in names
-    assert "probe:cosine" in names and "probes/cosine.py" not in names
+    assert "effdepth_core/depth.py" in names and "effdepth_book/findings.py" in names
+    assert "effdepth_core/cli.py" not in names and "effdepth_core/probes/cosine.py" not in names
+    assert "probe:cosine" in names
+    (copies["effdepth_book"] / "grid.py").write_text((copies["effdepth_book"] / "grid.py").read_text() + "\n# grid\n")
+    stale = runner.page_inputs(ROOT, item)
+    (copies["effdepth_book"] / "findings.py").write_text(
+        (copies["effdepth_book"] / "findings.py").read_text() + "\n#\n"
+    )
+    assert runner.page_inputs(ROOT, item) != stale  # the book's own modules count as the core's do
+
+
+@pytest.mark.slow  # ~25 s: two pages' findings from the committed runs
+def test_a_new_section_is_its_spec_its_params_and_its_template(tmp_path):
+    """A section added in process — a copy of "beyond" under another name: its spec (with its own
+    page class), its params file, its template, one ``register`` call — reaches the schema, the
+    table of contents, the grid's cells, the page and the intro's findings with no other edit."""
+    import dataclasses
+    import shutil
+
+    from effdepth_book import grid, pages, params_schema, runner, sections
+    from effdepth_book.sections import beyond
+
+    root = tmp_path / "checkout"
+    shutil.copytree(ROOT / "params", root / "params")
+    (root / "params" / "copy.yml").write_text((ROOT / "params" / "beyond.yml").read_text())
+    template = root / "book" / "templates" / "copy.ipynb"
+    template.parent.mkdir(parents=True)
+    text = (ROOT / "book" / "templates" / "beyond.ipynb").read_text()
+    template.write_text(text.replace('\\"beyond\\"', '\\"copy\\"'))  # the section's name in its first cell
+    (root / "book" / "results").symlink_to(ROOT / "book" / "results")  # the committed runs, read only
+    page_class = type("CopyPage", (beyond.BeyondPage,), {"section": "copy"})
+
+    def intro(entries):  # beyond's, marked so that the intro shows it came from the copy
+        heads, paragraphs = beyond.intro(entries)
+        return heads, [*paragraphs, f"copy: {len(entries)} page(s)"]
+
+    sections.register(dataclasses.replace(beyond.SPEC, name="copy", page=page_class, intro=intro))
+    try:
+        assert sections.names()[-1] == "copy"
+        assert params_schema.template_keys(template) == params_schema.section_keys("copy")
+        copies, originals = (runner.parameter_sets(root, s, "full") for s in ("copy", "beyond"))
+        assert [c.parameters for c in copies] == [o.parameters for o in originals]
+        assert [c.page for c in copies] == [o.page.replace("beyond/", "copy/") for o in originals]
+        assert all(f"file: {c.page}" in runner.toc_text(root) for c in copies)
+        cells = {str(c.key) for c in grid.cells(root, "full", ["copy"])}
+        assert cells and cells == {str(c.key) for c in grid.cells(root, "full", ["beyond"])}
+        item = next(c for c in copies if c.name == "smollm2-135m")
+        page = pages.open_page("copy", item.parameters, cached_only=True, root=root)
+        assert type(page) is page_class and set(page.plans) == {"tasks"}
+        original = pages.open_page("beyond", item.parameters, cached_only=True, root=root)
+        assert page.findings() == original.findings() and "Nothing was measured" not in page.findings()
+        assert page.chart("lens") is not None
+        quick = len(runner.parameter_sets(root, "copy", "quick"))
+        assert f"copy: {quick} page(s)" in runner.findings_markdown(root, "quick")  # no quick results: fast
+    finally:
+        sections.unregister("copy")
+    with pytest.raises(EffdepthError, match="unknown section 'copy'; sections: scale, long_cot"):
+        runner.parameter_sets(root, "copy", "full")

@@ -6,10 +6,15 @@ skipped with its reason. A transformers upgrade that adds or changes a model is 
 
 from __future__ import annotations
 
+import csv
+import sys
 import warnings
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -31,6 +36,7 @@ SMALL = dict(
     image_size=32, patch_size=8,
 )  # fmt: skip
 SUBCONFIGS = ("text_config", "decoder", "language_config", "llm_config", "vision_config", "audio_config")
+COVERAGE = Path(__file__).parent / "data" / "coverage.csv"  # type → outcome, with transformers' version
 MAX_PARAMS = 20_000_000  # a config whose sizes are not all named above stays large: not built here
 
 
@@ -107,20 +113,21 @@ def _reference(loaded, prompts):
     return cos / tokens, kl / tokens
 
 
-@pytest.mark.parametrize("model_type", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
-def test_every_causal_lm_type_is_measured_right_or_refused_in_one_line(model_type):
+def _outcome(model_type: str) -> tuple[str, str]:
+    """(outcome, detail) of one type: ``measured`` (and equal to the reference: asserted here),
+    ``refused (mixer)`` / ``refused`` (one line naming the model), or ``unbuildable`` (its reason)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # inferred layouts are announced; transformers warns on tiny configs
         model, why = _build(model_type)
         if model is None:
-            pytest.skip(f"{model_type} cannot be built tiny here: {why}")
+            return "unbuildable", why
         try:
             loaded = wrap_model(model, None, name=model_type)
         except UnsupportedModelError as exc:
             assert "\n" not in str(exc) and model_type in str(exc)  # one line, naming the model
             # a state-space, recurrent or convolutional mixer is refused as that, not for module names
             assert (mixer_kind(model.config, model_type) is not None) == ("mixes tokens with" in str(exc)), str(exc)
-            return
+            return ("refused (mixer)" if "mixes tokens with" in str(exc) else "refused"), str(exc)
         vocab = loaded.vocab_size
         # two prompts of other lengths, measured as one right-padded batch
         prompts = [(torch.arange(11) * 7 + 3) % (vocab - 3) + 3, (torch.arange(7) * 5 + 4) % (vocab - 3) + 3]
@@ -133,6 +140,44 @@ def test_every_causal_lm_type_is_measured_right_or_refused_in_one_line(model_typ
     # the largest KL (+1e-3 nats for near-uniform tiny models) separate rounding from a wrong read
     assert float((ours_cos - ref_cos).abs().max()) < 1e-4, (ours_cos, ref_cos)
     assert float((ours_kl - ref_kl).abs().max()) < 1e-3 * (float(ref_kl.abs().max()) + 1e-3), (ours_kl, ref_kl)
+    return "measured", ""
+
+
+def _recorded() -> tuple[str, dict[str, str]]:
+    """The committed coverage table: the transformers version it was made with, type → outcome."""
+    lines = COVERAGE.read_text().splitlines()
+    version = lines[0].removeprefix("# transformers ")
+    rows = csv.DictReader(lines[1:])
+    return version, {row["model_type"]: row["outcome"] for row in rows}
+
+
+@pytest.mark.parametrize("model_type", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+def test_every_causal_lm_type_is_measured_right_or_refused_in_one_line(model_type):
+    kind, why = _outcome(model_type)
+    version, recorded = _recorded()
+    if version == transformers.__version__:  # the committed table (and the models page's counts) hold
+        assert recorded.get(model_type) == kind, (
+            f"{model_type} is now {kind}, {COVERAGE.name} says {recorded.get(model_type)}: "
+            "regenerate it with `python tests/test_coverage.py` and update book/using/models.md's counts"
+        )
+    if kind == "unbuildable":
+        pytest.skip(f"{model_type} cannot be built tiny here: {why}")
+
+
+def test_the_models_page_states_the_committed_coverage():
+    """book/using/models.md's coverage counts are the committed table's (which the test above holds
+    to what the installed transformers gives), not numbers typed once."""
+    version, recorded = _recorded()
+    counts = Counter(recorded.values())
+    page = " ".join((Path(__file__).parents[1] / "book" / "using" / "models.md").read_text().split())
+    refused = counts["refused"] + counts["refused (mixer)"]
+    for said in (
+        f"With transformers {version} its {len(recorded)} types gave: {counts['measured']} measured correctly",
+        f"{refused} refused in one line ({counts['refused (mixer)']} state-space, recurrent and hybrid mixers",
+        f"{counts['refused']} encoders, encoder-decoders and layouts",
+        f"{counts['unbuildable']} that the generic tiny-config shrink cannot build",
+    ):
+        assert said in page, said
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "jamba", "zamba", "lfm2", "qwen3_next", "rwkv", "recurrent_gemma"])
@@ -145,3 +190,17 @@ def test_state_space_and_recurrent_mixers_are_refused_as_such(model_type):
             pytest.skip(f"{model_type} cannot be built tiny here: {why}")
         with pytest.raises(UnsupportedModelError, match=f"model_type '{model_type}'.* mixes tokens with state-space"):
             wrap_model(model, None, name=model_type)
+
+
+if __name__ == "__main__":  # python tests/test_coverage.py: rewrite the committed table
+    rows = []
+    for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        kind, why = _outcome(model_type)
+        rows.append((model_type, kind))
+        print(f"{model_type}: {kind}", file=sys.stderr)
+    with COVERAGE.open("w", newline="") as out:
+        out.write(f"# transformers {transformers.__version__}\n")
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["model_type", "outcome"])
+        writer.writerows(rows)
+    print(dict(Counter(kind for _, kind in rows)))

@@ -11,7 +11,7 @@ import re
 import polars as pl
 import pytest
 
-from effdepth_core.book import findings, findings_beyond, findings_long_cot, plots, reference, tables
+from effdepth_book import findings, findings_beyond, findings_long_cot, plots, reference, tables
 
 
 def _summary(rows: list[tuple]) -> pl.DataFrame:
@@ -171,7 +171,7 @@ def test_two_tests_per_comparison_and_a_margin_of_at_least_one_layer():
 def test_the_robustness_rule_judges_the_papers_cells_and_ours_by_one_artefact_test():
     """(c) an ED in the first layers is an artefact on either side: the paper's lens-KL ED 1 of 28
     and our lens-KL ED 2 of 30 alike; ours is then degenerate and decides nothing."""
-    from effdepth_core.book import stats
+    from effdepth_core import depth as stats
 
     assert stats.artefact(1, 28) and stats.artefact(2, 30) and stats.artefact(3, 30)
     assert stats.artefact(4, 30) is None and stats.artefact(3, 18) is None  # max(2, ⌈0.1 L⌉): 3 of 30, 2 of 18
@@ -191,7 +191,7 @@ def test_the_robustness_rule_judges_the_papers_cells_and_ours_by_one_artefact_te
 
 
 def test_robust_names_the_first_check_that_differs():
-    from effdepth_core.book import stats
+    from effdepth_core import depth as stats
 
     assert stats.robust([("", "agree"), ("at x 1", "agree")]) == ("agree", None)
     verdict, why = stats.robust([("", "agree"), ("at x 1", "agree"), ("under bootstrap seed 2", "disagree")])
@@ -202,7 +202,7 @@ def test_the_cosine_rule_moves_with_its_zero_level():
     """A hand-checked curve: the mean cosine crosses 0 at layer 2→3 and +0.02 at layer 4→5 only."""
     import numpy as np
 
-    from effdepth_core.book import stats
+    from effdepth_core import depth as stats
     from effdepth_core.probes.cosine import COSINE_PARTS, SPEC
 
     rule = SPEC.rules[0]
@@ -451,8 +451,8 @@ def test_lens_finding_verdict_follows_the_intervals():
 def test_early_exit_costs_read_the_layer_after_the_counted_ed():
     from types import SimpleNamespace
 
-    from effdepth_core.book.evidence_beyond import early_exit_costs
-    from effdepth_core.book.study import RunRecord, Study
+    from effdepth_book.evidence_beyond import early_exit_costs
+    from effdepth_book.study import RunRecord, Study
 
     rows = []
     for e in range(10):  # L = 4; exit after ED 1 reads layer 2 against the full model's layer 4
@@ -481,8 +481,8 @@ def test_early_exit_is_judged_at_every_threshold_of_its_rule():
     0.2 the curve fires at layer 0, a rule artefact (§10): no depth, and no check."""
     from types import SimpleNamespace
 
-    from effdepth_core.book.evidence_beyond import early_exit_costs
-    from effdepth_core.book.study import RunRecord, Study
+    from effdepth_book.evidence_beyond import early_exit_costs
+    from effdepth_book.study import RunRecord, Study
 
     rows, lens = [], []
     for e in range(10):  # L = 8; the book's ED 3 (overlap 0.32 > 0.3) exits to layer 4, ED 4 to layer 5
@@ -536,7 +536,7 @@ def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 
 
 
 def test_map_finding_verdict_follows_the_numbers():
-    from effdepth_core.book.evidence_beyond import map_statistic
+    from effdepth_book.evidence_beyond import map_statistic
 
     stretched = _map([0, 2, 4, 6, 8])
     said = findings_beyond.map_finding(stretched, "small", "big", map_statistic(stretched))
@@ -579,7 +579,7 @@ def test_map_finding_verdict_follows_the_numbers():
 def test_the_map_verdict_names_its_interval_and_holds_under_other_seeds():
     """An interval between ⅓ and ⅔ is said as such (it once said "straddles both thresholds" of
     [52 %, 70 %]); a verdict that another bootstrap seed turns is cannot tell, naming the seed."""
-    from effdepth_core.book.evidence_beyond import map_statistic
+    from effdepth_book.evidence_beyond import map_statistic
 
     stretched = _map([0, 2, 4, 6, 8])
     statistic = map_statistic(stretched)
@@ -600,7 +600,7 @@ def test_a_column_bias_alone_cannot_decide_the_map():
     easier to predict from any small layer (0.06 per layer lower): every raw best layer is the last
     one ("no"); removing each big layer's mean error finds the diagonal: the column-centred share,
     the verdict's statistic, says yes and the raw share is reported beside it."""
-    from effdepth_core.book.evidence_beyond import map_statistic
+    from effdepth_book.evidence_beyond import map_statistic
 
     biased = _map([0, 2, 4, 6, 8], error=lambda m, b: 0.6 + abs(b - 2 * m) / 100 - 0.06 * b)
     statistic = map_statistic(biased)
@@ -633,7 +633,7 @@ def _prune_study(after: list[float], angular: list[float], influence: list[float
     costs 9 nats (layers 1 and 2 are not cut). Clean NLL 1.0 everywhere."""
     from types import SimpleNamespace
 
-    from effdepth_core.book.study import RunRecord, Study
+    from effdepth_book.study import RunRecord, Study
     from effdepth_core.probes import prune_summary
 
     rows = []
@@ -656,7 +656,7 @@ def _prune_study(after: list[float], angular: list[float], influence: list[float
 
 
 def test_pruning_costs_against_hand_computed_means():
-    from effdepth_core.book.evidence_beyond import pruning_costs
+    from effdepth_book.evidence_beyond import pruning_costs
 
     tokens = [3, 5, 2, 4, 6, 1, 3, 2, 5, 4]
     after = [0.4 + 0.02 * e for e in range(10)]
@@ -691,8 +691,8 @@ def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():
     budget is unclear, naming the threshold."""
     from types import SimpleNamespace
 
-    from effdepth_core.book.evidence_beyond import pruning_costs
-    from effdepth_core.book.study import RunRecord, Study
+    from effdepth_book.evidence_beyond import pruning_costs
+    from effdepth_book.study import RunRecord, Study
     from effdepth_core.probes import prune_summary
 
     cost = {1: 2.0, 4: 2.0, 5: 0.5, 6: 1.0}  # angular distance picks layer 1, block influence layer 6
@@ -726,7 +726,7 @@ def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():
 
 
 def test_pruning_finding_verdict_follows_the_intervals():
-    from effdepth_core.book.evidence_beyond import pruning_costs
+    from effdepth_book.evidence_beyond import pruning_costs
 
     tokens = [1] * 10
     cheaper = pruning_costs(_prune_study([0.5] * 10, [2.0] * 10, [1.0] * 10, tokens))
@@ -745,8 +745,8 @@ def test_pruning_finding_verdict_follows_the_intervals():
 def test_a_page_names_the_probes_that_did_not_run_and_why_instead_of_an_empty_chart():
     from types import SimpleNamespace
 
-    from effdepth_core.book.pages import Page
-    from effdepth_core.book.study import RunRecord, Study
+    from effdepth_book.pages import Page
+    from effdepth_book.study import RunRecord, Study
 
     ran = SimpleNamespace(per_example={}, curves={}, summary={"n_layers": 4})
     study = Study(
@@ -777,8 +777,8 @@ def test_the_length_control_removes_what_length_predicts():
 
     import numpy as np
 
-    from effdepth_core.book.evidence import length_control
-    from effdepth_core.book.study import RunRecord, Study
+    from effdepth_book.evidence import length_control
+    from effdepth_book.study import RunRecord, Study
 
     n_layers = 12
 

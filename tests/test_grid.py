@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import make_tiny, save_tiny_dir
 
+from effdepth_book import grid
+from effdepth_book.cost import Calibration
 from effdepth_core import cache
-from effdepth_core.book import grid
-from effdepth_core.book.cost import Calibration
 from effdepth_core.cli import main
 
 COMMON = """profiles:
@@ -163,7 +163,7 @@ def test_an_interrupted_ray_driver_cancels_and_loses_nothing(tmp_path, models, l
 
     monkeypatch.setattr(ray_cluster, "cancel", cancel)
     with pytest.raises(KeyboardInterrupt):
-        from effdepth_core.book.executors import run_ray
+        from effdepth_book.executors import run_ray
 
         monkeypatch.chdir(root)
         plan = grid.units(grid.cells(root, "quick", ["scale"]))
@@ -219,7 +219,7 @@ def test_a_cell_another_process_holds_is_left_to_it(tmp_path, models, local, cap
 
 
 def test_the_cost_model_is_calibrated_by_the_cache(tmp_path, models, monkeypatch):
-    from effdepth_core.book.cost import estimate, task_lengths
+    from effdepth_book.cost import estimate, task_lengths
 
     root = _root(tmp_path, models)
     assert _grid(root) == 0
@@ -270,7 +270,7 @@ def test_a_failing_cell_is_reported_and_the_others_computed(tmp_path, models, mo
 
 
 def test_ray_requests_are_sized_and_checked(models):
-    from effdepth_core.book.executors import _check_schedulable, resources
+    from effdepth_book.executors import _check_schedulable, resources
     from effdepth_core.errors import EffdepthError
 
     cell = grid.Cell("scale", "both", "tasks", _record(models[0], "cpu"), Path("res"))
@@ -291,14 +291,14 @@ def test_ray_requests_are_sized_and_checked(models):
 
 
 def _record(model, device):
-    from effdepth_core.book.study import record_of
+    from effdepth_book.study import record_of
 
     return record_of(str(model), {"task": "addition", "digits": 3, "n": 1}, {"device": device})
 
 
 def test_quiet_cells_draw_no_bars_of_their_own(models, tmp_path):
     """`grid --no-progress` (and every Ray worker) quiets each cell: a run's bars and the map's."""
-    from effdepth_core.book.study import map_settings
+    from effdepth_book.study import map_settings
 
     plan = grid.cells(_root(tmp_path, models), "quick", ["scale"])
     mapped = grid.MapCell("beyond", "map", {"small": str(models[0]), "big": str(models[1])}, {}, tmp_path)
@@ -314,8 +314,8 @@ def test_the_gpu_rates_are_those_paper_scale_measured():
     import re
     from types import SimpleNamespace
 
+    from effdepth_book.cost import GPU_RATES, gpu_rate
     from effdepth_core import registry
-    from effdepth_core.book.cost import GPU_RATES, gpu_rate
     from effdepth_core.probes.spec import Shape
 
     shapes = {"smollm2-135m": Shape(30, 576, 49152, 134515008), "Qwen2.5-1.5B": Shape(28, 1536, 151936, 1543714304),

@@ -1,52 +1,41 @@
 """The design, checked: imports run one way (models → trace/replay → probes → results → cli/book),
-the core never imports the book layer, and the command line starts without torch."""
+the core never imports the book package (``effdepth_book``, beside it), and the command line starts without torch."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "effdepth_core"
 
-# lower layers never import higher ones (modules of one layer may import each other)
-LAYERS = {
-    "errors": 0,
-    "paths": 0,
-    "labels": 0,
-    "cache": 0,
-    "terminal": 0,
-    "zoo": 1,
-    "acquire": 1,
-    "tasks": 1,
-    "models": 2,
-    "trace": 3,
-    "replay": 4,
-    "probes": 5,
-    "linear_map": 5,  # the cross-model map: a measurement of two models, not a registered probe
-    "registry": 5,
-    "depth": 5,
-    "provenance": 5,
-    "rundir": 5,
-    "settings": 6,
-    "display": 6,
-    "results": 6,
-    "precision": 6,
-    "map_run": 6,  # the map as a run (beside results, whose helpers it shares)
-    "cli": 7,
-    "cli_args": 7,
-    "api": 7,  # measure(): the model-first Python API, over results.run
-    "book": 7,
-}
+
+def _layer_map(text: str) -> dict[str, int]:
+    """module → layer from docs/design.md's table: rows ``N name name …  description``; a row
+    without a number continues the one above."""
+    block = text.split("The layers import one way", 1)[1].split("```", 2)[1]
+    layers = {}
+    for row in block.splitlines():
+        match = re.match(r"(\d+) ((?:[a-z_]+ )+) ", row + " ")
+        if match:
+            layers.update(dict.fromkeys(match.group(2).split(), int(match.group(1))))
+    return layers
+
+
+# lower layers never import higher ones (modules of one layer may import each other): the one map,
+# in docs/design.md, read here so the documented layers are the checked ones
+LAYERS = _layer_map((PACKAGE.parent / "docs" / "design.md").read_text())
+
 # The doors from the core to the book layer: `effdepth book` (the papermill runner), `effdepth plot`
 # (the charts) and `effdepth grid` import it inside their command functions, after checking the [book] extra.
 BOOK_ENTRIES = {
-    ("effdepth_core.cli", "effdepth_core.book.runner"),
-    ("effdepth_core.cli", "effdepth_core.book"),
-    ("effdepth_core.cli", "effdepth_core.book.grid"),  # `effdepth grid`: the book's cells from params/
-    ("effdepth_core.cli", "effdepth_core.book.executors"),  # `effdepth grid --executor ray`
-    ("effdepth_core.api", "effdepth_core.book"),  # measure(...).plot(): a chart in a notebook
+    ("effdepth_core.cli", "effdepth_book.runner"),
+    ("effdepth_core.cli", "effdepth_book"),
+    ("effdepth_core.cli", "effdepth_book.grid"),  # `effdepth grid`: the book's cells from params/
+    ("effdepth_core.cli", "effdepth_book.executors"),  # `effdepth grid --executor ray`
+    ("effdepth_core.api", "effdepth_book"),  # measure(...).plot(): a chart in a notebook
 }
 
 
@@ -63,6 +52,15 @@ def _imports(path: Path) -> set[str]:
     return _imports_of_tree(ast.parse(path.read_text()), path)
 
 
+def test_the_documented_layer_map_names_every_core_module_once():
+    modules = {p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("__")}
+    modules |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert set(LAYERS) == modules, (
+        f"docs/design.md's layer map: missing {modules - set(LAYERS)}, stale {set(LAYERS) - modules}"
+    )
+    assert _layer_map("The layers import one way\n```\n0 a b   x\n    c\n1 d  y\n```") == {"a": 0, "b": 0, "d": 1}
+
+
 def test_every_module_has_a_layer_and_imports_only_downwards():
     for path in sorted(PACKAGE.rglob("*.py")):
         module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
@@ -70,21 +68,39 @@ def test_every_module_has_a_layer_and_imports_only_downwards():
             continue
         own = _layer(module)
         for target in _imports(path):
-            if target == "effdepth_core":  # `from . import __version__`
+            if target == "effdepth_core" or target.startswith("effdepth_book"):  # __version__; the book: below
                 continue
             assert _layer(target) <= own, f"{module} (layer {own}) imports {target} (layer {_layer(target)})"
 
 
-def test_the_core_never_imports_the_book_layer():
+def test_the_core_never_imports_the_book_package():
+    assert not (PACKAGE / "book").exists()  # the report's code lives in effdepth_book, beside the core
     for path in sorted(PACKAGE.rglob("*.py")):
-        if "book" in path.relative_to(PACKAGE).parts:
-            continue
         module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
-        book = [t for t in _imports(path) if t.startswith("effdepth_core.book") and (module, t) not in BOOK_ENTRIES]
-        assert not book, f"{module} imports the book layer: {book}"
-    tree = ast.parse((PACKAGE / "cli.py").read_text())
-    top_level = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
-    assert not {m for m in top_level if m and m.startswith("book")}  # the door is inside a function
+        book = [t for t in _imports(path) if t.startswith("effdepth_book") and (module, t) not in BOOK_ENTRIES]
+        assert not book, f"{module} imports the book package: {book}"
+        tree = ast.parse(path.read_text())
+        top_level = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+        top_level |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {m for m in top_level if m.startswith("effdepth_book")}, f"{module}: the door is inside a function"
+
+
+def test_a_book_import_in_the_core_is_caught(tmp_path):
+    bad = tmp_path / "effdepth_core" / "results.py"
+    bad.parent.mkdir()
+    bad.write_text("def f():\n    from effdepth_book import study\n")
+    assert "effdepth_book" in _imports_of(bad, tmp_path)
+
+
+def test_the_book_package_reaches_the_core_only_through_its_modules():
+    # effdepth_book is a client of the core: it imports core modules by their absolute names and is
+    # never reached by a relative import that climbs out of it
+    book = PACKAGE.parent / "effdepth_book"
+    for path in sorted(book.rglob("*.py")):
+        depth = len(path.relative_to(book).parts)  # a module of effdepth_book/sections/ may climb one level
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level <= depth, f"{path.name}: a relative import out of effdepth_book"
 
 
 def test_a_higher_import_is_caught(tmp_path):
@@ -140,7 +156,7 @@ def test_outside_probes_and_the_book_no_core_module_names_a_probe():
         names |= set(spec.frames) | {rule.key for rule in spec.rules}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE).parts
-        if parts[0] in ("probes", "book") or path.name in ("registry.py", "__init__.py"):
+        if parts[0] == "probes" or path.name in ("registry.py", "__init__.py"):
             continue  # __init__ exports the probe functions of the Python API by name
         for line, text in _strings(path):
             assert not (names & set(text.replace(",", " ").split())), f"{path.name}:{line} names a probe: {text!r}"
@@ -162,9 +178,9 @@ def _imports_of_tree(tree: ast.AST, path: Path) -> set[str]:
                 names = [f"{target}.{a.name}" for a in node.names] if not node.module else [target]
             else:
                 names = [node.module or ""]
-            found.update(n for n in names if n.startswith("effdepth_core"))
+            found.update(n for n in names if n.startswith(("effdepth_core", "effdepth_book")))
         elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("effdepth_core"))
+            found.update(a.name for a in node.names if a.name.startswith(("effdepth_core", "effdepth_book")))
     return found
 
 

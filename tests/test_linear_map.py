@@ -130,7 +130,7 @@ def test_the_map_run_directory_is_read_back_without_models(tiny_dir, tmp_path, m
     again = map_run.run_map(settings, out)
     assert again.sort(again.columns, nulls_last=True).equals(first.sort(first.columns, nulls_last=True))
     # the book's cached-only reading and the grid's plan see it as finished too (a map has no ED summary)
-    from effdepth_core.book import grid, study
+    from effdepth_book import grid, study
 
     pair = {"small": str(tiny_dir), "big": str(tiny_dir), "task": "addition", "digits": 3, "n": 3, "n_validation": 2}
     settings_again, where = study.map_settings(pair, {"progress": False}, tmp_path / "book")

@@ -52,7 +52,7 @@ def test_a_plugin_probe_goes_through_run_table_plot_and_the_book(plugin, tiny_di
     assert "res max" in capsys.readouterr().out
     assert main(["plot", str(out), "--chart", "resmax", "--out", str(tmp_path / "resmax.svg")]) == 0
     assert (tmp_path / "resmax.svg").read_text().lstrip().startswith("<svg")
-    from effdepth_core.book.study import RunRecord, Study
+    from effdepth_book.study import RunRecord, Study
     from effdepth_core.results import run
 
     settings = RunSettings(str(tiny_dir), "addition", n=2, max_fraction=0.25, progress=False)

@@ -97,3 +97,19 @@ def test_every_derived_name_fits_a_file_system_and_a_path_is_named_by_its_own_na
         out.mkdir(parents=True)  # the file system takes it
         names.append(out.name)
     assert names[0] != names[1]
+    # the other names derived from a user's text: a map's file, a tuned lens of a model given in memory
+    from conftest import make_tiny
+
+    from effdepth_core.probes.tuned_lens import lens_training, tuned_lens_path
+    from effdepth_core.settings import MapSettings
+
+    mapped = MapSettings("x" * 300, "y" * 300, str(long_task)).name()
+    assert len(mapped.encode()) <= 255 and (tmp_path / mapped).mkdir() is None
+    tiny = make_tiny("llama")
+    for name in ("n" * 300, "n" * 299 + "m"):
+        tiny.name = name
+        lens = tuned_lens_path(name, tiny, lens_training(RunSettings(name, "gsm8k")))
+        assert len(lens.name.encode()) <= 255 and lens.name not in names
+        names.append(lens.name)
+        lens.parent.mkdir(parents=True, exist_ok=True)
+        lens.write_bytes(b"")  # the file system takes it

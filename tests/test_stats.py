@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from effdepth_core import depth as stats
 from effdepth_core import registry
-from effdepth_core.book import stats
 
 SETTINGS = SimpleNamespace(kl_fraction=0.5, overlap_threshold=0.3)
 
@@ -69,7 +69,7 @@ def test_spearman_permutation_p_values_by_hand():
 
 
 def test_a_verdict_turns_into_cannot_tell_when_intervals_widen():
-    from effdepth_core.book.findings import SMALL, judge
+    from effdepth_book.findings import SMALL, judge
 
     assert judge(-0.02, 0.03, 0.05) == "agree"
     assert judge(-0.08, 0.10, 0.05) == "cannot tell"  # the same centre, a wider interval

@@ -385,11 +385,13 @@ def test_a_params_file_that_is_not_a_regular_file_is_named_so(tmp_path, capsys, 
 
 
 def test_the_params_schema_knows_every_template_parameter():
-    from effdepth_core.book import params_schema
+    from effdepth_book import params_schema
 
     templates = Path(__file__).resolve().parents[1] / "book" / "templates"
-    for section, keys in params_schema.SECTION_KEYS.items():
-        assert keys == params_schema.template_keys(templates / f"{section}.ipynb"), section
+    from effdepth_book.sections import names
+
+    for section in names():
+        assert params_schema.section_keys(section) == params_schema.template_keys(templates / f"{section}.ipynb")
 
 
 def test_every_injected_parameter_reaches_the_page_and_its_studies_are_the_grids():
@@ -398,11 +400,11 @@ def test_every_injected_parameter_reaches_the_page_and_its_studies_are_the_grids
     planned) and then run exactly the studies ``effdepth grid`` plans for that set."""
     import json
 
-    from effdepth_core.book import pages, runner
-    from effdepth_core.book.sections import plans
+    from effdepth_book import pages, runner, sections
+    from effdepth_book.sections import plans
 
     root = Path(__file__).resolve().parents[1]
-    for section in runner.SECTIONS:
+    for section in sections.names():
         notebook = json.loads((root / "book" / "templates" / f"{section}.ipynb").read_text())
         cell = next(c for c in notebook["cells"] if "parameters" in c["metadata"].get("tags", []))
         for profile in runner.PROFILES:
@@ -438,7 +440,7 @@ def test_an_empty_shard_is_an_error_not_the_whole_plan(tmp_path, capsys):
 
 @pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:1", "host:port", "ray://", "a b:1", "h:99999"])
 def test_a_bad_or_unreachable_ray_address_is_one_line_in_bounded_time(address):
-    from effdepth_core.book.executors import CONNECT_SECONDS, check_address
+    from effdepth_book.executors import CONNECT_SECONDS, check_address
 
     started = time.monotonic()
     with pytest.raises(EffdepthError, match=r"--address|Ray cluster"):
@@ -447,7 +449,7 @@ def test_a_bad_or_unreachable_ray_address_is_one_line_in_bounded_time(address):
 
 
 def test_the_memory_check_compares_gib_with_gib():
-    from effdepth_core.book.executors import _check_schedulable
+    from effdepth_book.executors import _check_schedulable
 
     with pytest.raises(EffdepthError, match=r"1000.0 GiB of memory but the Ray cluster has 14.5 GiB"):
         _check_schedulable(
@@ -575,9 +577,10 @@ def test_book_check_names_each_stale_generated_file_and_findings_need_no_model(t
     assert code == 1 and "_findings.md" not in out and "_toc.yml" not in out and "api.md" not in out
     import nbformat
 
-    from effdepth_core.book.runner import SECTIONS, page_inputs, parameter_sets
+    from effdepth_book.runner import page_inputs, parameter_sets
+    from effdepth_book.sections import names
 
-    pages = [item for section in SECTIONS for item in parameter_sets(root, section, "quick")]
+    pages = [item for section in names() for item in parameter_sets(root, section, "quick")]
     missing = [line for line in out.splitlines() if "is missing: execute it with" in line]
     assert len(missing) == len(pages) and "effdepth book --section scale --only " + pages[0].name in missing[0]
     for item in pages:  # as `effdepth book` stamps a page it executed

@@ -21,8 +21,6 @@ from .shared.reduce import token_weighted_mean
 from .spec import Context, ProbeSpec, Shape
 from .tuned_lens import LENS_STEPS, LENS_TOKENS, check_lens_cache, lens_identity, run_tuned_lens
 
-EXIT_METRICS = ("agreement", "answer_nll", "answer_accuracy")
-
 
 @takes_plain_models()
 def early_exit(

@@ -31,7 +31,6 @@ from .shared.answers import AnswerInput, AnswerSplit, answer_splits
 from .shared.reduce import token_weighted_mean
 from .spec import Context, Option, ProbeSpec, Shape, spelled
 
-PRUNE_METRICS = ("answer_nll", "answer_accuracy")
 SCHEMA = {
     "example": pl.Int64,
     "rule": pl.String,  # none | block | shortgpt (scores); influence | block (calibration scores)

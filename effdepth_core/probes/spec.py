@@ -259,7 +259,3 @@ class ProbeSpec:
         """Every frame it saves, each as ``<frame>.parquet``: the saved one, the per-example one,
         the extra and the derived ones."""
         return (self.name, f"{self.name}_by_example", *self.extra_frames, *self.derived)
-
-    @property
-    def option_names(self) -> tuple[str, ...]:
-        return tuple(o.name for o in self.options)

@@ -39,7 +39,7 @@ from ..cache import (
 )
 from ..errors import EffdepthError
 from ..models import LoadedModel, model_fingerprint, takes_plain_models
-from ..paths import names_path
+from ..paths import names_path, short_name
 from ..terminal import progress_bar
 from ..trace import residual_states, show_progress, tokenize
 from ..zoo import ZOO, cache_dir
@@ -356,7 +356,7 @@ def tuned_lens_path(spec: str, loaded: LoadedModel, training: LensTraining, corp
     if spec in ZOO:
         return cache_dir() / "models" / spec / f"tuned-lens-{digest}.safetensors"
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in loaded.name).strip("._") or "model"
-    return cache_dir() / "tuned-lens" / f"{name}-{digest}.safetensors"
+    return cache_dir() / "tuned-lens" / f"{short_name(name, loaded.name)}-{digest}.safetensors"
 
 
 @takes_plain_models("loaded")

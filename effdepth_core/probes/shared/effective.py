@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import polars as pl
 
 from ... import registry
-from ...depth import DepthResult, effective_depths
+from ...depth import N_BOOTSTRAP_RUN, DepthResult, effective_depths
 from ...errors import EffdepthError
 from .lens import KL_FRACTION, OVERLAP_THRESHOLD
 
@@ -19,7 +19,7 @@ def effective_depth(
     n_layers: int,
     kl_fraction: float = KL_FRACTION,
     overlap_threshold: float = OVERLAP_THRESHOLD,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = N_BOOTSTRAP_RUN,
     seed: int = 0,
     tuned_lens: pl.DataFrame | None = None,
     frames: dict[str, pl.DataFrame] | None = None,

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import yaml
 
-from ..cache import read_regular
-from ..errors import EffdepthError
-from . import params_schema
+import effdepth_core
+from effdepth_core.cache import read_regular
+from effdepth_core.errors import EffdepthError
 
-SECTIONS = ("scale", "difficulty", "long_cot", "beyond")
+from . import params_schema, sections
+
 PROFILES = ("quick", "full")
 TOC_PROFILE = "full"
 TOC_HEADER = (
@@ -80,8 +81,7 @@ def parameter_sets(
     root: Path, section: str, profile: str = "full", params_file: Path | None = None
 ) -> list[ParameterSet]:
     """The parameter sets of one section under ``profile``, each with every parameter resolved."""
-    if section not in SECTIONS:
-        raise EffdepthError(f"unknown section {section!r}; sections: {', '.join(SECTIONS)}")
+    sections.get(section)  # one line naming the sections when there is none
     if profile not in PROFILES:
         raise EffdepthError(f"unknown profile {profile!r}; profiles: {', '.join(PROFILES)}")
     common_path = root / "params" / "common.yml"
@@ -90,7 +90,7 @@ def parameter_sets(
     params_schema.check_common(common_data, common_path)
     common = _profile(common_data, profile, common_path)
     data = _read_yaml(path)
-    params_schema.check_section(data, path, params_schema.SECTION_KEYS[section])
+    params_schema.check_section(data, path, params_schema.section_keys(section))
     own = _profile(data, profile, path)
     defaults = {**common, **(own.get("defaults") or {})}
     sets = []
@@ -131,9 +131,9 @@ def _gather(item: ParameterSet, sets: list[ParameterSet]) -> ParameterSet:
 
 def toc_text(root: Path) -> str:
     """``_toc.yml`` for the pages of the full profile, sections in the paper's order."""
-    titles = {s: _read_yaml(root / "params" / f"{s}.yml").get("title", s) for s in SECTIONS}
+    titles = {s: _read_yaml(root / "params" / f"{s}.yml").get("title", s) for s in sections.names()}
     parts = []
-    for section in SECTIONS:
+    for section in sections.names():
         chapters = [{"file": s.page} for s in parameter_sets(root, section, TOC_PROFILE)]
         if (root / "book" / "sections" / f"{section}.md").is_file():  # the section's parameters and notes, once
             chapters.insert(0, {"file": f"sections/{section}"})
@@ -149,7 +149,7 @@ def toc_text(root: Path) -> str:
 def write_generated(path: Path, text: str, mark: str) -> Path:
     """Write a file effdepth generates, atomically, only where it is absent or effdepth's own (it
     begins with ``mark``): never through a link, never over a file someone else wrote."""
-    from ..cache import atomic_write_bytes, read_regular
+    from effdepth_core.cache import atomic_write_bytes, read_regular
 
     if path.is_symlink():
         raise EffdepthError(f"{path} is a symbolic link; effdepth never writes through links: remove the link")
@@ -196,7 +196,11 @@ def page_inputs(root: Path, item: ParameterSet) -> str:
     return digest.hexdigest()
 
 
-_PACKAGE = Path(__file__).resolve().parents[1]
+# the packages whose modules a page's code is followed through: the core and this book package
+_PACKAGES = {
+    "effdepth_core": Path(effdepth_core.__file__).resolve().parent,
+    "effdepth_book": Path(__file__).resolve().parent,
+}
 # Modules whose text a page's digest leaves out, with the reason: the registry lists every probe
 # (adding one stales no page), and a probe's module is stood for by its name and ``revision`` (a
 # change that gives other numbers bumps the revision; the cached numbers are what a page reads).
@@ -227,7 +231,7 @@ def page_code(template: Path) -> list[tuple[str, bytes]]:
             continue
         for node in ast.walk(tree):
             for target in _imported(node, path):
-                if target in seen or (target.name == _REGISTRY and target.parent == _PACKAGE):
+                if target in seen or (target.name == _REGISTRY and target.parent == _PACKAGES["effdepth_core"]):
                     continue
                 content = target.read_bytes()
                 spec = _probe_revision(target, content)
@@ -236,8 +240,14 @@ def page_code(template: Path) -> list[tuple[str, bytes]]:
                     continue
                 seen[target] = content
                 pending.append((target, content.decode("utf-8")))
-    code = [(p.relative_to(_PACKAGE).as_posix(), seen[p]) for p in sorted(seen)]
+    code = [(_module_name(p), seen[p]) for p in sorted(seen, key=_module_name)]
     return code + [(f"probe:{name}", revision.encode()) for name, revision in sorted(probes.items())]
+
+
+def _module_name(path: Path) -> str:
+    """``effdepth_core/probes/cosine.py``: a module file named by its package, the same on every machine."""
+    package, root = next((n, r) for n, r in _PACKAGES.items() if r in path.parents)
+    return f"{package}/{path.relative_to(root).as_posix()}"
 
 
 def _imported(node, path: Path | None) -> list[Path]:
@@ -254,19 +264,21 @@ def _imported(node, path: Path | None) -> list[Path]:
             base = path.parent
             for _ in range(node.level - 1):
                 base = base.parent
-            parts = base.relative_to(_PACKAGE.parent).parts
+            package = next(n for n, root in _PACKAGES.items() if base == root or root in base.parents)
+            parts = (package, *base.relative_to(_PACKAGES[package]).parts)
             module = ".".join([*parts, *([node.module] if node.module else [])])
         else:
             module = node.module or ""
         names = [module] + [f"{module}.{alias.name}" for alias in node.names]
     found = []
     for name in names:
-        if name != "effdepth_core" and not name.startswith("effdepth_core."):
+        package, *parts = name.split(".")
+        root = _PACKAGES.get(package)
+        if root is None:
             continue
-        parts = name.split(".")[1:]
-        candidates = [_PACKAGE / "__init__.py"]
+        candidates = [root / "__init__.py"]
         if parts:
-            candidates = [_PACKAGE.joinpath(*parts[:-1], parts[-1] + ".py"), _PACKAGE.joinpath(*parts, "__init__.py")]
+            candidates = [root.joinpath(*parts[:-1], parts[-1] + ".py"), root.joinpath(*parts, "__init__.py")]
         for candidate in candidates:
             if candidate.is_file():
                 found.append(candidate)
@@ -278,7 +290,7 @@ def _probe_revision(path: Path, content: bytes) -> tuple[str, str] | None:
     """(name, revision) of a probe's own module (one that declares ``SPEC = ProbeSpec(``), else None."""
     if path.parent.name != "probes" or b"\nSPEC = ProbeSpec(" not in content:
         return None
-    from .. import registry
+    from effdepth_core import registry
 
     for name, spec in registry.specs().items():
         if spec.compute.__module__ == f"effdepth_core.probes.{path.stem}" or name == path.stem:
@@ -359,9 +371,9 @@ def _check_page(output: Path) -> None:
 def find_set(root: Path, spec: str, profile: str = "full") -> ParameterSet:
     """The parameter set ``SECTION/NAME`` (as ``effdepth book --print-params`` names it)."""
     section, _, name = spec.partition("/")
-    if section not in SECTIONS or not name:
+    if section not in sections.names() or not name:
         raise EffdepthError(
-            f"name a parameter set as SECTION/NAME, e.g. scale/smollm2-135m (sections: {', '.join(SECTIONS)})"
+            f"name a parameter set as SECTION/NAME, e.g. scale/smollm2-135m (sections: {', '.join(sections.names())})"
         )
     sets = parameter_sets(root, section, profile)
     for item in sets:
@@ -394,36 +406,19 @@ def findings_markdown(root: Path, profile: str = "full", bootstrap_seed: int | N
         return open_page(item.section, parameters, cached_only=True, root=root)
 
     from .findings import headline_table
-    from .findings_beyond import beyond_headlines
-    from .findings_long_cot import long_cot_headline
 
-    scale_sets = parameter_sets(root, "scale", profile)
-    widest = page(max(scale_sets, key=lambda s: len(s.parameters.get("models") or [])))
-    long_cot = [page(item) for item in parameter_sets(root, "long_cot", profile)]
-    difficulty = [page(item) for item in parameter_sets(root, "difficulty", profile)]
-    beyond = [(item, page(item)) for item in parameter_sets(root, "beyond", profile)]
-    heads = [
-        widest.headline(),
-        *([long_cot_headline(long_cot)] if long_cot else []),
-        *(p.headline() for p in difficulty),
-        *(beyond_headlines([shown.evidence for _, shown in beyond]) if beyond else []),
-    ]
-    paragraphs = [headline_table(heads), widest.findings()]
-    for item, shown in zip(parameter_sets(root, "long_cot", profile), long_cot, strict=True):  # one page per family
-        paragraphs.append(shown.findings().replace("**Long-CoT training.**", f"**{item.title}.**", 1))
-    paragraphs += [p.findings() for p in difficulty]
-    for item, shown in beyond:
-        text = shown.findings()
-        if text and "Nothing was measured" not in text:
-            models = item.parameters.get("models") or []
-            lead = f"**{item.title}.**" if len(models) == 1 else "**Beyond the paper.**"  # the map names its pair
-            paragraphs.append(f"{lead} {text}")
+    heads, paragraphs = [], []
+    for section in sections.names():
+        entries = [(item, page(item)) for item in parameter_sets(root, section, profile)]
+        section_heads, section_paragraphs = sections.get(section).intro(entries)
+        heads += section_heads
+        paragraphs += section_paragraphs
+    paragraphs = [headline_table(heads), *paragraphs]
     return FINDINGS_HEADER + "\n\n".join(paragraphs) + "\n"
 
 
 FINDINGS_HEADER = (
-    "<!-- Generated by `effdepth book` from the cached results (effdepth_core.book.findings); "
-    "do not edit by hand. -->\n\n"
+    "<!-- Generated by `effdepth book` from the cached results (effdepth_book.findings); do not edit by hand. -->\n\n"
 )
 
 
@@ -438,7 +433,7 @@ def stale_generated(root: Path, profile: str = "full", pages: bool = True) -> li
     from .api_reference import API_PAGE, api_markdown
 
     stale = []
-    for section in SECTIONS if pages else ():
+    for section in sections.names() if pages else ():
         if not (root / "params" / f"{section}.yml").is_file():
             continue
         for item in parameter_sets(root, section, profile):

@@ -29,7 +29,7 @@ def contribution_bars(
     the three cosines the ED rule reads (line) and, where ``summary`` gives them (rows of ``rule``
     "cosine" with ``ed``, and ``model``/``task``), its ED (dashed) — and each write's size relative to
     that residual (bottom); dropdowns pick the model and task, the legend highlights a sublayer."""
-    from ..probes.cosine import COSINE_PARTS
+    from effdepth_core.probes.cosine import COSINE_PARTS
 
     frame = cosine.select("model", "task", "layer", "metric", "value").with_columns(
         pl.col("metric").str.split("_").list.get(0).alias("kind"),
@@ -135,7 +135,7 @@ def lens_curves(
     "lens KL" or a rule key such as ``logit_lens_kl``, as ``effective_depth`` and ``depth_table``
     give them — and ``ed``; ``model`` and ``task`` default to the curves' own). A dropdown picks
     the model (every layer of the chart is filtered, the ED marks too); click a legend entry to
-    highlight a task. ``bands`` (``stats.curve_bands``: ``low, high, n`` per layer) shade each
+    highlight a task. ``bands`` (``depth.curve_bands``: ``low, high, n`` per layer) shade each
     curve's 95 % bootstrap band over prompts, and the legend names each task with its n. Dashed
     lines show what each rule reads: the overlap threshold, and per task ``kl_fraction`` of the
     curve's largest KL (the KL rule's ED is the first layer after which KL stays below it)."""
@@ -152,7 +152,7 @@ def lens_curves(
         if summary is not None and {"model", "task"} <= set(summary.columns):
             summary = relabel(summary)
     if summary is not None:
-        from .. import registry
+        from effdepth_core import registry
 
         labels = {key: rule.label for key, (_, rule) in registry.rules().items()}
         summary = summary.with_columns(pl.col("rule").replace(labels))

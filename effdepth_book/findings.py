@@ -15,10 +15,10 @@ sentences stay short. The yardsticks are written here once:
   agree, a small difference within the paper's margin, disagree (the whole interval beyond it), or
   cannot tell;
 - a depth difference *grows* when its whole interval lies above 0;
-- a rule artefact (``stats.artefact``: the statistic sits in the first layers) never decides a
+- a rule artefact (``depth.artefact``: the statistic sits in the first layers) never decides a
   verdict, the paper's cells and ours alike; nor does an interval over half the depth or from fewer
   than 20 prompts — they are named as qualifications;
-- the robustness rule (``stats.robust``): a verdict stands only when the same comparison gives it
+- the robustness rule (``depth.robust``): a verdict stands only when the same comparison gives it
   under two other bootstrap seeds (no threshold can move a threshold-free statistic); else cannot
   tell, and the sentence says which check it failed;
 - a rank correlation over models or levels counts only when its permutation test can reach 5 %.
@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
-from ..depth import compare, margin
+from effdepth_core.depth import ALPHA, artefact, compare, margin, robust
+
 from .reference import COMPARABLE, RULE_LABELS
-from .stats import ALPHA, artefact, robust
 
 TASK_ORDER = ("hellaswag", "gsm8k", "aime24")  # the paper's difficulty order
 TASK_NAMES = {"hellaswag": "HellaSwag", "gsm8k": "GSM8K", "aime24": "AIME24"}
@@ -108,7 +108,7 @@ def interval_text(row: Mapping, digits: int = 2) -> str:
 
 
 def _is_artefact(frame: pl.DataFrame, ed: str = "ed", n_layers: str = "n_layers") -> pl.Series:
-    """``stats.artefact`` of each row (the paper's cells or ours: ED and L are all it reads)."""
+    """``depth.artefact`` of each row (the paper's cells or ours: ED and L are all it reads)."""
     return pl.Series(
         [artefact(e, n) is not None for e, n in zip(frame[ed], frame[n_layers], strict=True)], dtype=pl.Boolean
     )
@@ -253,7 +253,7 @@ def _within_verdict(
 
 def _quantization(small: str, big: str) -> str:
     """ ", and the two are quantized differently (…)" where the offline models' quantizations differ."""
-    from ..zoo import ZOO
+    from effdepth_core.zoo import ZOO
 
     a, b = ZOO.get(small), ZOO.get(big)
     if a is None or b is None or a.quantization == b.quantization:

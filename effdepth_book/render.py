@@ -107,7 +107,7 @@ def save(chart: alt.TopLevelMixin, path, scale: float = 2.0, replace: bool = Tru
 
     path = Path(path)
     spec = _fixed_width(themed_spec(chart))
-    from ..cache import atomic_write_bytes
+    from effdepth_core.cache import atomic_write_bytes
 
     if path.suffix == ".svg":
         data = vl_convert.vegalite_to_svg(spec).encode("utf-8")

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import altair as alt
 import polars as pl
 
-from ..probes import skip_summary, token_weighted_mean
+from effdepth_core.probes import skip_summary, token_weighted_mean
+
 from .reference import OURS, PAPER, RULE_LABELS
 from .render import (
     PALETTE,

@@ -13,7 +13,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..errors import EffdepthError
+from effdepth_core.errors import EffdepthError
+
 from .grid import AnyCell, Cell, GridPlan, Outcome, hours, run_local, run_unit
 
 MAX_RETRIES = 3  # a worker killed (node lost, out of memory) is retried this often
@@ -76,7 +77,7 @@ def _remote_unit(root: str, unit: list, threads: int) -> list[tuple[int, str, st
     os.environ["TQDM_DISABLE"] = "1"
     import torch
 
-    from ..models import quiet_libraries
+    from effdepth_core.models import quiet_libraries
 
     torch.set_num_threads(threads)
     quiet_libraries(progress=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .. import registry
+from effdepth_core import registry
 
 # The paper's three ED rules (its Table 1), in its order, and the tuned-lens rules the fourth section
 # adds: which rules the book reports is the book's choice (the registry has every probe's rules).
@@ -45,13 +45,6 @@ DeepSeek-R1-Distill-Qwen-32B 64 | 42 42 46 | 58 55 57 | 61 58 58
 Qwen2.5-32B-Instruct 64 | 43 46 43 | 60 58 58 | 61 60 60
 Qwen2.5-32B 64 | 43 46 46 | 60 57 59 | 61 59 60
 """
-# hub ids of the paper's models (the long-CoT pairs name these)
-HUB_IDS = {
-    "DeepSeek-R1-Distill-Qwen-1.5B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
-    "DeepSeek-R1-Distill-Qwen-7B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
-    "DeepSeek-R1-Distill-Qwen-14B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
-    "DeepSeek-R1-Distill-Qwen-32B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B",
-}
 
 
 def paper_table1() -> pl.DataFrame:

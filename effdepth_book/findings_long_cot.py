@@ -8,9 +8,10 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
+from effdepth_core.depth import artefact
+
 from .findings import CLAIMS, TASK_ORDER, WORDS, count_of, defined_cells, signed, task_name
 from .reference import RULE_LABELS
-from .stats import artefact
 
 
 def long_cot_headline(pages: Sequence) -> dict:

@@ -15,8 +15,9 @@ from typing import Any
 
 import yaml
 
-from ..cache import NotARegularFile, read_regular
-from ..errors import EffdepthError
+from effdepth_core.cache import NotARegularFile, read_regular
+from effdepth_core.errors import EffdepthError
+from effdepth_core.paths import NAME_BYTES
 
 MAX_BYTES = 1 << 20  # a parameter file is a few KB; a larger one is not one
 MAX_VALUES = 100_000  # values after expanding YAML aliases (a billion-laughs file expands to 10^9)
@@ -124,17 +125,17 @@ def _expanded_size(node: yaml.Node, seen: dict[int, int]) -> int:
     return seen[id(node)]
 
 
-# The page parameters each section's notebook declares (its ``parameters`` cell), less those
-# ``effdepth book`` fills in: the keys a section's defaults and sets may use. A test reads the
+# The page parameters every section's notebook declares (its ``parameters`` cell), less those
+# ``effdepth book`` fills in; a section's spec adds its own (``SectionSpec.keys``). A test reads the
 # templates and checks these agree, so the schema and the notebooks cannot drift apart.
-_PAGE = frozenset({"precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "title", "tasks"})
-SECTION_KEYS: dict[str, frozenset[str]] = {
-    "scale": _PAGE | {"models", "causal"},
-    "difficulty": _PAGE
-    | {"models", "level_models", "sensitivity_tasks", "sensitivity_models", "math", "arithmetic", "skip"},
-    "long_cot": _PAGE | {"pairs", "download"},
-    "beyond": _PAGE | {"models", "pair"},
-}
+PAGE_KEYS = frozenset({"precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "title", "tasks"})
+
+
+def section_keys(section: str) -> frozenset[str]:
+    """The keys the defaults and sets of ``params/<section>.yml`` may use."""
+    from .sections import get
+
+    return PAGE_KEYS | get(section).keys
 
 
 def template_keys(template: Path) -> frozenset[str]:
@@ -196,7 +197,7 @@ def _list(value: Any, where: str, fix: str) -> list:
 
 
 def _int_setting_names() -> dict[str, tuple[int, int]]:
-    from .. import registry
+    from effdepth_core import registry
 
     bounds = {
         "n": (1, MAX_N),
@@ -213,7 +214,7 @@ def _int_setting_names() -> dict[str, tuple[int, int]]:
 
 def check_task_spec(value: Any, where: str) -> None:
     """One task spec (a run's settings): its task, its probes, settings by name."""
-    from ..settings import setting_names
+    from effdepth_core.settings import setting_names
 
     spec = _mapping(value, where, frozenset({"task", "probes", "precision", "label", *setting_names()}))
     if "task" not in spec:
@@ -280,7 +281,7 @@ def _arithmetic(value: Any, where: str) -> None:
 
 
 def _settings(value: Any, where: str) -> None:
-    from ..settings import setting_names
+    from effdepth_core.settings import setting_names
 
     for key, item in _mapping(value, where, frozenset(setting_names())).items():
         _scalar(item, f"{where}.{key}")
@@ -388,6 +389,10 @@ def check_section(data: Mapping, path: Path, keys: frozenset[str]) -> None:
                 raise _fail(f"{at}.name", f"must be a file name of letters, digits, '.', '_' and '-', got {page!r}")
             if page.startswith("."):
                 raise _fail(f"{at}.name", f"must not start with a dot, got {page!r}")
+            if len(page.encode()) > NAME_BYTES:
+                raise _fail(
+                    f"{at}.name", f"names the page's file: at most {NAME_BYTES} bytes, got {len(page.encode())}"
+                )
             if page.replace(".", "_") in pages:
                 raise _fail(f"{at}.name", f"{page!r} names a page another set of the profile names; rename one")
             pages.add(page.replace(".", "_"))

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EffdepthError
-from ..precision import Precision, walk_plan
-from ..results import peak_rss_mb
-from ..rundir import DirectoryBusyError, is_complete, read_metadata
-from ..settings import RunSettings, check_settings, default_out_dir, run_name, slug
+from effdepth_core.errors import EffdepthError
+from effdepth_core.precision import Precision, walk_plan
+from effdepth_core.results import peak_rss_mb
+from effdepth_core.rundir import DirectoryBusyError, is_complete, read_metadata
+from effdepth_core.settings import RunSettings, check_settings, default_out_dir, run_name, slug
+
+from . import sections as book_sections
 from .cost import GPU_OPS_PER_SECOND, NOTHING, Calibration, Estimate, estimate, shape_of, task_lengths
-from .runner import SECTIONS, parameter_sets
+from .runner import parameter_sets
 from .sections import defaults, plans
 from .study import ModelLoader, RunRecord, compute_record, map_settings, outdated_probes, record_of
 
@@ -38,7 +40,6 @@ class Cell:
     results_dir: Path
     reuse_from: tuple[Path, ...] = ()
     download: bool = True
-    depends: list[str] = field(default_factory=list)
 
     @property
     def model(self) -> str:
@@ -197,7 +198,7 @@ def cells(root: Path, profile: str = "full", sections: Sequence[str] | None = No
     each study's models and specs). Every results folder of the profile may lend examples to the
     others (``reuse_from``)."""
     found: dict[tuple, AnyCell] = {}
-    items = [s for section in (sections or SECTIONS) for s in parameter_sets(root, section, profile)]
+    items = [s for section in (sections or book_sections.names()) for s in parameter_sets(root, section, profile)]
     roots = tuple(dict.fromkeys(Path(s.parameters.get("results_dir", "results")) for s in items))
     for item in items:
         shared = defaults(item.parameters)

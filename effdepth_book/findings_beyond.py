@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
-from ..probes.prune import FINAL_KEPT
+from effdepth_core.probes.prune import FINAL_KEPT
+
 from .findings import MINUS, SMALL, count_of, decide, ed_panel, interval_text, judge, own_cells, task_name
 
 

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 import polars as pl
 from great_tables import GT, loc, style
 
-from ..labels import CELL_LEGEND, format_ed
+from effdepth_core.labels import CELL_LEGEND, format_ed
+
 from .findings import TASK_NAMES, TASK_ORDER
 from .reference import COMPARABLE, OURS, PAPER, RULE_LABELS, TUNED_RULE_LABELS
 

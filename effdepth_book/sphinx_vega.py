@@ -3,7 +3,7 @@ with no network; and the MyST-NB renderer that draws every Vega-Lite output with
 
 It writes ``_static/effdepth-vega.js`` (the libraries bundled by ``vl-convert-python``, plus the
 code that renders every chart container) and adds it to every page. Enable it in
-``book/_config.yml``: ``sphinx: extra_extensions: [effdepth_core.book.sphinx_vega]``. The
+``book/_config.yml``: ``sphinx: extra_extensions: [effdepth_book.sphinx_vega]``. The
 renderer (``VegaLiteRenderer``, registered under MyST-NB's ``myst_nb.mime_renderers`` entry-point
 group in pyproject.toml) turns a notebook's Vega-Lite output (any version) into a chart container
 for the HTML book, ahead of the static SVG and PNG outputs the same cell carries for other viewers.
@@ -92,7 +92,7 @@ def _write_bundle(app, exception) -> None:
         return
     static = Path(app.outdir) / "_static"
     static.mkdir(parents=True, exist_ok=True)
-    from ..cache import atomic_write_bytes
+    from effdepth_core.cache import atomic_write_bytes
 
     atomic_write_bytes(static / BUNDLE_NAME, bundle().encode("utf-8"), "the rest of the build is intact")
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from .. import registry
-from ..probes.spec import Shape
-from ..rundir import EXAMPLES, METADATA, read_metadata
-from ..settings import RunSettings
+from effdepth_core import registry
+from effdepth_core.probes.spec import Shape
+from effdepth_core.rundir import EXAMPLES, METADATA, read_metadata
+from effdepth_core.settings import RunSettings
 
 CHARS_PER_TOKEN = 4.0
 # Seconds per operation (``ProbeSpec.work``) of each probe on one NVIDIA H200 in bfloat16, by model
@@ -64,7 +64,7 @@ def token_lengths(texts: Iterable[str]) -> list[int]:
 
 def example_texts(path: Path) -> list[str]:
     """Each cached example's probed text (prompt, and its answer where split)."""
-    from ..cache import read_regular
+    from effdepth_core.cache import read_regular
 
     lines = read_regular(path, 1 << 30, "examples file").decode("utf-8").splitlines()
     return [str(json.loads(line).get("prompt") or "") for line in lines if line.strip()]
@@ -172,7 +172,7 @@ class Calibration:
 def _known_shape(model: str) -> Shape | None:
     """An offline alias's shape from the zoo table; a hub model's from its config when the hub
     cache holds it (the parameter count then from the config's sizes)."""
-    from ..zoo import ZOO
+    from effdepth_core.zoo import ZOO
 
     entry = ZOO.get(model)
     if entry is not None and entry.n_layers and entry.d_model and entry.vocab_size and entry.n_params:
@@ -194,7 +194,7 @@ def _config_shape(model: str) -> Shape | None:
         except Exception:  # no hub library or an odd id: unknown
             path = None
     try:
-        from ..cache import read_json
+        from effdepth_core.cache import read_json
 
         config = read_json(path) if path is not None else None
         config = config.get("text_config", config) if config else None
@@ -253,7 +253,7 @@ def estimate(
 def _task_texts(
     task: str, n: int, seed: int, level: int | None, digits: int, max_tokens: int | None
 ) -> tuple[str, ...]:
-    from ..tasks import load_task
+    from effdepth_core.tasks import load_task
 
     def tokens(text: str) -> int:  # the same estimate as everywhere here (aime24 drops prompts > 400 tokens)
         return token_lengths([text])[0]
@@ -264,14 +264,14 @@ def _task_texts(
 
 def task_lengths(settings: RunSettings, n: int | None = None) -> list[int]:
     """The estimated token lengths of the run's first ``n`` prompts (no tokenizer is loaded)."""
-    from ..tasks import TaskError
+    from effdepth_core.tasks import TaskError
 
     try:
         texts = _task_texts(
             settings.task, n or settings.n, settings.seed, settings.level, settings.digits, settings.max_tokens
         )
     except TaskError:  # more than the data set has: all of it (the run stops there too)
-        from ..tasks import task_pool
+        from effdepth_core.tasks import task_pool
 
         texts = tuple(e.prompt for e in task_pool(settings.task, level=settings.level))
     return token_lengths(texts)

@@ -14,16 +14,18 @@ from pathlib import Path
 
 import polars as pl
 
-from .. import registry
-from ..acquire import needs_download
-from ..errors import EffdepthError
-from ..map_run import run_map
-from ..models import LoadedModel, load_model, quiet_libraries
-from ..precision import PreciseRun, Precision, precise_run
-from ..probes import rule_comparison
-from ..results import RunResult, run
-from ..rundir import is_complete
-from ..settings import MapSettings, RunSettings, default_out_dir, parse_probes, setting_names
+from effdepth_core import registry
+from effdepth_core.acquire import needs_download
+from effdepth_core.depth import N_BOOTSTRAP_RUN
+from effdepth_core.errors import EffdepthError
+from effdepth_core.map_run import run_map
+from effdepth_core.models import LoadedModel, load_model, quiet_libraries
+from effdepth_core.precision import PreciseRun, Precision, precise_run
+from effdepth_core.probes import rule_comparison
+from effdepth_core.results import RunResult, run
+from effdepth_core.rundir import is_complete
+from effdepth_core.settings import MapSettings, RunSettings, default_out_dir, parse_probes, setting_names
+
 from .reference import RULE_LABELS, TUNED_RULE_LABELS
 
 RULES = RULE_LABELS
@@ -120,11 +122,11 @@ class Study:
     def summary(self) -> pl.DataFrame:
         """ED per (model, task, rule): ``ed, ratio, ci_low, ci_high, reason``, the interval's
         ``width`` and whether it counts (``n_examples`` ≥ ``MIN_INTERVAL_N``), why the ED is
-        ``degenerate`` (``stats.degenerate``; null when it is not), the primary statistic (``statistic,
+        ``degenerate`` (``depth.degenerate``; null when it is not), the primary statistic (``statistic,
         depth, depth_ratio, depth_low, depth_high``, ``depth_degenerate`` by the same test: the one that
         decides the verdicts), where the sample-size rule
         stopped (``precision``: met, cap, data; null for a fixed n), plus model facts."""
-        from .stats import degenerate
+        from effdepth_core.depth import degenerate
 
         rows = []
         for r in self.finished:
@@ -194,8 +196,8 @@ class Study:
 
     def sensitivity(self) -> pl.DataFrame:
         """ED of every rule with a threshold (the lens rules) as the threshold varies, per run:
-        ``model, task, rule, setting, threshold, ed, ratio`` (``stats.threshold_sensitivity``)."""
-        from .stats import threshold_sensitivity
+        ``model, task, rule, setting, threshold, ed, ratio`` (``depth.threshold_sensitivity``)."""
+        from effdepth_core.depth import threshold_sensitivity
 
         parts = []
         for r in self.finished:
@@ -247,7 +249,7 @@ class Study:
 
         for r in self.finished:
             if r.model == model and r.label == label:
-                from ..cache import read_regular
+                from effdepth_core.cache import read_regular
 
                 lines = read_regular(r.result.out_dir / "examples.jsonl", 1 << 30).decode("utf-8").splitlines()
                 return [json.loads(line) for line in lines if line.strip()]
@@ -299,7 +301,7 @@ def run_study(
     *,
     defaults: Mapping | None = None,
     results_dir: str | Path = "results",
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = N_BOOTSTRAP_RUN,
     download: bool = True,
     specs_by_model: Mapping[str, Sequence[Mapping]] | None = None,
     cached_only: bool = False,
@@ -382,7 +384,7 @@ def compute_record(
     record: RunRecord,
     results_dir: str | Path,
     load,
-    n_bootstrap: int = 1000,
+    n_bootstrap: int = N_BOOTSTRAP_RUN,
     reuse_from: Sequence[str | Path] = (),
     cached_only: bool = False,
     renew_outdated: bool = False,
@@ -424,8 +426,8 @@ def compute_record(
 
 def outdated_probes(out_dir: Path, record: RunRecord) -> list[str]:
     """The probes of a cached run that are a revision behind (``results.outdated``)."""
-    from ..results import outdated
-    from ..rundir import read_metadata
+    from effdepth_core.results import outdated
+    from effdepth_core.rundir import read_metadata
 
     probes = (read_metadata(out_dir) or {}).get("probes", {})
     return [p for p in record.probes if p in probes and outdated(registry.get(p), probes[p], record.settings)]
@@ -435,8 +437,8 @@ def pruning_comparison(study: Study) -> pl.DataFrame:
     """``rule_comparison`` of every run with the pruning probe, with the EDs of the same model and task
     (every rule it has, tuned lens included), plus ``model`` and ``task`` columns. Each ED is the one
     the book counts: from the run of the same model and task that asked for its probe (its own few
-    prompts' ED only when there is none). A degenerate ED (``stats.degenerate``) places no block."""
-    from .stats import degenerate
+    prompts' ED only when there is none). A degenerate ED (``depth.degenerate``) places no block."""
+    from effdepth_core.depth import degenerate
 
     parts = []
     labels = {**RULES, **TUNED_RULE_LABELS}

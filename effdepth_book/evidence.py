@@ -1,5 +1,5 @@
 """The comparisons the findings rest on, computed from a study's per-example frames with the
-statistics of ``stats.py`` — each a frame of numbers with intervals, so the findings are text made
+statistics of ``depth.py`` — each a frame of numbers with intervals, so the findings are text made
 from them and can be tested on frames made by hand:
 
 - ``within_family``: for two sizes of one family on the same prompts, the paired bootstrap of the ED
@@ -14,10 +14,10 @@ Every comparison is of the rule's primary statistic (``depth.primary_statistic``
 centroids, the cosine crossing interpolated and averaged over its threshold range — threshold-free,
 so no threshold can move it), in ``point, low, high``; the paper's integer ED beside it, from the same
 resamples, in ``ed_point, ed_low, ed_high`` (a panel: it decides nothing). Degenerate depths
-(``stats.degenerate`` of the primary statistic) and intervals from fewer than ``MIN_INTERVAL_N``
+(``depth.degenerate`` of the primary statistic) and intervals from fewer than ``MIN_INTERVAL_N``
 prompts never decide a comparison: their rows say so (``excluded``). Each comparison comes as several
 rows, one per check of the robustness rule (``variant``: "" for the book's own bootstrap seed, then
-each other seed, ``stats.variants``); the findings show the first and decide on all of them.
+each other seed, ``depth.variants``); the findings show the first and decide on all of them.
 """
 
 from __future__ import annotations
@@ -29,10 +29,19 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from .. import registry
-from ..depth import per_prompt, primary_statistic, resample_weights
+from effdepth_core import registry
+from effdepth_core.depth import (
+    N_BOOTSTRAP,
+    difference_draws,
+    interval,
+    per_prompt,
+    primary_statistic,
+    resample_weights,
+    spearman_test,
+    variants,
+)
+
 from .reference import RULE_LABELS
-from .stats import N_BOOTSTRAP, difference_draws, interval, spearman_test, variants
 from .study import MIN_INTERVAL_N, RunRecord, Study
 
 _SIZE = re.compile(r"[-_ ]?\d+(\.\d+)?[bmk]\b", re.IGNORECASE)

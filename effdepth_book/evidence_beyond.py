@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..depth import resample_weights
-from ..probes.prune import FINAL_KEPT, after_ed_block
-from .stats import N_BOOTSTRAP, interval
+from effdepth_core.depth import N_BOOTSTRAP, N_BOOTSTRAP_RUN, interval, resample_weights
+from effdepth_core.probes.prune import FINAL_KEPT, after_ed_block
+
 from .study import Study, pruning_comparison
 
 # a small layer's best big layer is *on the diagonal* when it lies within STRETCH_SLACK of L_big (at
@@ -19,7 +19,7 @@ STRETCH_SLACK = 0.1
 BASELINE_MARGIN = 0.9
 
 
-def map_statistic(mapped: pl.DataFrame, n_bootstrap: int = 1000, seed: int = 0) -> dict | None:
+def map_statistic(mapped: pl.DataFrame, n_bootstrap: int = N_BOOTSTRAP_RUN, seed: int = 0) -> dict | None:
     """The map's statistics — the share of the small model's inner layers (1..L_small-1) whose best
     big layer lies on the diagonal, on the mean over test prompts of the per-prompt errors (point and
     95 % bootstrap interval from the same statistic) — and what qualifies it:
@@ -312,10 +312,10 @@ def early_exit_costs(
 def _threshold_eds(study: Study, model: str, task: str, rule: str) -> dict[str, int]:
     """The ED of ``rule`` at every other threshold of its range (the robustness rule's checks):
     ``{"at overlap threshold 0.2": ed, …}`` from the ED run's own curves; an ED that is a rule
-    artefact there (``stats.artefact``: it fires in the first layers) is no depth, and no check."""
-    from ..depth import ed_samples
+    artefact there (``depth.artefact``: it fires in the first layers) is no depth, and no check."""
+    from effdepth_core.depth import artefact, ed_samples, variants
+
     from .evidence import _frames, _rule
-    from .stats import artefact, variants
 
     record, frame = _frames(study, model, task, rule)
     if record is None:

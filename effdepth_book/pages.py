@@ -1,0 +1,121 @@
+"""The book's pages as library calls. Each section's notebook template builds its page from its
+papermill parameters (``page = pages.open_page("scale", parameters)``) and then shows one thing per
+cell (``page.table1()``, ``page.chart("lens")``): no logic lives in the templates. The intro's
+findings (``runner.findings_markdown``) come from the same page objects, reading the cache only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+
+import polars as pl
+
+from effdepth_core import registry
+
+from . import params_schema, plots, reference, sections, tables
+from .spec import StudyPlan
+from .spec import defaults as shared_defaults
+from .study import Study, run_study
+
+
+def parameters(section: str, namespace: Mapping) -> dict:
+    """A template's parameters, picked by name from its namespace (``globals()`` in the notebook):
+    every key the section's params may set (``params_schema.section_keys``, which a test holds equal
+    to the template's parameters cell) and those ``effdepth book`` fills in."""
+    keys = params_schema.section_keys(section) | params_schema.FILLED
+    return {k: namespace[k] for k in sorted(keys) if k in namespace}
+
+
+def heading(title: str):
+    """The title cell every page shares: the page title as Markdown, glued for the book's heading."""
+    from IPython.display import Markdown
+    from myst_nb import glue
+
+    glue("page_title", title, display=False)
+    return Markdown(f"# {title}")
+
+
+def markdown(text: str):
+    from IPython.display import Markdown
+
+    return Markdown(text)
+
+
+class Page:
+    """What every page has: its parameters, the shared run settings, and cached-only reading."""
+
+    section = ""
+
+    def __init__(self, parameters: Mapping, cached_only: bool = False, root: Path | str = "."):
+        self.p = dict(parameters)
+        self.cached_only = cached_only
+        self.root = Path(root)
+        self.defaults = {**shared_defaults(self.p), "progress": False}
+
+    @property
+    def results_dir(self) -> Path:
+        return self.root / self.p.get("results_dir", "results")
+
+    @cached_property
+    def plans(self) -> dict[str, StudyPlan]:
+        """The page's studies by name, as ``sections.plans`` gives them to ``effdepth grid`` too: a
+        page computes (or reads) exactly the runs the grid plans."""
+        return {plan.name: plan for plan in sections.plans(self.section, self.p)}
+
+    def study(self, name: str) -> Study:
+        """The study ``name`` of this page (an empty one when its section has none by that name)."""
+        plan = self.plans.get(name) or StudyPlan(name, (), ())
+        return run_study(
+            list(plan.models),
+            list(plan.specs),
+            defaults=self.defaults,
+            results_dir=self.results_dir,
+            specs_by_model=plan.specs_by_model or None,
+            cached_only=self.cached_only,
+            download=plan.download,
+        )
+
+    @property
+    def paper(self) -> pl.DataFrame:
+        return reference.paper_table1()
+
+    @property
+    def bootstrap_seed(self) -> int:
+        """The seed of the findings' bootstrap intervals (a book parameter; the robustness rule also
+        checks the next two)."""
+        return int(self.p.get("bootstrap_seed") or 0)
+
+    def findings_markdown(self):
+        return markdown(self.findings())
+
+    def not_run(self, study: Study, probe: str) -> str | None:
+        """One line naming the models of ``study`` that ``probe`` did not run on, and why (it was not
+        asked for there, or it failed); None when it ran on all of them."""
+        title = registry.get(probe).title
+        failed = {r.model: r.error for r in study.records if probe in r.probes and r.error}
+        ran = {r.model for r in study.finished if r.asked(probe)}
+        models = list(dict.fromkeys(r.model for r in study.records))
+        missing = [m for m in models if m not in ran and m not in failed]
+        parts = [f"could not run on {m}: {why}" for m, why in failed.items()]
+        if missing:
+            parts.append(
+                f"not asked for on {', '.join(missing)} by params/{self.section}.yml (its comments give the cost "
+                "that ruled it out on this CPU)"
+            )
+        return f"{title}: {'; '.join(parts)}." if parts else None
+
+    def probe_chart(self, study: Study, probe: str, build):
+        """``build()``'s chart of ``probe``, or, where it ran on no model of the page, the line saying
+        why (never an empty chart)."""
+        if not any(r.asked(probe) for r in study.finished):
+            return plots.note(self.not_run(study, probe) or f"{registry.get(probe).title}: no results.")
+        return plots.show(build())
+
+    def status(self, models, unavailable):
+        return tables.status(models, unavailable) if unavailable else None
+
+
+def open_page(section: str, parameters: Mapping, cached_only: bool = False, root: Path | str = ".") -> Page:
+    """The page of ``section`` for these parameters (the notebooks: reads the cache, computes what is missing)."""
+    return sections.get(section).page(parameters, cached_only=cached_only, root=root)
