@@ -270,4 +270,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
     table.add_argument("dirs", nargs="+", type=_path, help="run directories or folders of them")
     table.add_argument("--format", default="text", choices=TABLE_FORMATS, help="output format")
+    _no_empty_text(parser)
     return parser
+
+
+def _text(text: str) -> str:
+    """A free-text option's value: never empty (``--section ""`` once meant every section)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a value or leave the option out")
+    return text
+
+
+def _no_empty_text(parser: argparse.ArgumentParser) -> None:
+    """Every option that takes free text (no type, no choices) refuses an empty value, in this
+    parser and every subcommand's: one rule where the options are declared, not a check per use."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _no_empty_text(sub)
+        elif isinstance(action, argparse._StoreAction | argparse._AppendAction):
+            if action.type is None and action.choices is None and action.option_strings:
+                action.type = _text

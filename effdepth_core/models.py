@@ -70,6 +70,15 @@ ADAPTERS: dict[str, Adapter] = {
     "granite": Adapter(
         write_scale=lambda config: config.residual_multiplier, logit_scale=lambda config: 1 / config.logits_scaling
     ),
+    # Granite's multipliers, its MoE in the MLP's place
+    **dict.fromkeys(
+        ("granitemoe", "granitemoeshared", "granitemoe_swa"),
+        Adapter(
+            mlp_out="block_sparse_moe",
+            write_scale=lambda config: config.residual_multiplier,
+            logit_scale=lambda config: 1 / config.logits_scaling,
+        ),
+    ),
     "gpt_neox": Adapter(
         layers="gpt_neox.layers",
         final_norm="gpt_neox.final_layer_norm",
@@ -256,6 +265,10 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
     for parts in seen.values():
         h_in, h_out = parts["h_in"].float(), parts["h_out"].float()
         attn, mlp = scale * parts["attn_out"].float(), scale * parts["mlp_out"].float()
+        if attn.shape != h_in.shape or mlp.shape != h_in.shape:  # a write flattened over the batch, say:
+            gaps.append(1.0)  # it may add up by broadcasting here and still be no per-token write
+            writes_ok = False
+            continue
         change = h_out - h_in
         missed = float((change - attn - mlp).norm())
         gaps.append(missed / max(float(change.norm()), 1e-12))
@@ -340,6 +353,46 @@ def mixer_kind(config, model_type: str) -> str | None:
     return None
 
 
+# The module names a layout is built from where no known layout's names match (Falcon's
+# ``self_attention``, Llama 4's ``feed_forward``, MPT's ``transformer.blocks``, GLM-4's post-sublayer
+# norms): every combination the model has is tried, in this order, and only one that verifies is used.
+_LAYER_LISTS = ("model.layers", "transformer.h", "transformer.blocks", "transformer.layers", "gpt_neox.layers")
+_FINAL_NORMS = (
+    "model.norm", "transformer.ln_f", "transformer.norm_f", "transformer.norm", "model.final_layernorm",
+    "model.final_norm", "gpt_neox.final_layer_norm",
+)  # fmt: skip
+_WRITE_PAIRS = (  # (attention's write, MLP's write): post-sublayer norms first, where a block has them
+    ("post_attention_layernorm", "post_feedforward_layernorm"),
+    ("post_self_attn_layernorm", "post_mlp_layernorm"),
+)
+_ATTENTIONS = ("self_attn", "self_attention", "attn", "attention")
+_MLPS = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
+MAX_CANDIDATES = 12  # each candidate costs one short forward pass at load
+
+
+def _candidate_layouts(model: nn.Module) -> list[tuple[str, Adapter]]:
+    """The known layouts, then every layout the model's own module names make (at most
+    ``MAX_CANDIDATES`` in all that exist), each to be verified before use."""
+    found = [(label, adapter) for label, adapter in _LAYOUTS.items() if _missing_module(model, adapter) is None]
+    for layers_path in _LAYER_LISTS:
+        try:
+            first = _get(model, layers_path)[0]
+        except (AttributeError, IndexError, TypeError):
+            continue
+        children = {name for name, _ in first.named_children()}
+        pairs = [pair for pair in _WRITE_PAIRS if set(pair) <= children]
+        pairs += [(a, m) for a in _ATTENTIONS for m in _MLPS if a in children and m in children]
+        for norm in _FINAL_NORMS:
+            if _missing_module(model, Adapter(layers=layers_path, final_norm=norm, attn_out=pairs[0][0],
+                                              mlp_out=pairs[0][1])) if pairs else True:  # fmt: skip
+                continue
+            for attn, mlp in pairs:
+                adapter = Adapter(layers=layers_path, final_norm=norm, attn_out=attn, mlp_out=mlp)
+                if all(adapter != known for _, known in found):
+                    found.append((f"{layers_path}[i].{attn} + .{mlp}, {norm}", adapter))
+    return found[:MAX_CANDIDATES]
+
+
 def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
     """The adapter of a model type outside the table: the first known layout whose modules exist
     and whose attention and MLP writes add up to what each block adds to the residual, checked on
@@ -349,7 +402,7 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
     from .errors import EffdepthWarning
 
     tried = []
-    for label, adapter in _LAYOUTS.items():
+    for label, adapter in _candidate_layouts(model):
         if _missing_module(model, adapter):
             continue  # not this layout's module names
         try:

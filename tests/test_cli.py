@@ -199,3 +199,29 @@ def test_a_closed_standard_output_is_one_line_not_an_internal_error(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip() == "effdepth: error: standard output is closed; redirect it to a file or /dev/null"
+
+
+def test_every_free_text_option_refuses_an_empty_value(capsys, tmp_path, monkeypatch):
+    """`effdepth book --section ""` once executed every section (an empty text read as "not
+    given"); every option of every command that takes a value is now refused empty, in one line."""
+    import argparse
+
+    from effdepth_core.cli_args import build_parser
+
+    monkeypatch.chdir(tmp_path)  # an option that took "" would run its command here, not in the checkout
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
+    checked = 0
+    for command in ("run", "models", "table", "plot", "map", "book", "grid"):
+        parser = build_parser(command)
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+        for action in sub._actions:
+            takes_text = isinstance(action, argparse._StoreAction | argparse._AppendAction) and not action.choices
+            if not takes_text or not action.option_strings or action.nargs not in (None, "?"):
+                continue
+            with pytest.raises(SystemExit) as exit_info:
+                main([command, action.option_strings[0], ""])
+            assert exit_info.value.code == 2, (command, action.option_strings)  # argparse's exit, not a run's
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith(f"effdepth: error: argument {action.option_strings[0]}"), err
+            checked += 1
+    assert checked > 30  # the probes' options included

@@ -192,6 +192,21 @@ def test_state_space_and_recurrent_mixers_are_refused_as_such(model_type):
             wrap_model(model, None, name=model_type)
 
 
+@pytest.mark.parametrize("model_type", ["granite", "granitemoe", "granitemoeshared", "granitemoe_swa"])
+def test_granite_multipliers_at_realistic_values_are_measured_right(model_type, monkeypatch):
+    """The tiny configs default to multipliers of 1, where any layout adds up; at a real
+    checkpoint's residual multiplier 0.22 and logits scaling 8 only the rows that apply them do."""
+    shrink = _shrink
+
+    def realistic(config):
+        config = shrink(config)
+        config.residual_multiplier, config.logits_scaling = 0.22, 8.0
+        return config
+
+    monkeypatch.setitem(globals(), "_shrink", realistic)
+    assert _outcome(model_type)[0] == "measured"
+
+
 if __name__ == "__main__":  # python tests/test_coverage.py: rewrite the committed table
     rows = []
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):

@@ -107,7 +107,10 @@ class Option:
             raise EffdepthError(f"{self.name} ({self.cli_flag}) {problem}")
 
     def parse(self, text: str) -> Any:
-        """The command line's reading of ``text`` (a ValueError says why it is not valid)."""
+        """The command line's reading of ``text`` (a ValueError says why it is not valid; an empty
+        text is never a value: leaving the option out gives its default)."""
+        if not text.strip():
+            raise ValueError("is empty; give a value or leave the option out (its default)")
         try:
             value = self.type(text)
         except (TypeError, ValueError):
