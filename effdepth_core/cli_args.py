@@ -30,17 +30,20 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
-def _option_type(option):
-    """An argparse type that reads and checks one probe option (one-line error when invalid)."""
+class _ProbeOption(argparse.Action):
+    """A probe option read and checked from what the user typed (one-line error when invalid).
+    An action, not a ``type``: argparse runs a ``type`` on a text default too, and an option whose
+    default is the empty text ("the probe's own default") must not be refused when left out."""
 
-    def parse(text: str):
+    def __init__(self, option_strings, dest, option=None, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.option = option
+
+    def __call__(self, parser, namespace, values, option_string=None):
         try:
-            return option.parse(text)
+            setattr(namespace, self.dest, self.option.parse(values))
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = option.name
-    return parse
+            parser.error(f"argument {'/'.join(self.option_strings)}: {exc}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,7 +95,7 @@ def _add_probe_options(parser: argparse.ArgumentParser) -> None:
             if option.choices is not None:
                 kwargs["choices"] = option.choices
             else:
-                kwargs["type"] = _option_type(option)
+                kwargs.update(action=_ProbeOption, option=option)
             group.add_argument(option.cli_flag, dest=option.name, **kwargs)
 
 
