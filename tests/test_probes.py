@@ -285,6 +285,27 @@ def test_the_lens_by_token_averages_to_the_logit_lens_and_names_its_tokens(arch)
     assert row["top_probs"][0] == pytest.approx(float(torch.softmax(logits, -1).max()), rel=1e-5)
 
 
+def test_the_lens_by_token_is_the_same_in_chunks_of_any_size(monkeypatch):
+    """Positions are decoded a chunk at a time, every layer of a chunk in one product: one position
+    per chunk (the smallest) gives the rows of one chunk for all, in the same order."""
+    from conftest import char_tokenizer, make_tiny
+
+    from effdepth_core.models import wrap_model
+    from effdepth_core.probes import lens_by_token, lens_tokens
+
+    loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="llama")
+    prompt = "what is 12 + 30? it is 42."
+    whole = lens_by_token(loaded, prompt, top_k=3)
+    monkeypatch.setattr(lens_tokens, "TOKEN_CHUNK", 1)  # one position per chunk
+    apart = lens_by_token(loaded, prompt, top_k=3)
+    assert apart.select("position", "layer", "top_tokens").equals(whole.select("position", "layer", "top_tokens"))
+    # the same float32 products over fewer rows: rounding of ~1e-7 of KL values of order 1
+    assert apart["kl"].to_numpy() == pytest.approx(whole["kl"].to_numpy(), rel=1e-5, abs=1e-6)
+    assert apart["top_probs"].list.get(0).to_numpy() == pytest.approx(
+        whole["top_probs"].list.get(0).to_numpy(), rel=1e-5
+    )
+
+
 @pytest.mark.parametrize(
     ("dtype", "drift", "leak", "safe"),
     [
