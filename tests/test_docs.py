@@ -145,3 +145,12 @@ def test_the_guides_notebook_is_kept_clean_and_runs(tmp_path, smollm2):  # ~30 s
     assert all(outputs), "a code cell gave no output"
     assert not [o for cell in outputs for o in cell if o.output_type == "error"]
     assert str(Path.home()) not in nbformat.writes(committed)
+
+
+def test_the_command_line_page_lists_every_built_in_probe_in_the_registrys_order():
+    """book/using/cli.md's probe list is read against the registry, not kept by hand."""
+    from effdepth_core import registry
+
+    page = (ROOT / "book" / "using" / "cli.md").read_text()
+    listed = page.split("`--probes` takes any of `", 1)[1].split("`", 1)[0].split(",")
+    assert listed == list(registry.BUILTIN) and listed[:2] == list(registry.DEFAULT)
