@@ -1,5 +1,7 @@
 """The reproduction book's layer: study grids, Altair charts, the paper's Table 1, the papermill
-runner and the Sphinx extension. Needs the ``[book]`` extra; the measurement core never imports it."""
+runner and the Sphinx extension. Needs the ``[book]`` extra. The measurement core never imports it
+at module level: only ``effdepth book``, ``grid``, ``plot`` and ``measure(...).plot()`` load it,
+inside their functions (``tests/test_layout.py``)."""
 
 import warnings
 

@@ -178,9 +178,10 @@ def write_toc(root: Path) -> Path:
 def page_inputs(root: Path, item: ParameterSet) -> str:
     """A digest of what an executed page is made from: its template, its resolved parameters, the
     finished runs (metadata and summaries) under its results folder, and the code it runs — the
-    modules of ``effdepth_core`` its template imports and, transitively, those they import
-    (``page_code``). Stored in the page when it is executed; ``effdepth book --check`` recomputes it,
-    so a page is stale only when something it reads changed."""
+    modules of ``effdepth_core`` and ``effdepth_book`` its template imports, its section's spec
+    module and, transitively, those they import (``page_code``). Stored in the page when it is
+    executed; ``effdepth book --check`` recomputes it, so a page is stale only when something it
+    reads changed."""
     digest = hashlib.sha256()
     results = root / str(item.parameters.get("results_dir", "results"))
     template = root / "book" / "templates" / f"{item.section}.ipynb"
@@ -208,10 +209,11 @@ _REGISTRY = "registry.py"
 
 
 def page_code(template: Path) -> list[tuple[str, bytes]]:
-    """The code a page runs, as (name, content) pairs in a stable order: every ``effdepth_core``
-    module its template's cells import, and every module those import (found by reading their
-    ``import`` statements, functions' included), except the probe registry and the probes' own
-    modules, which count by ``probe:<name>`` and their revision."""
+    """The code a page runs, as (name, content) pairs in a stable order: every module of
+    ``effdepth_core`` and ``effdepth_book`` its template's cells import, its section's spec module
+    (which the registry imports by name: ``sections.BUILTIN``), and every module those import (found
+    by reading their ``import`` statements, functions' included), except the probe registry and the
+    probes' own modules, which count by ``probe:<name>`` and their revision."""
     import ast
 
     sources = []
@@ -220,6 +222,12 @@ def page_code(template: Path) -> list[tuple[str, bytes]]:
         sources = ["".join(c.get("source", "")) for c in notebook.get("cells", []) if c.get("cell_type") == "code"]
     except (OSError, EffdepthError, ValueError):
         pass
+    section = template.stem
+    spec_module = sections.BUILTIN.get(section) or (
+        sections.get(section).page.__module__ if section in sections.names() else None
+    )
+    if spec_module is not None:  # the page class and what it calls: reached through the registry's text
+        sources.append(f"import {spec_module}")
     pending = [(None, text) for text in sources]
     seen: dict[Path, bytes] = {}
     probes: dict[str, str] = {}
@@ -251,7 +259,8 @@ def _module_name(path: Path) -> str:
 
 
 def _imported(node, path: Path | None) -> list[Path]:
-    """The ``effdepth_core`` module files an import statement names (relative ones from ``path``)."""
+    """The module files of ``effdepth_core`` and ``effdepth_book`` an import statement names
+    (relative ones from ``path``)."""
     import ast
 
     names: list[str] = []

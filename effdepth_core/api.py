@@ -105,7 +105,8 @@ def measure(
     from). ``settings``: any ``RunSettings`` field or probe option (``n``, ``seed``, ``top_k``…).
     ``cache``: whether to keep the result and read it back when the same model (by its weights,
     configuration and tokenizer) and prompts are measured again. A model named by ``model`` is kept
-    by default; a model in memory is measured directly, with no file written (``out_dir`` None),
+    by default; a model in memory is measured directly, with no run directory written (``out_dir``
+    None; the prompts are kept as a task file named by their content),
     unless ``cache=True`` or ``out`` is given. Results are kept in ``out`` or under effdepth's cache
     (``$EFFDEPTH_CACHE/runs``), never the working directory."""
     _check_settings(settings)
@@ -159,7 +160,7 @@ def _check_settings(settings: dict[str, Any]) -> None:
     from .settings import CORE_DEFAULTS
 
     known = [name for name in (*CORE_DEFAULTS, *registry.options()) if name not in ("model", "task", "progress")]
-    arguments = ("probes", "tokenizer", "out", "progress")  # measure's own, which a misspelling may mean
+    arguments = ("probes", "tokenizer", "out", "progress", "cache", "name")  # measure's own, a misspelling may mean
     for name in settings:
         if name not in known:
             close = nearest_name(name, [*known, *arguments])

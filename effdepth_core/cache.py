@@ -70,8 +70,14 @@ _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
 
 def temporary_path(path: Path) -> Path:
     """A fresh, unpredictable temporary name for an atomic write of ``path`` (same folder, so the
-    rename is atomic; host and pid say whose it is on a shared disk)."""
-    return path.with_name(f".{path.name}.effdepth-tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(8)}")
+    rename is atomic; host and pid say whose it is on a shared disk). A target whose name leaves
+    no room for the suffix within 255 bytes lends a cut of its name ended with a hash of it."""
+    suffix = f".effdepth-tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(8)}"
+    name, room = path.name, 255 - 1 - len(suffix.encode())
+    if len(name.encode()) > room:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+        name = f"{name.encode()[: room - 13].decode(errors='ignore')}-{digest}"
+    return path.with_name(f".{name}{suffix}")
 
 
 def temporary_of(name: str) -> str | None:

@@ -279,6 +279,8 @@ def _cmd_book(args: argparse.Namespace) -> int:
     )
 
     root = args.root.resolve()
+    if args.section is not None:
+        book_sections.get(args.section)  # a misspelt section is refused whatever else was asked
     if args.bootstrap_seed is not None and not args.findings:
         raise EffdepthError("--bootstrap-seed sets the seed of --findings; add --findings")
     if not args.pages and not args.check:

@@ -230,14 +230,14 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
 
         return hook
 
-    for index, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(keep(index, "h_in", False), with_kwargs=True))
-        handles.append(layer.register_forward_hook(keep(index, "h_out", True), with_kwargs=True))
-        for key in ("attn_out", "mlp_out"):
-            module = _get(layer, getattr(adapter, key))
-            handles.append(module.register_forward_hook(keep(index, key, True), with_kwargs=True))
     vocab = int(getattr(model.config, "vocab_size", 8) or 8)
-    try:
+    try:  # hooks registered inside: a module missing on a later layer leaves none behind
+        for index, layer in enumerate(layers):
+            handles.append(layer.register_forward_pre_hook(keep(index, "h_in", False), with_kwargs=True))
+            handles.append(layer.register_forward_hook(keep(index, "h_out", True), with_kwargs=True))
+            for key in ("attn_out", "mlp_out"):
+                module = _get(layer, getattr(adapter, key))
+                handles.append(module.register_forward_hook(keep(index, key, True), with_kwargs=True))
         with torch.inference_mode():
             ids = (torch.arange(9) % max(vocab - 1, 1) + 1)[None]  # 9 tokens of ids 1.., whatever they mean
             logits = model(input_ids=ids.to(execution_device(model)), use_cache=False).logits.float()
@@ -377,9 +377,9 @@ def _candidate_layouts(model: nn.Module) -> list[tuple[str, Adapter]]:
     for layers_path in _LAYER_LISTS:
         try:
             first = _get(model, layers_path)[0]
-        except (AttributeError, IndexError, TypeError):
+            children = {name for name, _ in first.named_children()}
+        except (AttributeError, IndexError, KeyError, TypeError):  # not a list of modules
             continue
-        children = {name for name, _ in first.named_children()}
         pairs = [pair for pair in _WRITE_PAIRS if set(pair) <= children]
         pairs += [(a, m) for a in _ATTENTIONS for m in _MLPS if a in children and m in children]
         for norm in _FINAL_NORMS:

@@ -505,10 +505,11 @@ def run_in_memory(
     examples: list[Example] | None = None,
     n_bootstrap: int = N_BOOTSTRAP_RUN,
 ) -> RunResult:
-    """Run ``probes`` on a model in memory and return the result, reading and writing no file but
-    the task's: no run directory, no cache key, no weights hashed, no earlier run's rows. The same
-    checks, probes and summary as ``run`` (its numbers equal a cached run's); ``out_dir`` is None.
-    ``measure()`` takes this road for a model in memory unless asked to keep the result.
+    """Run ``probes`` on a model in memory and return the result with no run directory, no cache
+    key, no weights hashed and no earlier run's rows (a probe's own caches, such as a trained tuned
+    lens, are still kept). The same checks, probes and summary as ``run`` (its numbers equal a
+    cached run's); ``out_dir`` is None. ``measure()`` takes this road for a model in memory unless
+    asked to keep the result.
 
     Args:
         settings: the run's settings (``settings.model`` labels the result).
@@ -521,7 +522,11 @@ def run_in_memory(
         The result: curves, per-example frames, ED per rule and the summary.
     """
     names = parse_probes(probes, settings)
-    if loaded is not None:
+    if loaded is None:  # every mistake found before a model loads (or downloads), as ``run`` does
+        check_settings(settings, names, preflight_model(settings.model))
+        if examples is None and not _needs_tokenizer(settings):
+            examples = _load_examples(settings, None)  # read once: these are the examples measured
+    else:
         check_settings(settings, names, {"vocab_size": loaded.vocab_size, "n_layers": loaded.n_layers})
         asked = resolve_dtype(settings.dtype, resolve_device(settings.device))
         if loaded.dtype != asked:

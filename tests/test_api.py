@@ -418,3 +418,22 @@ def test_curves_as_arrays_and_the_one_prompt_prediction_table(cache):
             assert table.filter(layer=layer)[column].item() == tokens[rank]  # the lens's rank-th token there
     with pytest.raises(EffdepthError, match="rank must be below the top_k kept \\(3\\)"):
         prediction_table(rows, 3)
+
+
+def test_the_in_memory_road_finds_every_mistake_before_a_model_loads(monkeypatch, cache):
+    """``measure(name, …, cache=False)`` takes ``run_in_memory`` without a model in hand: its
+    settings, task and examples are checked before anything loads (or downloads), as ``run`` does."""
+    from effdepth_core import results
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(results, "load_model", no_load)
+    for settings, said in (
+        ({"level": 3}, "--level applies to the math task only"),
+        ({"max_tokens": 9, "task": "addition"}, "--max-tokens applies to data-set tasks"),
+        ({"n": 0}, "n"),
+    ):
+        task = settings.pop("task", "gsm8k")
+        with pytest.raises(EffdepthError, match=said):
+            measure("smollm2-135m", task, cache=False, progress=False, **settings)

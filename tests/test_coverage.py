@@ -207,6 +207,22 @@ def test_granite_multipliers_at_realistic_values_are_measured_right(model_type, 
     assert _outcome(model_type)[0] == "measured"
 
 
+@pytest.mark.parametrize("model_type", ["granitemoeshared", "granitemoe_swa"])
+def test_granite_moe_with_shared_experts_is_refused_not_measured_wrong(model_type, monkeypatch):
+    """With shared experts a block adds a second MLP's write that the row does not name: refused
+    at load in one line (the tiny configs have none, so the coverage table says measured)."""
+    shrink = _shrink
+
+    def shared(config):
+        config = shrink(config)
+        config.shared_intermediate_size = 32
+        return config
+
+    monkeypatch.setitem(globals(), "_shrink", shared)
+    kind, why = _outcome(model_type)
+    assert kind == "refused" and "miss each block's change" in why
+
+
 if __name__ == "__main__":  # python tests/test_coverage.py: rewrite the committed table
     rows = []
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):

@@ -383,7 +383,9 @@ def test_effdepth_plot_handles_odd_runs_and_outputs(tiny_dir, tmp_path, capsys, 
     capsys.readouterr()
     assert main(["plot", str(run), "--chart", "skip", "--out", str(tmp_path / "t.svg")]) == 2
     assert "damaged" in capsys.readouterr().err
-    assert main(["book", "--print-params", ""]) == 2  # an empty name is a mistake, not "every page"
+    with pytest.raises(SystemExit) as refused:  # an empty name is a mistake, not "every page"
+        main(["book", "--print-params", ""])
+    assert refused.value.code == 2 and "--print-params: is empty" in capsys.readouterr().err
 
 
 # --- beyond the paper: the verdicts follow the numbers ---------------------------------------------

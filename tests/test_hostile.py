@@ -74,10 +74,10 @@ CASES = [
     ("table of nothing", ["table", "{tmp}/empty"], "no effective_depth.json", False),
     ("table of a missing folder", ["table", "{tmp}/missing"], "no such directory", False),
     # issue 17: each of these was an internal error, a wrong message or exit 0 before
-    ("empty model", ["run", "--model", ""], "--model is empty", False),
+    ("empty model", ["run", "--model", ""], "--model: is empty", False),
     ("out is a dangling link", ["run", "--out", "{tmp}/dangling"], "is a dangling symbolic link", False),
     ("out is a link to a folder", ["run", "--out", "{tmp}/linked"], "is a symbolic link (to", False),
-    ("refetch of an empty alias", ["models", "--refetch", ""], "unknown offline model ''", False),
+    ("refetch of an empty alias", ["models", "--refetch", ""], "--refetch: is empty", False),
     (
         "map max-tokens on arithmetic",
         ["map", "--small", "{tiny}", "--big", "{tiny}", "--task", "addition", "--n", "4", "--max-tokens", "9"],

@@ -100,6 +100,7 @@ def test_every_derived_name_fits_a_file_system_and_a_path_is_named_by_its_own_na
     # the other names derived from a user's text: a map's file, a tuned lens of a model given in memory
     from conftest import make_tiny
 
+    from effdepth_core.cache import atomic_write_bytes
     from effdepth_core.probes.tuned_lens import lens_training, tuned_lens_path
     from effdepth_core.settings import MapSettings
 
@@ -112,4 +113,6 @@ def test_every_derived_name_fits_a_file_system_and_a_path_is_named_by_its_own_na
         assert len(lens.name.encode()) <= 255 and lens.name not in names
         names.append(lens.name)
         lens.parent.mkdir(parents=True, exist_ok=True)
-        lens.write_bytes(b"")  # the file system takes it
+        atomic_write_bytes(lens, b"lens")  # as a lens is saved: through a temporary of a longer name
+        atomic_write_bytes(lens.with_name(lens.name + ".json"), b"{}")  # and its record beside it
+        assert lens.read_bytes() == b"lens" and not [p for p in lens.parent.iterdir() if "effdepth-tmp" in p.name]

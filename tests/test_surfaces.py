@@ -28,7 +28,10 @@ from effdepth_core.errors import EffdepthError
 
 def _cli(capsys, *argv) -> tuple[int, str, str]:
     capsys.readouterr()
-    code = main([str(a) for a in argv])
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse's refusal of an option's value: its one line, exit 2
+        code = exc.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
