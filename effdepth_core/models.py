@@ -370,6 +370,14 @@ _MLPS = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
 MAX_CANDIDATES = 12  # each candidate costs one short forward pass at load
 
 
+def _exists(model: nn.Module, path: str) -> bool:
+    try:
+        _get(model, path)
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return False
+    return True
+
+
 def _candidate_layouts(model: nn.Module) -> list[tuple[str, Adapter]]:
     """The known layouts, then every layout the model's own module names make (at most
     ``MAX_CANDIDATES`` in all that exist), each to be verified before use."""
@@ -382,10 +390,8 @@ def _candidate_layouts(model: nn.Module) -> list[tuple[str, Adapter]]:
             continue
         pairs = [pair for pair in _WRITE_PAIRS if set(pair) <= children]
         pairs += [(a, m) for a in _ATTENTIONS for m in _MLPS if a in children and m in children]
-        for norm in _FINAL_NORMS:
-            if _missing_module(model, Adapter(layers=layers_path, final_norm=norm, attn_out=pairs[0][0],
-                                              mlp_out=pairs[0][1])) if pairs else True:  # fmt: skip
-                continue
+        norms = [norm for norm in _FINAL_NORMS if pairs and _exists(model, norm)]
+        for norm in norms:
             for attn, mlp in pairs:
                 adapter = Adapter(layers=layers_path, final_norm=norm, attn_out=attn, mlp_out=mlp)
                 if all(adapter != known for _, known in found):
