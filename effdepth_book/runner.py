@@ -9,6 +9,7 @@ sets. Each set is executed from ``book/templates/<section>.ipynb`` into
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -214,8 +215,6 @@ def page_code(template: Path) -> list[tuple[str, bytes]]:
     (which the registry imports by name: ``sections.BUILTIN``), and every module those import (found
     by reading their ``import`` statements, functions' included), except the probe registry and the
     probes' own modules, which count by ``probe:<name>`` and their revision."""
-    import ast
-
     sources = []
     try:
         notebook = json.loads(read_regular(template).decode("utf-8"))
@@ -233,23 +232,31 @@ def page_code(template: Path) -> list[tuple[str, bytes]]:
     probes: dict[str, str] = {}
     while pending:
         path, text = pending.pop()
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:  # a notebook cell with a magic, say: nothing more to follow there
-            continue
-        for node in ast.walk(tree):
-            for target in _imported(node, path):
-                if target in seen or (target.name == _REGISTRY and target.parent == _PACKAGES["effdepth_core"]):
-                    continue
-                content = target.read_bytes()
-                spec = _probe_revision(target, content)
-                if spec is not None:
-                    probes[spec[0]] = spec[1]
-                    continue
-                seen[target] = content
-                pending.append((target, content.decode("utf-8")))
+        for target in _imports_in(path, text):
+            if target in seen or (target.name == _REGISTRY and target.parent == _PACKAGES["effdepth_core"]):
+                continue
+            content = target.read_bytes()
+            spec = _probe_revision(target, content)
+            if spec is not None:
+                probes[spec[0]] = spec[1]
+                continue
+            seen[target] = content
+            pending.append((target, content.decode("utf-8")))
     code = [(_module_name(p), seen[p]) for p in sorted(seen, key=_module_name)]
     return code + [(f"probe:{name}", revision.encode()) for name, revision in sorted(probes.items())]
+
+
+@functools.cache
+def _imports_in(path: Path | None, text: str) -> tuple[Path, ...]:
+    """The package modules ``text`` (the module at ``path``, or a notebook cell) imports, in
+    order: parsed once per text in a process (every page of a ``--check`` reads the same modules)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:  # a notebook cell with a magic, say: nothing more to follow there
+        return ()
+    return tuple(dict.fromkeys(target for node in ast.walk(tree) for target in _imported(node, path)))
 
 
 def _module_name(path: Path) -> str:

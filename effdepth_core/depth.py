@@ -155,6 +155,45 @@ def statistic_of(rule: Rule, curves: Mapping[str, np.ndarray], settings: Any, st
     return value if value is not None and np.isfinite(value) else None  # never a NaN into a summary
 
 
+def _mean_of_defined(values: np.ndarray) -> np.ndarray:
+    """The mean of each row's defined (non-NaN) values ``[row, k]`` → ``[row]`` (NaN where none
+    is), summed in order from 0 — as ``np.mean`` sums fewer than 8 values, so a row equals
+    ``averaged_crossing``'s mean exactly; more values are averaged row by row with ``np.mean``."""
+    if values.shape[1] >= 8:  # numpy sums 8 or more values pairwise: the same call keeps them equal
+        return np.array([np.mean(row[~np.isnan(row)]) if (~np.isnan(row)).any() else np.nan for row in values])
+    total, count = np.zeros(values.shape[0]), np.zeros(values.shape[0], dtype=int)
+    for column in values.T:
+        defined = ~np.isnan(column)
+        total, count = total + np.where(defined, column, 0.0), count + defined
+    with np.errstate(invalid="ignore"):  # 0 / 0 where no value is defined: NaN
+        return np.where(count > 0, total / count, np.nan)
+
+
+def statistic_rows(rule: Rule, curves: Mapping[str, np.ndarray], settings: Any, statistic: Statistic) -> np.ndarray:
+    """``statistic_of`` on each row of ``curves`` (``{metric: [row, layer]}``) → ``[row]``, NaN
+    where it is undefined: at once where the rule declares ``find_rows``/``crossing_rows``/
+    ``centroid_rows`` (equal to ``find``/``crossing``/``centroid`` row by row), else row by row."""
+    rows = None
+    if statistic == "ed" and rule.find_rows is not None:
+        rows = np.asarray(rule.find_rows(curves, settings), dtype=float)
+    elif statistic == "crossing" and rule.crossing_rows is not None:
+        if rule.thresholds is None:
+            rows = np.asarray(rule.crossing_rows(curves, settings), dtype=float)
+        else:
+            name, values = rule.thresholds
+            each = [rule.crossing_rows(curves, with_setting(settings, name, value)) for value in values]
+            rows = _mean_of_defined(np.column_stack(each).astype(float))  # [row, threshold]
+    elif statistic == "centroid" and rule.centroid_rows is not None:
+        rows = np.asarray(rule.centroid_rows(curves), dtype=float)
+    if rows is not None and statistic != "ed":
+        rows = np.where(np.isfinite(rows), rows, np.nan)  # never a NaN or inf into a summary
+    if rows is not None:
+        return rows
+    n_rows = len(next(iter(curves.values())))
+    values = [statistic_of(rule, {m: c[i] for m, c in curves.items()}, settings, statistic) for i in range(n_rows)]
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
 def _resampled_curves(
     rule: Rule, frame: pl.DataFrame, n_layers: int, weights: np.ndarray
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -183,8 +222,9 @@ def depth_samples(
     with the same ``weights`` give paired draws (e.g. two lenses on one run)."""
     mean, curves = _resampled_curves(rule, frame, n_layers, weights)
     point = statistic_of(rule, mean, settings, statistic)
-    draws = [statistic_of(rule, {m: c[b] for m, c in curves.items()}, settings, statistic) for b in range(len(weights))]
-    return point, np.array([np.nan if d is None else d for d in draws], dtype=float)
+    if not len(weights):
+        return point, np.zeros(0)
+    return point, statistic_rows(rule, curves, settings, statistic)
 
 
 def per_prompt(
@@ -196,8 +236,7 @@ def per_prompt(
     sums_counts = {m: _matrix(frame, m, layers) for m in rule.metrics}
     counts = next(iter(sums_counts.values()))[1]
     curves = {m: s / counts[:, None] for m, (s, _) in sums_counts.items()}  # [example, layer] per-prompt means
-    values = [statistic_of(rule, {m: c[i] for m, c in curves.items()}, settings, statistic) for i in range(counts.size)]
-    return np.array([np.nan if v is None else v for v in values], dtype=float), counts
+    return statistic_rows(rule, curves, settings, statistic), counts
 
 
 def ed_samples(
@@ -244,15 +283,14 @@ def rule_depth(
     depth = with_primary(result(rule.find(mean, settings)), mean)
     if not boots:
         return depth
-    each = [{m: c[b] for m, c in resampled.items()} for b in range(boots)]
-    draws = np.array([np.nan if (d := rule.find(c, settings)) is None else float(d) for c in each])
+    draws = statistic_rows(rule, resampled, settings, "ed")
     defined = draws[~np.isnan(draws)]
     depth.undefined_fraction = 1 - defined.size / draws.size
     if defined.size:
         depth.ci_low = int(np.percentile(defined, 2.5, method="lower"))
         depth.ci_high = int(np.percentile(defined, 97.5, method="higher"))
     if depth.depth is not None:
-        values = np.array([np.nan if (v := statistic_of(rule, c, settings, statistic)) is None else v for c in each])
+        values = statistic_rows(rule, resampled, settings, statistic)
         values = values[~np.isnan(values)]
         if values.size:
             depth.depth_low, depth.depth_high = (float(v) for v in np.percentile(values, [2.5, 97.5]))

@@ -204,7 +204,10 @@ def test_granite_multipliers_at_realistic_values_are_measured_right(model_type, 
         return config
 
     monkeypatch.setitem(globals(), "_shrink", realistic)
-    assert _outcome(model_type)[0] == "measured"
+    kind, why = _outcome(model_type)
+    if kind == "unbuildable":  # e.g. granitemoe_swa is newer than the lowest transformers allowed
+        pytest.skip(f"{model_type} cannot be built tiny here: {why}")
+    assert kind == "measured", why
 
 
 @pytest.mark.parametrize("model_type", ["granitemoeshared", "granitemoe_swa"])
@@ -220,7 +223,9 @@ def test_granite_moe_with_shared_experts_is_refused_not_measured_wrong(model_typ
 
     monkeypatch.setitem(globals(), "_shrink", shared)
     kind, why = _outcome(model_type)
-    assert kind == "refused" and "miss each block's change" in why
+    if kind == "unbuildable":  # as above: a type the installed transformers lacks
+        pytest.skip(f"{model_type} cannot be built tiny here: {why}")
+    assert kind == "refused" and "miss each block's change" in why, why
 
 
 if __name__ == "__main__":  # python tests/test_coverage.py: rewrite the committed table

@@ -306,3 +306,51 @@ def test_the_per_prompt_statistic_reads_each_prompts_own_curve():
     values, tokens = per_prompt(rule, frame, 4, SimpleNamespace(kl_fraction=0.5), "centroid")
     assert values[0] == 2.0 and values[1] == 1.5 and np.isnan(values[2])
     assert tokens.tolist() == [3, 5, 2]
+
+
+def _curve_rows(rng: np.random.Generator, metric: str, n_layers: int) -> np.ndarray:
+    """[row, layer] curves of one metric, random and hand-made edge rows (flat, already past the
+    threshold at layer 0, crossing only into the last layer, ties at a threshold)."""
+    rows = rng.normal(size=(300, n_layers))
+    if metric == "kl":
+        rows = np.abs(rows) * rng.choice([0.01, 1.0, 50.0], size=(300, 1))
+    elif metric in ("overlap", "norm"):
+        rows = np.sort(rng.uniform(size=(300, n_layers)), axis=1) * rng.choice([0.5, 1.0], size=(300, 1))
+    else:  # the cosines hover about 0 so that each threshold of the range crosses somewhere
+        rows = rows * 0.05
+    edges = np.stack([
+        np.zeros(n_layers),
+        np.full(n_layers, 0.3),
+        np.linspace(-1, 1, n_layers),
+        np.r_[np.full(n_layers - 1, -0.1), 0.4],
+        np.r_[0.9, np.full(n_layers - 1, 0.1)],
+        np.r_[np.full(n_layers - 2, -0.1), 0.0, 0.2],  # a cosine reaching exactly 0: >= counts it
+        np.r_[2.0, np.full(n_layers - 1, 1.0)],  # a KL exactly at half its maximum: < does not
+    ])  # fmt: skip
+    return np.vstack([rows, edges])
+
+
+@pytest.mark.parametrize("key", ["cosine", "logit_lens_kl", "logit_lens_overlap", "residual_norm"])
+def test_the_bootstraps_row_paths_equal_each_rules_own_functions_row_by_row(key):
+    """``statistic_rows`` (the bootstrap's path) through a rule's ``find_rows``/``crossing_rows``/
+    ``centroid_rows`` equals ``statistic_of`` row by row, exactly: the row forms do the same float operations in the
+    same order, so any difference is a bug, not rounding."""
+    from effdepth_core import registry
+    from effdepth_core.depth import statistic_of, statistic_rows
+    from effdepth_core.settings import RunSettings
+
+    _, rule = registry.rules()[key]
+    assert rule.find_rows is not None and rule.crossing_rows is not None
+    statistics = ("ed", "crossing", "centroid") if rule.centroid is not None else ("ed", "crossing")
+    assert (rule.centroid_rows is not None) == (rule.centroid is not None)
+    rng = np.random.default_rng(7)
+    n_layers = 13 if rule.needs_final_layer else 12
+    curves = {metric: _curve_rows(rng, metric, n_layers) for metric in rule.metrics}
+    settings = RunSettings(model="m", task="t")
+    n_rows = len(next(iter(curves.values())))
+    for statistic in statistics:
+        fast = statistic_rows(rule, curves, settings, statistic)
+        slow = [statistic_of(rule, {m: c[i] for m, c in curves.items()}, settings, statistic) for i in range(n_rows)]
+        slow = np.array([np.nan if v is None else v for v in slow])
+        np.testing.assert_array_equal(fast, slow, err_msg=f"{key} {statistic}")
+        assert np.isnan(slow).any() and (~np.isnan(slow)).sum() > 100, "both branches must be exercised"

@@ -77,6 +77,26 @@ def crossing_cosine(mean_cos: np.ndarray) -> float | None:
     return None if ed is None else ed - c[ed] / (c[ed + 1] - c[ed])
 
 
+def ed_cosine_rows(mean_cos: np.ndarray) -> np.ndarray:
+    """``ed_cosine`` of each row of ``[row, layer]``: ``[row]``, NaN where there is no crossing."""
+    c = np.asarray(mean_cos, dtype=float)
+    up = (c[:, :-1] < 0) & (c[:, 1:] >= 0)  # [row, layer - 1]
+    last = up.shape[1] - 1 - np.argmax(up[:, ::-1], axis=1)
+    return np.where(up.any(axis=1), last, np.nan)
+
+
+def crossing_cosine_rows(mean_cos: np.ndarray) -> np.ndarray:
+    """``crossing_cosine`` of each row of ``[row, layer]``: ``[row]``, NaN where there is no crossing."""
+    c = np.asarray(mean_cos, dtype=float)
+    ed = ed_cosine_rows(c)
+    found = ~np.isnan(ed)
+    at = np.where(found, ed, 0).astype(int)
+    rows = np.arange(c.shape[0])
+    below, above = c[rows, at], c[rows, at + 1]
+    with np.errstate(divide="ignore", invalid="ignore"):  # rows without a crossing are NaN anyway
+        return np.where(found, at - below / (above - below), np.nan)
+
+
 def _mean_cosine(curves: Mapping[str, np.ndarray], settings) -> np.ndarray:
     # the crossing is of 0 (SPEC §1); the book's robustness rule moves that level (``cosine_zero``)
     return np.mean([curves[name] for name in COSINE_PARTS], axis=0) - getattr(settings, "cosine_zero", 0.0)
@@ -100,6 +120,8 @@ SPEC = ProbeSpec(
             lambda settings: "the mean cosine never crosses from negative to non-negative",
             thresholds=("cosine_zero", (-0.03, -0.02, -0.01, 0.0, 0.01, 0.02, 0.03)),
             crossing=lambda curves, settings: crossing_cosine(_mean_cosine(curves, settings)),
+            find_rows=lambda curves, settings: ed_cosine_rows(_mean_cosine(curves, settings)),
+            crossing_rows=lambda curves, settings: crossing_cosine_rows(_mean_cosine(curves, settings)),
         ),
     ),
     charts=(Chart("cosine", "contribution_bars", "cosine"),),

@@ -13,6 +13,7 @@ import torch
 from ..models import LoadedModel, takes_plain_models
 from ..trace import LayerTrace, require_finite
 from .shared.activations import each_batch, per_token_means
+from .shared.lens import first_true_rows, line_crossing_rows
 from .shared.reduce import token_weighted_mean
 from .spec import Chart, Option, ProbeSpec, Rule, on_prompts
 
@@ -54,6 +55,18 @@ def crossing_norm(norm: np.ndarray, fraction: float) -> float | None:
     return ed - 1 + (threshold - values[ed - 1]) / (values[ed] - values[ed - 1])
 
 
+def ed_norm_rows(norm: np.ndarray, fraction: float) -> np.ndarray:
+    """``ed_norm`` of each row of ``[row, layer]``: ``[row]``, NaN where none exceeds it."""
+    values = np.asarray(norm, dtype=float)
+    return first_true_rows(values[:, :-1] > fraction * values[:, -1:])
+
+
+def crossing_norm_rows(norm: np.ndarray, fraction: float) -> np.ndarray:
+    """``crossing_norm`` of each row of ``[row, layer]`` (a rising curve, as the overlap's)."""
+    values = np.asarray(norm, dtype=float)
+    return line_crossing_rows(-values, ed_norm_rows(values, fraction), -(fraction * values[:, -1]))
+
+
 NORM_FRACTION = Option(
     "norm_fraction",
     0.5,
@@ -84,6 +97,8 @@ SPEC = ProbeSpec(
             lambda s: f"the residual norm never exceeds {s.norm_fraction} of the final one before layer L",
             needs_final_layer=True,
             crossing=lambda curves, settings: crossing_norm(curves["norm"], settings.norm_fraction),
+            find_rows=lambda curves, settings: ed_norm_rows(curves["norm"], settings.norm_fraction),
+            crossing_rows=lambda curves, settings: crossing_norm_rows(curves["norm"], settings.norm_fraction),
         ),
     ),
     charts=(Chart("norm", "metric_curves", "norm"),),

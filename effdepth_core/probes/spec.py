@@ -144,6 +144,11 @@ class Rule:
     thresholds: tuple[str, tuple[float, ...]] | None = None  # (setting, values): the book's sensitivity view
     crossing: Callable[[Mapping[str, Any], Any], float | None] | None = None
     centroid: Callable[[Mapping[str, Any]], float | None] | None = None
+    # optional fast paths for the bootstrap: ``find`` / ``crossing`` / ``centroid`` on many curves at once
+    # (``{metric: [row, layer]}`` → ``[row]``, NaN where undefined), equal to them row by row (tested)
+    find_rows: Callable[[Mapping[str, Any], Any], Any] | None = None
+    crossing_rows: Callable[[Mapping[str, Any], Any], Any] | None = None
+    centroid_rows: Callable[[Mapping[str, Any]], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,46 @@ def crossing_overlap(overlap: np.ndarray, threshold: float = OVERLAP_THRESHOLD) 
     return ed - 1 + (threshold - ov[ed - 1]) / (ov[ed] - ov[ed - 1])
 
 
+def first_true_rows(hit: np.ndarray) -> np.ndarray:
+    """The first True column of each row of ``[row, column]``: ``[row]``, NaN where there is none."""
+    return np.where(hit.any(axis=1), np.argmax(hit, axis=1), np.nan)
+
+
+def line_crossing_rows(values: np.ndarray, ed: np.ndarray, threshold: np.ndarray) -> np.ndarray:
+    """Where the straight line from values[ed-1] to values[ed] reaches ``threshold`` (each row;
+    0 where ed is 0, NaN where it is NaN): the row form of ``crossing_kl`` / ``crossing_overlap``."""
+    found = ~np.isnan(ed)
+    at = np.where(found, ed, 1).astype(int)
+    rows = np.arange(values.shape[0])
+    before, after = values[rows, np.maximum(at - 1, 0)], values[rows, at]
+    with np.errstate(divide="ignore", invalid="ignore"):  # rows with ed NaN or 0 are replaced below
+        between = at - 1 + (before - threshold) / (before - after)
+    return np.where(found, np.where(at == 0, 0.0, between), np.nan)
+
+
+def ed_kl_rows(kl: np.ndarray, fraction: float = KL_FRACTION) -> np.ndarray:
+    """``ed_kl`` of each row of ``[row, layer]``: ``[row]``, NaN where none is below."""
+    kl = np.asarray(kl, dtype=float)
+    return first_true_rows(kl[:, :-1] < fraction * kl.max(axis=1, keepdims=True))
+
+
+def ed_overlap_rows(overlap: np.ndarray, threshold: float = OVERLAP_THRESHOLD) -> np.ndarray:
+    """``ed_overlap`` of each row of ``[row, layer]``: ``[row]``, NaN where none is above."""
+    return first_true_rows(np.asarray(overlap, dtype=float)[:, :-1] > threshold)
+
+
+def crossing_kl_rows(kl: np.ndarray, fraction: float = KL_FRACTION) -> np.ndarray:
+    """``crossing_kl`` of each row of ``[row, layer]``: ``[row]``, NaN where it is undefined."""
+    kl = np.asarray(kl, dtype=float)
+    return line_crossing_rows(kl, ed_kl_rows(kl, fraction), fraction * kl.max(axis=1))
+
+
+def crossing_overlap_rows(overlap: np.ndarray, threshold: float = OVERLAP_THRESHOLD) -> np.ndarray:
+    """``crossing_overlap`` of each row of ``[row, layer]`` (a rising curve: both signs flip)."""
+    ov = np.asarray(overlap, dtype=float)
+    return line_crossing_rows(-ov, ed_overlap_rows(ov, threshold), np.full(ov.shape[0], -threshold))
+
+
 def centroid_kl(kl: np.ndarray) -> float | None:
     """The mean layer at which the KL to the output is removed: layer l (it turns h_l into h_{l+1})
     weighs max(kl[l] − kl[l+1], 0) for l = 0..L-1, with kl[L] = 0 (the output itself). None when
@@ -223,6 +263,29 @@ def centroid_overlap(overlap: np.ndarray) -> float | None:
     weights = np.maximum(o[1:] - o[:-1], 0.0)
     total = weights.sum()
     return float(np.arange(weights.size) @ weights / total) if total > 0 else None
+
+
+def _centroid_rows(weights: np.ndarray) -> np.ndarray:
+    """The centroids' last step on each row of ``weights`` ``[row, layer]`` → ``[row]`` (NaN where
+    a row weighs nothing): the dot product row by row, as the one-curve form computes it (a matrix
+    product would sum in another order)."""
+    total = weights.sum(axis=1)
+    layers = np.arange(weights.shape[1])
+    dots = np.array([layers @ row for row in weights], dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, dots / total, np.nan)
+
+
+def centroid_kl_rows(kl: np.ndarray) -> np.ndarray:
+    """``centroid_kl`` of each row of ``[row, layer]``: ``[row]``, NaN where no layer removes any."""
+    k = np.concatenate([np.asarray(kl, dtype=float), np.zeros((len(kl), 1))], axis=1)
+    return _centroid_rows(np.maximum(k[:, :-1] - k[:, 1:], 0.0))
+
+
+def centroid_overlap_rows(overlap: np.ndarray) -> np.ndarray:
+    """``centroid_overlap`` of each row of ``[row, layer]``: ``[row]``, NaN where none is gained."""
+    o = np.concatenate([np.asarray(overlap, dtype=float), np.ones((len(overlap), 1))], axis=1)
+    return _centroid_rows(np.maximum(o[:, 1:] - o[:, :-1], 0.0))
 
 
 def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
@@ -244,6 +307,9 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
             thresholds=("kl_fraction", (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7)),
             crossing=lambda curves, settings: crossing_kl(curves["kl"], settings.kl_fraction),
             centroid=lambda curves: centroid_kl(curves["kl"]),
+            find_rows=lambda curves, settings: ed_kl_rows(curves["kl"], settings.kl_fraction),
+            crossing_rows=lambda curves, settings: crossing_kl_rows(curves["kl"], settings.kl_fraction),
+            centroid_rows=lambda curves: centroid_kl_rows(curves["kl"]),
         ),
         Rule(
             f"{prefix}_overlap",
@@ -254,6 +320,9 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
             thresholds=("overlap_threshold", (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)),
             crossing=lambda curves, settings: crossing_overlap(curves["overlap"], settings.overlap_threshold),
             centroid=lambda curves: centroid_overlap(curves["overlap"]),
+            find_rows=lambda curves, settings: ed_overlap_rows(curves["overlap"], settings.overlap_threshold),
+            crossing_rows=lambda curves, settings: crossing_overlap_rows(curves["overlap"], settings.overlap_threshold),
+            centroid_rows=lambda curves: centroid_overlap_rows(curves["overlap"]),
         ),
     )
 
