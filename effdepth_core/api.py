@@ -108,7 +108,22 @@ def measure(
     by default; a model in memory is measured directly, with no run directory written (``out_dir``
     None; the prompts are kept as a task file named by their content),
     unless ``cache=True`` or ``out`` is given. Results are kept in ``out`` or under effdepth's cache
-    (``$EFFDEPTH_CACHE/runs``), never the working directory."""
+    (``$EFFDEPTH_CACHE/runs``), never the working directory.
+
+    Args:
+        model, prompts, name, cache: as above.
+        probes: probe names (``effdepth probes`` lists them).
+        tokenizer: the tokenizer of a transformers model.
+        out: the run directory to keep the result in.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        **settings: as above.
+
+    Returns:
+        A ``Measurement``: its frames, effective depths, ``curve()``, ``table()`` and ``plot()``.
+
+    Raises:
+        EffdepthError: a bad setting, prompt, model or probe, in one line naming the fix.
+    """
     _check_settings(settings)
     if cache is not None and not isinstance(cache, bool):
         raise EffdepthError(f"cache= takes True or False, got {cache!r}")
@@ -183,7 +198,15 @@ def _as_the_model_is(loaded: LoadedModel, settings: dict[str, Any]) -> None:
 def plot(result: RunResult, chart: str | None = None):
     """The charts of a result (every chart of every probe that ran, one under another; or the one
     named) as notebook output that draws offline: the Vega-Lite spec, and SVG/PNG for viewers without
-    JavaScript. Needs the ``[book]`` extra (Altair, vl-convert)."""
+    JavaScript. Needs the ``[book]`` extra (Altair, vl-convert).
+
+    Args:
+        result: a ``Measurement`` (``measure``'s result, or ``effdepth_core.results.open_run``'s).
+        chart: a chart name (None: all of them).
+
+    Returns:
+        An object that displays the charts in a notebook.
+    """
     import importlib.util
 
     if importlib.util.find_spec("altair") is None or importlib.util.find_spec("vl_convert") is None:

@@ -213,7 +213,20 @@ def cross_model_map(
     m = 0 the embedding), as a long frame ``small_layer, big_layer, metric, value`` (metric
     ``relative_error``), plus per small layer (``big_layer`` null) ``best_big_layer`` (the l with the
     least error) and ``equal_depth_layer`` (m · L_big / L_small, where equal relative depth puts it).
-    Train and test prompts must be disjoint; both models read the small model's token ids."""
+    Train and test prompts must be disjoint; both models read the small model's token ids.
+
+    Args:
+        small, big: the two models (the small one's tokenizer is used for both).
+        train_prompts, test_prompts: disjoint prompts to fit the maps on and to score them on.
+        ridge: the ridge penalty of the least-squares fit (0: plain least squares).
+        batch_size: prompts per forward pass.
+        memory_budget_mb: memory the stacked hidden states may take.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        The long frame above.
+    """
     check_same_tokenizer(small, big)
     train, test = tokenize(small, train_prompts), tokenize(small, test_prompts)
     tokenize(big, [ids for ids in train + test])  # the big model's context length applies too

@@ -79,6 +79,11 @@ ADAPTERS: dict[str, Adapter] = {
             logit_scale=lambda config: 1 / config.logits_scaling,
         ),
     ),
+    # MiniCPM3 scales each write by scale_depth / √L and divides the final residual by logits_scaling
+    "minicpm3": Adapter(
+        write_scale=lambda config: config.scale_depth / math.sqrt(config.num_hidden_layers),
+        logit_scale=lambda config: 1 / config.logits_scaling,
+    ),
     "gpt_neox": Adapter(
         layers="gpt_neox.layers",
         final_norm="gpt_neox.final_layer_norm",
@@ -628,7 +633,20 @@ def wrap_model(
     MLP writes add up to each block's change, the final norm and head give the model's logits) and
     refused in one line when it does not fit. The model is put in eval mode with its parameters'
     gradients off — the probes differentiate activations, never parameters; ``measure`` restores the
-    caller's state afterwards, a direct caller of ``wrap_model`` may call ``model.train()`` again."""
+    caller's state afterwards, a direct caller of ``wrap_model`` may call ``model.train()`` again.
+
+    Args:
+        model: a transformers causal LM (any ``nn.Module`` with ``config`` and the layout's modules).
+        tokenizer: its tokenizer (None: probes then take token-id tensors only).
+        name: the label of the model in results (None: its ``name_or_path``).
+        adapter: the layout, for an architecture the table does not know.
+
+    Returns:
+        The verified ``LoadedModel``.
+
+    Raises:
+        UnsupportedModelError: a layout that does not verify, in one line saying what is off.
+    """
     if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):  # PEFT wraps the model it adapts
         raise UnsupportedModelError(
             f"{type(model).__name__} is a PEFT model: its adapters change the layers effdepth reads; merge them "
@@ -956,7 +974,24 @@ def load_model(
     parses the GGUF again). Where the weights come from is ``acquire.resolve_model``'s to say.
     ``tokenizer``: a tokenizer, or where to load one from (a folder without tokenizer files);
     ``from_pretrained``: passed to transformers (``revision``, ``trust_remote_code``, ``token``,
-    ``attn_implementation``, ``quantization_config``…; the tokenizer gets the hub ones)."""
+    ``attn_implementation``, ``quantization_config``…; the tokenizer gets the hub ones).
+
+    Args:
+        spec: what to load, as above.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
+        dtype: ``"auto"`` (bfloat16 on a GPU, float32 on a CPU), a name (``"float16"``…) or a dtype.
+        device_map, max_memory, offload_folder: accelerate's placement, as above.
+        progress: show download and dequantization progress.
+        cached_weights: read a GGUF's dequantized safetensors when they exist.
+        tokenizer: as above.
+        **from_pretrained: as above.
+
+    Returns:
+        The ``LoadedModel`` (verified layout, tokenizer, name).
+
+    Raises:
+        EffdepthError: a spec that names nothing loadable, or an architecture that is refused.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(device)

@@ -471,6 +471,20 @@ def run(
     Without ``out_dir`` the run directory is named under ``results_root`` by the run's key; without
     ``results_root`` too, under effdepth's cache (``$EFFDEPTH_CACHE/runs``), never silently the
     working directory (the command line passes ``results``, its documented default).
+
+    Args:
+        settings: the run's model, task and options.
+        probes: probe names.
+        out_dir, overwrite, reuse_from, renew_outdated, results_root: where the run is kept, as above.
+        loaded, examples: the model and examples, already loaded.
+        n_bootstrap: resamples for the ED intervals.
+        tokenizer: the tokenizer of a transformers model passed as ``loaded``.
+
+    Returns:
+        The ``RunResult`` (a ``Measurement``): frames, summary and run directory.
+
+    Raises:
+        EffdepthError: a bad setting or a folder effdepth may not write, in one line.
     """
     plan = _plan(settings, probes, out_dir, loaded, examples, results_root)
     described = {**settings.numbers(), **plan.fields}  # what a refusal compares, named

@@ -345,6 +345,19 @@ def load_task(
     ``level`` filters MATH (1–5); ``digits`` sets the arithmetic operand length. With
     ``count_tokens`` (the model's tokenizer), prompts longer than ``max_tokens`` are dropped
     (AIME24 defaults to 400, as in the paper).
+
+    Args:
+        name: a task name or a ``.jsonl`` path.
+        n: the number of examples (all of a file's when it holds fewer).
+        seed: the sampling seed.
+        source, level, digits, count_tokens, max_tokens: as above.
+        aime_solution: which AIME24 solution text is the answer (``"first"``).
+
+    Returns:
+        The ``Example``s, in sampled order.
+
+    Raises:
+        EffdepthError: an unknown task, a malformed file, or too few examples left.
     """
     if n < 1:
         raise TaskError(f"n must be at least 1, got {n}")

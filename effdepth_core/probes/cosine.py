@@ -49,6 +49,16 @@ def residual_cosine(
 
     Returns columns ``example, layer, metric, value, n_tokens``; collapse with
     ``token_weighted_mean`` for the curves of method.md §1. One forward pass; nothing per layer is kept.
+
+    Args:
+        loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
+        prompts: texts, or token-id tensors ``[token]``, one per example.
+        batch_size: prompts per forward pass.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        The long frame above (metrics ``cos_attn``, ``cos_mlp``, ``cos_layer``, ``rel_*``).
     """
 
     def measure(trace: LayerTrace) -> list[tuple[int, torch.Tensor]]:

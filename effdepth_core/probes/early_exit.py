@@ -31,7 +31,19 @@ def early_exit(
     progress: bool | None = None,
 ) -> pl.DataFrame:
     """Per example and exit layer: ``example, layer, metric, value, n_tokens`` (``n_tokens``: the
-    tokens the value averages: all of the prompt's for ``agreement``, the answer's otherwise)."""
+    tokens the value averages: all of the prompt's for ``agreement``, the answer's otherwise).
+
+    Args:
+        loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
+        examples: ``Example``s with an answer (or (prompt, answer) pairs).
+        lens: a tuned lens of this model to exit through (None: the logit lens).
+        chunk: tokens decoded per matrix product.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        The long frame above (metrics ``agreement``, ``answer_nll``, ``answer_accuracy``).
+    """
     require_whole("chunk", chunk)
     rows = []
     for example, split in enumerate(

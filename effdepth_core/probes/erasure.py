@@ -171,6 +171,19 @@ def erasure_map(
 
     ``baselines`` ``[L+1, d_model]`` default to ``residual_means`` over the examples themselves.
     Long frame: ``example, layer, position, token, is_answer, metric, value``.
+
+    Args:
+        loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
+        examples: ``Example``s with an answer (or (prompt, answer) pairs).
+        baselines: what an erased state is replaced by, ``[L+1, d_model]``.
+        method: ``"fast"`` (batched) or ``"slow"`` (one erasure per pass, the oracle).
+        max_rows: erased copies per forward pass of the fast path.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        output_metric: ``"l2"`` or ``"kl"``.
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        The long frame above.
     """
     if method not in ("fast", "slow"):
         raise OptionError(f"method must be 'fast' or 'slow', got {method!r}")

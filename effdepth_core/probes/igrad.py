@@ -359,6 +359,20 @@ def integrated_gradients(
     a CPU without a budget); ``igrad_panels``: panels the adaptive rule halves per round (1, the
     default, always halves the single worst one; more batch its evaluations on a GPU, a slightly
     different refinement to the same tolerance).
+
+    Args:
+        loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
+        examples: ``Example``s with an answer (or (prompt, answer) pairs).
+        igrad_steps, igrad_quadrature, igrad_baseline, igrad_tol, igrad_max_steps, igrad_panels:
+            the path integral's rule and tolerance, as above.
+        method: ``"fast"`` (α rows batched) or ``"slow"`` (the oracle).
+        layers: the layers to attribute at (None: every layer).
+        max_rows, slow_block, memory_budget_mb: how much one pass holds, as above.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        The long frame above.
     """
     for option, value in ((IGRAD_STEPS, igrad_steps), (IGRAD_QUADRATURE, igrad_quadrature),
                           (IGRAD_BASELINE, igrad_baseline), (IGRAD_TOL, igrad_tol),

@@ -23,7 +23,18 @@ def residual_norm(
     loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], batch_size: int = 4, progress: bool | None = None
 ) -> pl.DataFrame:
     """Per example: the mean over tokens of ‖h_l‖₂ for l = 0..L (``example, layer, metric, value,
-    n_tokens`` with metric ``norm``; layer L is the final residual, before the final norm)."""
+    n_tokens`` with metric ``norm``; layer L is the final residual, before the final norm).
+
+    Args:
+        loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
+        prompts: texts, or token-id tensors ``[token]``, one per example.
+        batch_size: prompts per forward pass.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        The long frame above.
+    """
 
     def measure(trace: LayerTrace) -> list[tuple[int, torch.Tensor]]:
         states = [(trace.layer, trace.h_in)]

@@ -104,7 +104,20 @@ def layer_pruning(
     of ``k`` consecutive layers removed (``block``), and of ShortGPT's ``k`` lowest-influence layers
     removed (``shortgpt``). Plus, per calibration text (``example`` = its index; default: the scored
     prompts), each layer's block influence (rule ``influence``) and each block's angular distance
-    (rule ``block``): the scores the rules choose layers by."""
+    (rule ``block``): the scores the rules choose layers by.
+
+    Args:
+        loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
+        examples: ``Example``s with an answer (or (prompt, answer) pairs).
+        prune_sizes: the numbers k of layers removed (None: 1, 2, 4 and ⌈L/4⌉, those below L).
+        calibration: texts the rules score layers on (None: the examples' prompts).
+        max_rows: pruned copies per forward pass.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        A long frame ``example, rule, k, start, removed, metric, value``.
+    """
     n_layers = loaded.n_layers
     require_whole("max_rows", max_rows)
     sizes = sorted(set(prune_sizes or default_block_sizes(n_layers)))

@@ -332,6 +332,23 @@ def skip_effects(
     the output: ``output_effect`` (max over tokens of ‖y − ȳ‖₂, the paper's; ``output_metric="l2"``)
     or ``output_kl`` (max over tokens of KL(ȳ ‖ y) in nats; ``output_metric="kl"``).
     Reduce with ``skip_summary`` (max over positions and prompts, as method.md §3).
+
+    Args:
+        loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
+        prompts: texts, or token-id tensors ``[token]``, one per example.
+        skip_positions: positions t sampled per prompt for the future-token variant.
+        skip_parts: what is skipped: ``layer``, ``attn``, ``mlp``.
+        skip_variants: ``future`` (positions < t skipped, ≥ t measured), ``current`` (every position).
+        seed: the positions' sampling seed.
+        method: ``"fast"`` (batched interventions) or ``"slow"`` (one per pass, the oracle).
+        max_rows: interventions per forward pass of the fast path.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        first_example: the example index of the first prompt, as above.
+        output_metric: ``"l2"`` or ``"kl"``.
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        The long frame above.
     """
     if method not in ("fast", "slow"):
         raise OptionError(f"method must be 'fast' or 'slow', got {method!r}")

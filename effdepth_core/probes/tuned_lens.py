@@ -255,7 +255,18 @@ def train_tuned_lens(
 ) -> tuple[TunedLens, pl.DataFrame]:
     """Train translators for every layer of ``loaded`` on ``texts``. Returns the lens and its fit
     frame ``layer, metric, value`` with the held-out KL(q_l ‖ p) of the logit lens
-    (``heldout_kl_logit``) and the tuned lens (``heldout_kl_tuned``) for layers 0..L-1."""
+    (``heldout_kl_logit``) and the tuned lens (``heldout_kl_tuned``) for layers 0..L-1.
+
+    Args:
+        loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
+        texts: training and held-out text.
+        training: token counts, steps, learning rate, initialisation and seed.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        (the ``TunedLens``, its fit frame).
+    """
     training.check()
     started = time.perf_counter()
     generator = torch.Generator().manual_seed(training.seed)

@@ -34,6 +34,18 @@ def effective_depth(
     probe — ``norm``, a plugin's — given in ``frames`` (probe → frame); ``options`` set their rules'
     options (``norm_fraction=0.4``), the rest take their defaults. ``depth.depth_table`` makes the
     result a frame.
+
+    Args:
+        cosine, logit_lens, tuned_lens: the probes' frames (None: that probe's rules are skipped).
+        n_layers: L, the model's number of layers.
+        kl_fraction, overlap_threshold: the lens rules' thresholds (method.md §2).
+        n_bootstrap: resamples of the prompts for the intervals (0: none).
+        seed: the bootstrap's seed.
+        frames: other probes' frames by probe name.
+        **options: other rules' options by name.
+
+    Returns:
+        ``DepthResult`` per rule key.
     """
     given = {"cosine": cosine, "logit_lens": logit_lens, "tuned_lens": tuned_lens, **(frames or {})}
     given = {name: frame for name, frame in given.items() if frame is not None}

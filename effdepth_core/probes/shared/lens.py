@@ -139,6 +139,19 @@ def logit_lens(
     input as the forward pass reaches it. Peak extra memory is p for the batch plus one token
     chunk of vocabulary-sized temporaries, independent of the number of layers: within
     ``memory_budget_mb`` (default 512 MB on a CPU, 4096 MB on a GPU).
+
+    Args:
+        loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
+        prompts: texts, or token-id tensors ``[token]``, one per example.
+        top_k: the k of the top-k overlap with the final distribution.
+        batch_size: prompts per forward pass.
+        memory_budget_mb: as above.
+        progress: show progress bars (None: when attached to a terminal or notebook).
+        lens: a ``TunedLens`` of this model, or None.
+        tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
+
+    Returns:
+        A long frame ``example, layer, metric, value, n_tokens`` (metrics ``kl``, ``overlap``).
     """
     _check_top_k(top_k, loaded.vocab_size, loaded.name)
     device = loaded.head_device

@@ -35,7 +35,15 @@ def per_example_frame(
 
 def token_weighted_mean(per_example: pl.DataFrame, by: Sequence[str] | None = None) -> pl.DataFrame:
     """Collapse a per-example frame to one value per (layer, metric) — or per ``by``, sorted by it:
-    the mean over all tokens of all prompts (each example weighted by its token count)."""
+    the mean over all tokens of all prompts (each example weighted by its token count).
+
+    Args:
+        per_example: a frame with ``example, layer, metric, value, n_tokens``.
+        by: the columns to group by (None: ``layer, metric``).
+
+    Returns:
+        A frame of the grouping columns and ``value``.
+    """
     keys = list(by) if by is not None else ["layer", "metric"]
     mean = per_example.group_by(keys).agg(
         ((pl.col("value") * pl.col("n_tokens")).sum() / pl.col("n_tokens").sum()).alias("value")
