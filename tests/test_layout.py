@@ -231,3 +231,24 @@ def test_the_public_api_is_discoverable_and_typed():
         assert getattr(effdepth_core, name) is not None
     assert "integrated_gradients" in pydoc.render_doc(effdepth_core)
     assert (PACKAGE / "py.typed").is_file()  # PEP 561: type checkers read the hints
+
+
+def test_every_public_function_documents_its_arguments_and_its_return():
+    """The public API's docstrings give Args (naming every parameter) and Returns, as tuned-lens's do."""
+    import inspect
+
+    import effdepth_core
+
+    missing = []
+    for name in effdepth_core.__all__:
+        function = getattr(effdepth_core, name)
+        if inspect.isclass(function):
+            continue
+        doc = inspect.getdoc(function) or ""
+        args = doc.partition("Args:")[2].partition("Returns:")[0]
+        for parameter in inspect.signature(function).parameters:
+            if not re.search(rf"(^|[\s,*]){re.escape(parameter)}[,:]", args, re.M):
+                missing.append(f"{name}: {parameter}")
+        if "Returns:" not in doc:
+            missing.append(f"{name}: Returns")
+    assert not missing, missing
