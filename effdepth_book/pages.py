@@ -76,6 +76,16 @@ class Page:
             download=plan.download,
         )
 
+    @cached_property
+    def runs(self) -> Study:
+        """The page's main study (``tasks``: every section plans one)."""
+        return self.study("tasks")
+
+    @cached_property
+    def summary(self) -> pl.DataFrame:
+        """One row per run of ``runs``: its model, task and effective depths."""
+        return self.runs.summary()
+
     @property
     def paper(self) -> pl.DataFrame:
         return reference.paper_table1()

@@ -11,7 +11,7 @@ import polars as pl
 from .. import evidence, evidence_beyond, findings_beyond, plots, tables
 from ..pages import Page, markdown
 from ..spec import SectionSpec, StudyPlan, models_of
-from ..study import Study, map_study, pruning_comparison
+from ..study import map_study, pruning_comparison
 
 
 def plans(parameters: Mapping) -> list[StudyPlan]:
@@ -23,14 +23,6 @@ def plans(parameters: Mapping) -> list[StudyPlan]:
 
 class BeyondPage(Page):
     section = "beyond"
-
-    @cached_property
-    def runs(self) -> Study:
-        return self.study("tasks")
-
-    @cached_property
-    def summary(self) -> pl.DataFrame:
-        return self.runs.summary()
 
     @cached_property
     def mapped(self) -> pl.DataFrame:

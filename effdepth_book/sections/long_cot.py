@@ -4,14 +4,12 @@ base model? One page per family of pairs."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cached_property
 
 import polars as pl
 
 from .. import findings_long_cot, plots, reference, tables
 from ..pages import Page
 from ..spec import SectionSpec, StudyPlan
-from ..study import Study
 
 
 def plans(parameters: Mapping) -> list[StudyPlan]:
@@ -28,14 +26,6 @@ class LongCotPage(Page):
     @property
     def models(self) -> list[str]:
         return list(dict.fromkeys(m for pair in self.p.get("pairs") or [] for m in (pair["base"], pair["long_cot"])))
-
-    @cached_property
-    def runs(self) -> Study:
-        return self.study("tasks")
-
-    @cached_property
-    def summary(self) -> pl.DataFrame:
-        return self.runs.summary()
 
     @property
     def paper_pairs(self) -> pl.DataFrame:

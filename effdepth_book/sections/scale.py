@@ -35,16 +35,8 @@ class ScalePage(Page):
     section = "scale"
 
     @cached_property
-    def runs(self) -> Study:
-        return self.study("tasks")
-
-    @cached_property
     def causal(self) -> Study:
         return self.study("causal")
-
-    @cached_property
-    def summary(self) -> pl.DataFrame:
-        return self.runs.summary()
 
     def _pair(self) -> tuple[str, str] | None:
         """The first two sizes of one family on this page (the within-family comparison)."""
