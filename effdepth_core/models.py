@@ -32,7 +32,9 @@ class Adapter:
     ``write_scale``, is exactly what that sublayer adds to the residual stream (after any
     post-sublayer norm). The optional callables read the model's config: ``write_scale`` (a
     residual multiplier, Granite's), ``logit_scale`` (what the head's logits are multiplied by:
-    Cohere's ``logit_scale``, Granite's 1 / ``logits_scaling``). Every adapter is verified at load.
+    Cohere's ``logit_scale``, Granite's 1 / ``logits_scaling``). ``residual_arg``: a sublayer whose
+    call takes an argument of this name returns that residual plus its write (BLOOM's attention and
+    MLP, MPT's MLP): its write is its output minus that argument. Every adapter is verified at load.
     """
 
     layers: str = "model.layers"
@@ -42,6 +44,7 @@ class Adapter:
     parallel_attr: str | None = None  # config attribute that turns on a parallel residual
     write_scale: Callable[[Any], float] | None = None
     logit_scale: Callable[[Any], float] | None = None
+    residual_arg: str | None = None
 
 
 _LLAMA_LIKE = Adapter()
@@ -230,6 +233,8 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
         def hook(module, args, kwargs, *out):
             value = out[0] if output else (args[0] if args else kwargs["hidden_states"])
             value = value[0] if isinstance(value, tuple) else value
+            if key != "h_out" and output:  # a sublayer's output: less the residual it may include
+                value = sublayer_write(adapter, value, named_arguments(module, args, kwargs))
             seen[index][key] = value.detach()
             order[index].append(key)
 
@@ -284,6 +289,42 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
 
 
 LAYOUT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}  # else (bf16, fp16): 3e-2
+
+
+def arguments_by_name(module: nn.Module, args: tuple, kwargs: dict) -> dict:
+    """The call's arguments after the hidden state, all by name: some blocks (GPT-2's) are called
+    with their mask and cache positionally, and a replay passes them back by name."""
+    if len(args) <= 1:
+        return kwargs
+    names = list(inspect.signature(module.forward).parameters)[1 : len(args)]
+    if len(names) < len(args) - 1:
+        raise RuntimeError(f"{type(module).__name__} got {len(args)} positional arguments for {len(names) + 1} names")
+    return {**dict(zip(names, args[1:], strict=True)), **kwargs}
+
+
+def named_arguments(module: nn.Module, args: tuple, kwargs: dict) -> dict:
+    """The call's arguments after the hidden state, by name (``arguments_by_name``), or its keyword arguments
+    alone where its signature cannot name the positional ones."""
+    try:
+        return arguments_by_name(module, args, kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return kwargs
+
+
+def sublayer_write(adapter: Adapter, output: torch.Tensor, arguments: dict) -> torch.Tensor:
+    """What a sublayer adds to the residual, from its output and its call's named arguments: the
+    output, less the residual argument where the adapter says the output includes it."""
+    if adapter.residual_arg is not None and isinstance(arguments.get(adapter.residual_arg), torch.Tensor):
+        return output - arguments[adapter.residual_arg]
+    return output
+
+
+def _returns_residual(module: nn.Module) -> bool:
+    """Whether a sublayer takes the residual as an argument (and so returns it with its write)."""
+    try:
+        return "residual" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _missing_module(model: nn.Module, adapter: Adapter) -> str | None:
@@ -398,7 +439,10 @@ def _candidate_layouts(model: nn.Module) -> list[tuple[str, Adapter]]:
         norms = [norm for norm in _FINAL_NORMS if pairs and _exists(model, norm)]
         for norm in norms:
             for attn, mlp in pairs:
+                residual = _returns_residual(getattr(first, attn)) or _returns_residual(getattr(first, mlp))
                 adapter = Adapter(layers=layers_path, final_norm=norm, attn_out=attn, mlp_out=mlp)
+                if residual:  # BLOOM's, MPT's: a sublayer given the residual returns it with its write
+                    adapter = Adapter(layers_path, norm, attn, mlp, residual_arg="residual")
                 if all(adapter != known for _, known in found):
                     found.append((f"{layers_path}[i].{attn} + .{mlp}, {norm}", adapter))
     return found[:MAX_CANDIDATES]

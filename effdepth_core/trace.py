@@ -3,7 +3,6 @@ input or output (``intervene``) — plus tokenizing and batching prompts."""
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ import torch
 from torch import nn
 
 from .errors import EffdepthError, NonFiniteActivationError
-from .models import LoadedModel
+from .models import LoadedModel, arguments_by_name, named_arguments, sublayer_write
 
 
 @dataclass
@@ -89,20 +88,9 @@ class Hook(NamedTuple):
     fn: HookFn
 
 
-def _named(module: nn.Module, args: tuple, kwargs: dict) -> dict:
-    """The call's arguments after the hidden state, all by name: some blocks (GPT-2's) are called
-    with their mask and cache positionally, and a replay passes them back by name."""
-    if len(args) <= 1:
-        return kwargs
-    names = list(inspect.signature(module.forward).parameters)[1 : len(args)]
-    if len(names) < len(args) - 1:
-        raise RuntimeError(f"{type(module).__name__} got {len(args)} positional arguments for {len(names) + 1} names")
-    return {**dict(zip(names, args[1:], strict=True)), **kwargs}
-
-
 def _input_hook(fn: HookFn):
     def hook(module, args, kwargs):
-        kwargs = _named(module, args, kwargs)
+        kwargs = arguments_by_name(module, args, kwargs)
         args = args[:1]
         hidden = args[0] if args else kwargs["hidden_states"]
         new = fn(hidden, kwargs)
@@ -115,7 +103,7 @@ def _input_hook(fn: HookFn):
 
 def _output_hook(fn: HookFn):
     def hook(module, args, kwargs, output):
-        new = fn(first_tensor(output), kwargs)
+        new = fn(first_tensor(output), named_arguments(module, args, kwargs))
         if new is None:
             return None
         return (new, *output[1:]) if isinstance(output, tuple) else new
@@ -166,8 +154,10 @@ def trace_layers(
                 if check_finite and index == 0:
                     require_finite(hidden, "the embedding output", loaded.name)
                 state[index] = {}
-            elif loaded.write_scale is not None:  # a sublayer's write: its output times the residual multiplier
-                hidden = hidden * loaded.write_scale
+            else:  # a sublayer's write: its output (less a residual it includes) times the residual multiplier
+                hidden = sublayer_write(loaded.adapter, hidden, kwargs)
+                if loaded.write_scale is not None:
+                    hidden = hidden * loaded.write_scale
             state[index][key] = hidden
 
         return fn

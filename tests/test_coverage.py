@@ -275,3 +275,53 @@ if __name__ == "__main__":  # python tests/test_coverage.py: rewrite the committ
         writer.writerow(["model_type", "outcome"])
         writer.writerows(rows)
     print(dict(Counter(kind for _, kind in rows)))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "mid_norm", "mlp"), [("bloom", "post_attention_layernorm", "mlp"), ("mpt", "norm_2", "ffn")]
+)
+def test_a_sublayer_that_returns_the_residual_with_its_write_is_read_and_skipped_right(model_type, mid_norm, mlp):
+    """BLOOM's attention and MLP and MPT's MLP return the residual they are given plus their write.
+    The trace's writes equal the block's own split — the attention's is the input of the norm before
+    the MLP less h_l, the MLP's the rest — and skipping the attention leaves the block the MLP
+    module's own output on h_l: h_l + mlp(norm(h_l))."""
+    from effdepth_core.probes.skip import skip_hooks
+    from effdepth_core.trace import intervene, trace_layers
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, why = _build(model_type)
+        if model is None:
+            pytest.skip(f"{model_type} cannot be built tiny here: {why}")
+        loaded = wrap_model(model, None, name=model_type)
+    assert loaded.adapter.residual_arg == "residual"
+    ids = torch.arange(3, 12)[None]
+    mids, traced = {}, {}
+    handles = [
+        getattr(layer, mid_norm).register_forward_pre_hook(lambda m, a, i=i: mids.__setitem__(i, a[0]))
+        for i, layer in enumerate(loaded.layers)
+    ]
+    with torch.no_grad(), trace_layers(loaded, lambda t: traced.__setitem__(t.layer, t)):
+        model(input_ids=ids, use_cache=False)
+    for handle in handles:
+        handle.remove()
+    for i, t in traced.items():
+        # float32 forward passes: the split differs from the block's own by rounding, ~1e-7 of h
+        scale = float(t.h_out.norm())
+        assert float((t.attn - (mids[i] - t.h_in)).norm()) < 1e-5 * scale
+        assert float((t.mlp - (t.h_out - mids[i])).norm()) < 1e-5 * scale
+    layer = loaded.layers[0]
+    kept = {}
+    handle = layer.register_forward_pre_hook(
+        lambda m, a, k: kept.__setitem__("h", a[0] if a else k["hidden_states"]), with_kwargs=True
+    )
+    out = {}
+    handle_out = layer.register_forward_hook(lambda m, a, o: out.__setitem__("h", o[0] if isinstance(o, tuple) else o))
+    rows = torch.ones(1, dtype=torch.bool)
+    with torch.no_grad(), intervene(skip_hooks(loaded, "attn", 0, rows, slice(0, ids.shape[1]))):
+        model(input_ids=ids, use_cache=False)
+    handle.remove(), handle_out.remove()
+    with torch.no_grad():
+        h = kept["h"]
+        expected = getattr(layer, mlp)(getattr(layer, mid_norm)(h), h)
+    assert float((out["h"] - expected).norm()) < 1e-5 * float(expected.norm())

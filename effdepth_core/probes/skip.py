@@ -83,12 +83,13 @@ def skip_hooks(loaded: LoadedModel, part: str, layer: int, rows: torch.Tensor, p
     input; a skipped sublayer adds nothing to the residual."""
     if part != "layer":
         attn, mlp = loaded.sublayers(layer)
-        zero = torch.zeros(())
-        return [
-            Hook(
-                attn if part == "attn" else mlp, "output", lambda out, _: replace_positions(out, rows, positions, zero)
-            )
-        ]
+        arg = loaded.adapter.residual_arg  # a sublayer that returns the residual with its write keeps the residual
+
+        def skipped(out: torch.Tensor, arguments: dict) -> torch.Tensor:
+            kept = arguments.get(arg) if arg is not None else None
+            return replace_positions(out, rows, positions, kept if isinstance(kept, torch.Tensor) else torch.zeros(()))
+
+        return [Hook(attn if part == "attn" else mlp, "output", skipped)]
     block, seen = loaded.layers[layer], {}
     return [
         Hook(block, "input", lambda h_in, _: seen.__setitem__("h_in", h_in)),
