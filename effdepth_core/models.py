@@ -234,8 +234,8 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
             value = out[0] if output else (args[0] if args else kwargs["hidden_states"])
             value = value[0] if isinstance(value, tuple) else value
             if key != "h_out" and output:  # a sublayer's output: less the residual it may include
-                value = sublayer_write(adapter, value, named_arguments(module, args, kwargs))
-            seen[index][key] = value.detach()
+                value = sublayer_write(adapter, value, named_arguments(module, args, kwargs), seen[index]["h_in"].shape)
+            seen[index][key] = value.detach().clone()  # a block may change it in place later
             order[index].append(key)
 
         return hook
@@ -275,7 +275,7 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
     for parts in seen.values():
         h_in, h_out = parts["h_in"].float(), parts["h_out"].float()
         attn, mlp = scale * parts["attn_out"].float(), scale * parts["mlp_out"].float()
-        if attn.shape != h_in.shape or mlp.shape != h_in.shape:  # a write flattened over the batch, say:
+        if attn.shape != h_in.shape or mlp.shape != h_in.shape:  # a write of another size than the residual:
             gaps.append(1.0)  # it may add up by broadcasting here and still be no per-token write
             writes_ok = False
             continue
@@ -311,11 +311,21 @@ def named_arguments(module: nn.Module, args: tuple, kwargs: dict) -> dict:
         return kwargs
 
 
-def sublayer_write(adapter: Adapter, output: torch.Tensor, arguments: dict) -> torch.Tensor:
+def sublayer_write(
+    adapter: Adapter, output: torch.Tensor, arguments: dict, shape: torch.Size | None = None
+) -> torch.Tensor:
     """What a sublayer adds to the residual, from its output and its call's named arguments: the
-    output, less the residual argument where the adapter says the output includes it."""
+    output, less the residual argument where the adapter says the output includes it — a new
+    tensor either way, since a block may add to its sublayer's output in place afterwards
+    (Falcon's ``mlp_output += attention_output``). An output flattened over the batch and tokens
+    (OPT's MLP, Llama 4's MoE: ``[batch · token, d]``) is read in the residual's ``shape``, as the
+    block itself views it."""
     if adapter.residual_arg is not None and isinstance(arguments.get(adapter.residual_arg), torch.Tensor):
-        return output - arguments[adapter.residual_arg]
+        output = output - arguments[adapter.residual_arg]
+    else:
+        output = output.clone()
+    if shape is not None and output.shape != shape and output.numel() == math.prod(shape):
+        output = output.reshape(shape)
     return output
 
 
@@ -402,17 +412,21 @@ def mixer_kind(config, model_type: str) -> str | None:
 # The module names a layout is built from where no known layout's names match (Falcon's
 # ``self_attention``, Llama 4's ``feed_forward``, MPT's ``transformer.blocks``, GLM-4's post-sublayer
 # norms): every combination the model has is tried, in this order, and only one that verifies is used.
-_LAYER_LISTS = ("model.layers", "transformer.h", "transformer.blocks", "transformer.layers", "gpt_neox.layers")
+_LAYER_LISTS = (
+    "model.layers", "transformer.h", "transformer.blocks", "transformer.layers", "gpt_neox.layers",
+    "model.decoder.layers", "biogpt.layers",
+)  # fmt: skip
 _FINAL_NORMS = (
     "model.norm", "transformer.ln_f", "transformer.norm_f", "transformer.norm", "model.final_layernorm",
-    "model.final_norm", "gpt_neox.final_layer_norm",
+    "model.final_norm", "gpt_neox.final_layer_norm", "model.decoder.final_layer_norm", "model.layer_norm",
+    "biogpt.layer_norm",
 )  # fmt: skip
 _WRITE_PAIRS = (  # (attention's write, MLP's write): post-sublayer norms first, where a block has them
     ("post_attention_layernorm", "post_feedforward_layernorm"),
     ("post_self_attn_layernorm", "post_mlp_layernorm"),
 )
 _ATTENTIONS = ("self_attn", "self_attention", "attn", "attention")
-_MLPS = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
+_MLPS = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "fc2")  # fc2: OPT's, XGLM's MLP write
 MAX_CANDIDATES = 12  # each candidate costs one short forward pass at load
 
 

@@ -155,7 +155,7 @@ def trace_layers(
                     require_finite(hidden, "the embedding output", loaded.name)
                 state[index] = {}
             else:  # a sublayer's write: its output (less a residual it includes) times the residual multiplier
-                hidden = sublayer_write(loaded.adapter, hidden, kwargs)
+                hidden = sublayer_write(loaded.adapter, hidden, kwargs, state[index]["h_in"].shape)
                 if loaded.write_scale is not None:
                     hidden = hidden * loaded.write_scale
             state[index][key] = hidden

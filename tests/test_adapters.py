@@ -116,8 +116,9 @@ def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line(monke
     """StarCoder2 is not in the table: its Llama-like layout is inferred, verified on a probe input
     (the writes add up, the head gives the logits) and then the probes agree with the naive
     computations as on any row. Granite without its row scales its logits, and Bloom's layout, built
-    from its own module names (``self_attention``, ``mlp``, ``ln_f``), does not add up (its MLP returns
-    the residual with its write): each is refused in one line that says what did not add up."""
+    from its own module names (``self_attention``, ``mlp``, ``ln_f``), does not add up when its
+    sublayers are handed the normed input as their residual (``apply_residual_connection_post_layernorm``,
+    a post-norm block): each is refused in one line that says what did not add up."""
     import pytest
 
     from effdepth_core import models
@@ -139,7 +140,7 @@ def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line(monke
         wrap_model(_tiny_of("granite", logits_scaling=4.0), None, name="tiny-granite")
     bloom_layout = r"transformer\.h\[i\]\.self_attention \+ \.mlp, transformer\.ln_f \(off by"
     with pytest.raises(UnsupportedModelError, match=bloom_layout):
-        wrap_model(_tiny_of("bloom", n_head=4), None, name="tiny-bloom")
+        wrap_model(_tiny_of("bloom", n_head=4, apply_residual_connection_post_layernorm=True), None, name="tiny-bloom")
 
 
 def test_every_layout_is_verified_at_load_a_table_row_and_a_users_adapter_alike(monkeypatch):

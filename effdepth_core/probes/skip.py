@@ -87,7 +87,12 @@ def skip_hooks(loaded: LoadedModel, part: str, layer: int, rows: torch.Tensor, p
 
         def skipped(out: torch.Tensor, arguments: dict) -> torch.Tensor:
             kept = arguments.get(arg) if arg is not None else None
-            return replace_positions(out, rows, positions, kept if isinstance(kept, torch.Tensor) else torch.zeros(()))
+            kept = kept if isinstance(kept, torch.Tensor) else torch.zeros(())
+            if out.dim() == 2:  # a write flattened over batch and tokens (OPT's MLP): skip in [batch, token, d]
+                by_token = out.reshape(rows.numel(), -1, out.shape[-1])
+                kept = kept.reshape(by_token.shape) if kept.dim() == 2 else kept
+                return replace_positions(by_token, rows, positions, kept).reshape(out.shape)
+            return replace_positions(out, rows, positions, kept)
 
         return [Hook(attn if part == "attn" else mlp, "output", skipped)]
     block, seen = loaded.layers[layer], {}
