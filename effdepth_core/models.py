@@ -82,6 +82,10 @@ ADAPTERS: dict[str, Adapter] = {
             logit_scale=lambda config: 1 / config.logits_scaling,
         ),
     ),
+    # DBRX: the attention inside a norm-attention-norm module, the MoE beside it
+    "dbrx": Adapter(
+        layers="transformer.blocks", final_norm="transformer.norm_f", attn_out="norm_attn_norm.attn", mlp_out="ffn"
+    ),
     # MiniCPM3 scales each write by scale_depth / √L and divides the final residual by logits_scaling
     "minicpm3": Adapter(
         write_scale=lambda config: config.scale_depth / math.sqrt(config.num_hidden_layers),

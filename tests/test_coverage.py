@@ -34,9 +34,13 @@ SMALL = dict(
     decoder_layers=2, encoder_ffn_dim=128, decoder_ffn_dim=128, decoder_attention_heads=4,
     encoder_attention_heads=4, pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.2,
     image_size=32, patch_size=8, rotary_dim=8, index_head_dim=16, index_n_heads=2, index_topk=4,
-    word_embed_proj_dim=64,
+    word_embed_proj_dim=64, vocab_size_per_layer_input=128, hidden_size_per_layer_input=16, ffn_hidden_size=128,
+    moe_num_experts=4, moe_top_k=2, kv_n_heads=2,
 )  # fmt: skip
-SUBCONFIGS = ("text_config", "decoder", "language_config", "llm_config", "vision_config", "audio_config")
+SUBCONFIGS = (
+    "text_config", "decoder", "language_config", "llm_config", "vision_config", "audio_config", "attn_config",
+    "ffn_config",
+)  # fmt: skip
 COVERAGE = Path(__file__).parent / "data" / "coverage.csv"  # type → outcome, with transformers' version
 MAX_PARAMS = 20_000_000  # a config whose sizes are not all named above stays large: not built here
 
@@ -55,6 +59,12 @@ def _shrink(config):
                 setattr(config, key, value)
             except Exception:
                 pass
+    attention = getattr(config, "attn_config", None)  # DBRX's defaults cannot run: no rope_theta, clip_qkv None
+    if attention is not None and hasattr(attention, "to_dict"):
+        if not hasattr(attention, "rope_theta"):
+            attention.rope_theta = 10000.0
+        if getattr(attention, "clip_qkv", 0) is None:
+            attention.clip_qkv = 8.0
     if isinstance(fields.get("layer_types"), list):
         config.layer_types = fields["layer_types"][:2]
     if isinstance(fields.get("mlp_only_layers"), list):
