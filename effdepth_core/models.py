@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -1134,16 +1135,39 @@ def weights_state(model: nn.Module) -> tuple:
 _CONFIG_IGNORED = ("_name_or_path", "transformers_version", "_commit_hash")  # where it came from, not what it is
 
 
+_PLAIN = (bool, int, float, str, type(None), torch.dtype)
+
+
+def _plain(value: object) -> bool:
+    return isinstance(value, _PLAIN) or (isinstance(value, tuple | list) and all(isinstance(v, _PLAIN) for v in value))
+
+
+def module_settings(model: nn.Module) -> list:
+    """Each module's class and its own plain settings (``vars`` entries that are numbers, strings,
+    dtypes or tuples of them: a norm's ``variance_epsilon``, an attention's ``scaling``,
+    a rotary embedding's ``rope_type``), in module order: what a config digest misses when a
+    setting is edited on a module in place, or a module is swapped for another class."""
+    found = []
+    for name, module in model.named_modules():
+        settings = sorted(
+            (key, repr(value)) for key, value in vars(module).items() if not key.startswith("_") and _plain(value)
+        )
+        found.append((name, f"{type(module).__module__}.{type(module).__qualname__}", settings))
+    return found
+
+
 def config_digest(model: nn.Module) -> str:
     """The sha256 of a model's full configuration (every field that can change a number: activation,
-    norm epsilon, rope, soft-caps, …), not where it was loaded from."""
+    norm epsilon, rope, soft-caps, …) and of its modules' own settings (``module_settings``), not
+    where it was loaded from."""
     import hashlib
     import json
 
     config = getattr(model, "config", None)
     fields = config.to_dict() if config is not None and hasattr(config, "to_dict") else {}
     fields = {k: v for k, v in fields.items() if k not in _CONFIG_IGNORED}
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=repr).encode()).hexdigest()
+    text = json.dumps([fields, module_settings(model)], sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def tokenizer_digest(tokenizer: object | None) -> str:
@@ -1204,11 +1228,31 @@ def _placement_only(module: nn.Module) -> bool:
 LIBRARY_HOOKS = ("transformers.", "accelerate.")  # their hooks record outputs or place tensors
 
 
+@functools.cache
+def _library_roots() -> tuple[Path, ...]:
+    """The folders of the packages whose hooks are machinery (``LIBRARY_HOOKS``) where installed."""
+    import importlib.util
+
+    roots = []
+    for package in LIBRARY_HOOKS:
+        spec = importlib.util.find_spec(package.rstrip("."))
+        if spec is not None and spec.origin:
+            roots.append(Path(spec.origin).resolve().parent)
+    return tuple(roots)
+
+
 def _library_hook(hook: object) -> bool:
     """Whether a hook is transformers' or accelerate's own machinery (transformers 5 records
-    ``output_hidden_states`` through forward hooks it leaves on every layer), not a user's."""
+    ``output_hidden_states`` through forward hooks it leaves on every layer), not a user's: judged
+    by the file its code is in — a name or ``__module__`` can claim anything."""
     function = getattr(hook, "func", hook)  # a functools.partial
-    return str(getattr(function, "__module__", "") or "").startswith(LIBRARY_HOOKS)
+    call = type(function).__call__ if callable(function) else None  # a callable object's method
+    code = getattr(function, "__code__", None) or getattr(call, "__code__", None)
+    filename = getattr(code, "co_filename", None)
+    if not filename:
+        return False
+    where = Path(filename).resolve()
+    return any(where.is_relative_to(root) for root in _library_roots())
 
 
 def model_fingerprint(loaded: LoadedModel) -> str:
@@ -1218,14 +1262,10 @@ def model_fingerprint(loaded: LoadedModel) -> str:
     import hashlib
     import json
 
-    layout = {
-        "layers": loaded.adapter.layers,
-        "final_norm": loaded.adapter.final_norm,
-        "attn_out": loaded.adapter.attn_out,
-        "mlp_out": loaded.adapter.mlp_out,
-        "write_scale": loaded.write_scale,
-        "logit_scale": loaded.logit_scale,
+    layout = {  # every field of the adapter; its callables by the values they give this model
+        field.name: getattr(loaded.adapter, field.name) for field in dataclasses.fields(loaded.adapter)
     }
+    layout.update(write_scale=loaded.write_scale, logit_scale=loaded.logit_scale)
     parts = (
         weights_fingerprint(loaded),
         config_digest(loaded.model),

@@ -253,3 +253,54 @@ def test_hooks_beyond_the_module_lists_are_refused_too():
     finally:
         del mlp.forward
     assert user_hooks(model) is None
+
+
+def test_a_hook_is_the_users_whatever_module_it_claims(tiny_dir):
+    """A hook is library machinery only when its code lives in transformers' or accelerate's files:
+    a user's function that sets ``__module__ = "transformers..."`` (or a partial of one, or a
+    callable object) is still named and refused."""
+    import functools
+
+    from conftest import make_tiny
+
+    from effdepth_core.models import user_hooks
+
+    model = make_tiny("llama").model
+
+    def double(module, args, output):
+        return output * 2
+
+    double.__module__ = "transformers.utils.generic"
+
+    class Doubler:
+        __module__ = "accelerate.hooks"
+
+        def __call__(self, module, args, output):
+            return output * 2
+
+    for hook in (double, functools.partial(double), Doubler()):
+        handle = model.model.layers[0].mlp.register_forward_hook(hook)
+        try:
+            assert user_hooks(model) == "model.layers.0.mlp (forward hook)", hook
+        finally:
+            handle.remove()
+    assert user_hooks(model) is None
+
+
+def test_a_module_setting_edited_in_place_is_another_model(tiny_dir):
+    """A norm's epsilon set on the module (the config untouched) or a module swapped for another
+    class changes the numbers: the model is then keyed by its fingerprint (never by the name it was
+    loaded under), and the fingerprint moves with it."""
+    from effdepth_core.models import load_model, model_fingerprint
+
+    loaded = load_model(str(tiny_dir), dtype="float32", progress=False)
+    assert loaded.is_as_loaded(str(tiny_dir), loaded.dtype)
+    before = model_fingerprint(loaded)
+    loaded.model.model.norm.variance_epsilon = 0.5
+    assert not loaded.is_as_loaded(str(tiny_dir), loaded.dtype)
+    edited = model_fingerprint(loaded)
+    assert edited != before
+    loaded.model.model.norm.variance_epsilon = loaded.model.config.rms_norm_eps
+    assert model_fingerprint(loaded) == before  # back as it was: the same key again
+    loaded.model.model.layers[0].mlp.act_fn = torch.nn.Tanh()  # another activation module
+    assert model_fingerprint(loaded) not in (before, edited)
