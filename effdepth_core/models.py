@@ -35,7 +35,10 @@ class Adapter:
     residual multiplier, Granite's), ``logit_scale`` (what the head's logits are multiplied by:
     Cohere's ``logit_scale``, Granite's 1 / ``logits_scaling``). ``residual_arg``: a sublayer whose
     call takes an argument of this name returns that residual plus its write (BLOOM's attention and
-    MLP, MPT's MLP): its write is its output minus that argument. Every adapter is verified at load.
+    MLP, MPT's MLP): its write is its output minus that argument. ``folded_kwargs``: keyword
+    arguments a block receives with the batch folded into their first dimension (BLOOM's ``alibi``,
+    ``[batch · head, 1, key]``): a replay of several rows repeats them per row. Every adapter is
+    verified at load.
     """
 
     layers: str = "model.layers"
@@ -46,6 +49,7 @@ class Adapter:
     write_scale: Callable[[Any], float] | None = None
     logit_scale: Callable[[Any], float] | None = None
     residual_arg: str | None = None
+    folded_kwargs: tuple[str, ...] = ()
 
 
 _LLAMA_LIKE = Adapter()
@@ -82,6 +86,15 @@ ADAPTERS: dict[str, Adapter] = {
             write_scale=lambda config: config.residual_multiplier,
             logit_scale=lambda config: 1 / config.logits_scaling,
         ),
+    ),
+    # BLOOM: sublayers given the residual return it with their write; ALiBi folds the batch into heads
+    "bloom": Adapter(
+        layers="transformer.h",
+        final_norm="transformer.ln_f",
+        attn_out="self_attention",
+        mlp_out="mlp",
+        residual_arg="residual",
+        folded_kwargs=("alibi",),
     ),
     # DBRX: the attention inside a norm-attention-norm module, the MoE beside it
     "dbrx": Adapter(

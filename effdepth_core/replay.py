@@ -144,7 +144,15 @@ def run_layer(loaded: LoadedModel, run: CleanRun, layer: int, hidden: torch.Tens
     """Layer ``layer`` applied to ``hidden`` ``[rows, token, d_model]`` (same tokens as ``run``)."""
     module = loaded.layers[layer]
     device = execution_device(module)
-    return first_tensor(module(hidden.to(device), **run.layer_kwargs[layer]))
+    kwargs = run.layer_kwargs[layer]
+    if loaded.adapter.folded_kwargs and hidden.shape[0] > 1:  # [1 · head, …] recorded → [rows · head, …]
+        kwargs = {
+            name: value.repeat(hidden.shape[0], *([1] * (value.dim() - 1)))
+            if name in loaded.adapter.folded_kwargs and isinstance(value, torch.Tensor)
+            else value
+            for name, value in kwargs.items()
+        }
+    return first_tensor(module(hidden.to(device), **kwargs))
 
 
 def run_layers(loaded: LoadedModel, run: CleanRun, start: int, hidden: torch.Tensor, stop: int | None = None):

@@ -45,12 +45,16 @@ class Arch:
     (sliding windows shorter than the prompts, soft-capping on); ``mlp(layer, h, attn, config)``
     recomputes what the MLP sublayer adds to the residual by the architecture's own formula;
     ``logits(logits, config)`` is what its forward does after ``lm_head``; ``write_scale(config)``
-    multiplies what each sublayer's module outputs (a residual multiplier)."""
+    multiplies what each sublayer's module outputs (a residual multiplier); ``attn_write(output, h)``
+    and ``mlp_write(output, h + a)`` read a sublayer module's output as its write (BLOOM's include the
+    residual they are given; OPT's MLP returns ``[batch · token, d]``)."""
 
     config: dict = field(default_factory=dict)
     mlp: Callable = _llama_mlp
     logits: Callable = lambda logits, config: logits
     write_scale: Callable = lambda config: 1.0
+    attn_write: Callable = lambda output, h: output
+    mlp_write: Callable = lambda output, h: output
 
 
 def _softcap(logits, config):
@@ -104,6 +108,19 @@ ARCHS: dict[str, Arch] = {
         mlp=lambda layer, h, attn, config: config.residual_multiplier * _llama_mlp(layer, h, attn, config),
         logits=lambda logits, config: logits / config.logits_scaling,
         write_scale=lambda config: config.residual_multiplier,
+    ),
+    # a sublayer given the residual returns it with its write (the MLP's oracle passes it zero)
+    "bloom": Arch(
+        {"hidden_dropout": 0.0, "attention_dropout": 0.0},
+        mlp=lambda layer, h, attn, config: layer.mlp(layer.post_attention_layernorm(h + attn), torch.zeros_like(h)),
+        attn_write=lambda output, h: output - h,
+        mlp_write=lambda output, h: output - h,
+    ),
+    # an MLP of bare linear layers run on [batch · token, d] (its write flattened, viewed back)
+    "opt": Arch(
+        {"ffn_dim": 64, "word_embed_proj_dim": 32, "dropout": 0.0, "attention_dropout": 0.0},
+        mlp=lambda layer, h, attn, config: layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(h + attn)))),
+        mlp_write=lambda output, h: output.view(h.shape),
     ),
 }
 

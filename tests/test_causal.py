@@ -50,7 +50,11 @@ def test_prefix_replay_reproduces_the_clean_run(arch):
     # the clean pass's residuals there: the prefix reuse of erasure and the future-token skip rests on it
     loaded = make_tiny(arch)
     run = clean_run(loaded, random_prompts([14])[0])
-    assert run.reuses_prefixes  # every supported architecture takes the prefix path
+    # every architecture takes the prefix path but one whose blocks get a bias over the keys with the
+    # batch folded in (BLOOM's ALiBi), which effdepth does not slice: it replays whole prompts
+    assert run.reuses_prefixes == (not loaded.adapter.folded_kwargs)
+    if not run.reuses_prefixes:
+        return
     scale = max(float(h.abs().max()) for h in run.hidden)
     for cut, stop in ((1, 14), (5, 14), (6, 10), (13, 14)):
         hidden = run.hidden[0][:, cut:stop].expand(2, -1, -1)  # two rows: the prefix broadcasts
@@ -182,8 +186,9 @@ def test_igrad_fast_equals_slow_and_is_complete(arch):
     # Σ attributions = target(h) − target(b) for a smooth path. A router's top-k choice switches along
     # the path, so a mixture of experts' integrand jumps and a fixed Gauss rule has no bound there
     # (qwen3_moe 0.56 % at 24 nodes, mixtral's layer 0 a gap 4× its change): the adaptive rule's
-    # business (test_adaptive_rule_…); the fast path still equals the oracle above
-    if arch not in ("qwen3_moe", "mixtral"):
+    # business (test_adaptive_rule_…); the fast path still equals the oracle above. OPT's ReLU has a
+    # kink where a unit switches off along the path: no smooth integrand either (2 % gap at 48 nodes)
+    if arch not in ("qwen3_moe", "mixtral", "opt"):
         assert (gap <= 1e-3 * delta + 1e-7).all()
     attribution = precise.filter(metric="attribution")
     assert attribution.filter(position=10)["value"].abs().max() == 0.0  # the last token cannot matter

@@ -29,7 +29,7 @@ def _capture(loaded, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
         handles.append(
             attn.register_forward_hook(lambda m, a, o: store["attn"].append(o[0] if isinstance(o, tuple) else o))
         )
-        handles.append(mlp.register_forward_hook(lambda m, a, o: store["mlp"].append(o)))
+        handles.append(mlp.register_forward_hook(lambda m, a, o: store["mlp"].append(o.clone())))
         handles.append(
             layer.register_forward_hook(lambda m, a, o: store["h_out"].append(o[0] if isinstance(o, tuple) else o))
         )
@@ -39,7 +39,12 @@ def _capture(loaded, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
     finally:
         for handle in handles:
             handle.remove()
-    scale = arch_of(loaded).write_scale(loaded.model.config)  # what each sublayer's output is multiplied by
+    arch = arch_of(loaded)  # the architecture's own reading of a sublayer's output as its write
+    store["attn"] = [arch.attn_write(a, h) for a, h in zip(store["attn"], store["h_in"], strict=True)]
+    store["mlp"] = [
+        arch.mlp_write(m, h + a) for m, h, a in zip(store["mlp"], store["h_in"], store["attn"], strict=True)
+    ]
+    scale = arch.write_scale(loaded.model.config)  # what each sublayer's output is multiplied by
     return {k: [t[0].double() * (scale if k in ("attn", "mlp") else 1.0) for t in v] for k, v in store.items()}
 
 

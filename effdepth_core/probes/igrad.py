@@ -288,17 +288,18 @@ def _layer_slow(
     input_ids = split.without_last().view(1, -1).to(loaded.input_device)
     state: dict[str, torch.Tensor] = {}
 
-    def replace(h: torch.Tensor, _) -> torch.Tensor:  # h: [1, token, d] → x: [rows, token, d]
+    def replace(h: torch.Tensor, _) -> torch.Tensor:  # h: [rows, token, d] (equal rows) → x: [rows, token, d]
         b = baseline.to(h.device)
-        state["diff"] = (h - b).detach()
+        state["diff"] = (h[:1] - b).detach()
         alphas = state["alphas"].to(h.device, h.dtype).view(-1, 1, 1)
         state["x"] = (b + alphas * state["diff"]).requires_grad_(True)
         return state["x"]
 
     def target_of(alphas: torch.Tensor, grad: bool) -> torch.Tensor:
         state["alphas"] = alphas
-        with torch.enable_grad() if grad else torch.no_grad():
-            logits = loaded.model(input_ids=input_ids, use_cache=False).logits[:, split.measured]
+        with torch.enable_grad() if grad else torch.no_grad():  # a row per α from the embedding on, so that
+            rows = input_ids.expand(len(alphas), -1)  # every argument a block gets has the batch's size (ALiBi's)
+            logits = loaded.model(input_ids=rows, use_cache=False).logits[:, split.measured]
             probs = torch.softmax(logits.float(), dim=-1)
             targets = split.targets.view(1, -1, 1).to(probs.device).expand(probs.shape[0], -1, 1)
             return probs.gather(-1, targets).sum(dim=(1, 2))  # [rows]
