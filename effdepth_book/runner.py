@@ -232,7 +232,7 @@ def page_code(template: Path) -> list[tuple[str, bytes]]:
     probes: dict[str, str] = {}
     while pending:
         path, text = pending.pop()
-        for target in _imports_in(path, text):
+        for target in _imports_in(path, text, tuple(_PACKAGES.items())):
             if target in seen or (target.name == _REGISTRY and target.parent == _PACKAGES["effdepth_core"]):
                 continue
             content = target.read_bytes()
@@ -247,9 +247,10 @@ def page_code(template: Path) -> list[tuple[str, bytes]]:
 
 
 @functools.cache
-def _imports_in(path: Path | None, text: str) -> tuple[Path, ...]:
+def _imports_in(path: Path | None, text: str, packages: tuple) -> tuple[Path, ...]:
     """The package modules ``text`` (the module at ``path``, or a notebook cell) imports, in
-    order: parsed once per text in a process (every page of a ``--check`` reads the same modules)."""
+    order: parsed once per text and package roots (``packages``: ``_PACKAGES``'s items, which
+    resolve relative imports) in a process — every page of a ``--check`` reads the same modules."""
     import ast
 
     try:

@@ -173,6 +173,15 @@ def statistic_rows(rule: Rule, curves: Mapping[str, np.ndarray], settings: Any, 
     """``statistic_of`` on each row of ``curves`` (``{metric: [row, layer]}``) → ``[row]``, NaN
     where it is undefined: at once where the rule declares ``find_rows``/``crossing_rows``/
     ``centroid_rows`` (equal to ``find``/``crossing``/``centroid`` row by row), else row by row."""
+    finite = np.all([np.isfinite(c).all(axis=1) for c in curves.values()], axis=0)  # [row]
+    if not finite.all():  # rows with NaN or inf take the one-curve path, whose rules treat them their own way
+        rows = np.full(len(finite), np.nan)
+        if finite.any():
+            rows[finite] = statistic_rows(rule, {m: c[finite] for m, c in curves.items()}, settings, statistic)
+        for i in np.flatnonzero(~finite):
+            value = statistic_of(rule, {m: c[i] for m, c in curves.items()}, settings, statistic)
+            rows[i] = np.nan if value is None else value
+        return rows
     rows = None
     if statistic == "ed" and rule.find_rows is not None:
         rows = np.asarray(rule.find_rows(curves, settings), dtype=float)

@@ -347,12 +347,17 @@ def sublayer_write(
     return output
 
 
+def _parameters(module: nn.Module) -> tuple[str, ...]:
+    """The names of a module's ``forward`` parameters (none where its signature cannot be read)."""
+    try:
+        return tuple(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
 def _returns_residual(module: nn.Module) -> bool:
     """Whether a sublayer takes the residual as an argument (and so returns it with its write)."""
-    try:
-        return "residual" in inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        return False
+    return "residual" in _parameters(module)
 
 
 def _missing_module(model: nn.Module, adapter: Adapter) -> str | None:
@@ -374,6 +379,17 @@ def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> 
     missing = _missing_module(model, adapter)
     if missing:
         raise UnsupportedModelError(f"{what} does not fit model {name!r}: it names no module {missing}")
+    if adapter.residual_arg is not None:
+        first = _get(model, adapter.layers)[0]
+        sublayers = (_get(first, adapter.attn_out), _get(first, adapter.mlp_out))
+        if not isinstance(adapter.residual_arg, str) or not any(
+            adapter.residual_arg in _parameters(m) for m in sublayers
+        ):
+            raise UnsupportedModelError(
+                f"{what} does not fit model {name!r}: residual_arg={adapter.residual_arg!r} names no argument of "
+                f"its attention or MLP ({adapter.attn_out}, {adapter.mlp_out}); name the one that carries the "
+                "residual, or leave it None"
+            )
     try:
         check = layout_check(model, adapter)
     except Exception as exc:  # a forward pass the hooks cannot read, or a callable that fails
@@ -567,6 +583,8 @@ class LoadedModel:
     loaded_config: str | None = None  # ``config_digest`` then (a field edited in place is another model)
     loaded_tokenizer: object | None = None  # the tokenizer it came with (another one is another model)
     pads_safely: bool = True  # False: a padded batch changes a prompt's numbers; measured one at a time
+    replay_checked_tokens: int = 0  # the longest prompt ``replay.check_replay`` passed on
+    prefix_replays: bool = True  # False: ``replay.check_replay`` found its prefix replay off; whole prompts
     write_scale: float | None = None  # ``Adapter.write_scale`` of this model's config
     logit_scale: float | None = None  # ``Adapter.logit_scale`` of this model's config
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .errors import UnsupportedModelError
 from .models import LoadedModel, execution_device
-from .trace import Hook, first_tensor, intervene, require_finite
+from .trace import Hook, first_tensor, intervene, replace_positions, require_finite
 
 # attention implementations whose masks effdepth can slice (flash kernels take no mask)
 _PREFIX_ATTENTION = ("sdpa", "eager")
@@ -128,31 +129,136 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
 
     hooks = recording_hooks(loaded, hidden, keep_kwargs)
     input_ids = ids.view(1, -1).to(loaded.input_device)
-    with intervene(hooks), torch.no_grad():  # not inference_mode: replays may differentiate through these
-        base = loaded.base_model()
-        base(input_ids=input_ids, use_cache=True, **{cache_keyword(base): cache})
+    base = loaded.base_model()
+    try:
+        with intervene(hooks), torch.no_grad():  # not inference_mode: replays may differentiate through these
+            base(input_ids=input_ids, use_cache=True, **{cache_keyword(base): cache})
+    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError):
+        # a cache of layers the plain DynamicCache lacks (a sparse-attention indexer's keys, a
+        # linear-attention state): recorded without a cache; replays then run whole prompts
+        cache_arg.clear()
+        kwargs[:] = [{} for _ in range(loaded.n_layers)]
+        cache = DynamicCache()
+        try:
+            with intervene(hooks), torch.no_grad():
+                base(input_ids=input_ids, use_cache=False)
+        except (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:
+            raise ReplayError(
+                f"model {loaded.name!r} ({loaded.model_type}) cannot be recorded for a replay "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else 'no message'}), which "
+                f"{REPLAY_PROBES} need; its cosine, norm and lens probes are unaffected"
+            ) from None
     for index, h in enumerate(hidden):
         require_finite(h, "the embedding output" if index == 0 else f"the output of layer {index - 1}", loaded.name)
     keys_values = [(layer.keys, layer.values) for layer in cache.layers]
     arg = cache_arg[0] if len(cache_arg) == loaded.n_layers and len(keys_values) == loaded.n_layers else None
-    if arg is None or not _prefix_supported(loaded, kwargs, arg):
+    if arg is None or not loaded.prefix_replays or not _prefix_supported(loaded, kwargs, arg):
         keys_values, arg = [], None
-    return CleanRun(input_ids, [h.clone() for h in hidden], kwargs, keys_values, arg)
+    run = CleanRun(input_ids, [h.clone() for h in hidden], kwargs, keys_values, arg)
+    if run.n_tokens > loaded.replay_checked_tokens:  # each new longest prompt: a look-ahead may start there
+        check_replay(loaded, run)
+    return run
+
+
+def check_replay(loaded: LoadedModel, run: CleanRun) -> None:
+    """Before any replay probe trusts a replay of a prompt longer than any checked on this model
+    (a sparse indexer's top-k starts to choose only beyond its k keys): a position of the residual zeroed at
+    the input of one layer and replayed from there (whole prompt, and from that position on against
+    the cached prefix where the model allows it) must give the model's own forward with the same
+    zeroing through a hook, and the states of all but the last position must not change when the
+    last token is dropped (the probes' causality). A model that fails — a state passed from block to
+    block besides the residual, a sparse-attention indexer that looks ahead — is refused in one
+    line for the replay probes; its cosine, norm and lens probes are unaffected."""
+    from .models import PADDING_TOLERANCE  # the same rounding allowance as the padding check
+
+    if run.n_tokens < 3:
+        return  # too short to tell; a later, longer prompt checks
+    tolerance = PADDING_TOLERANCE.get(run.hidden[0].dtype, 2e-2)
+    layer, position = 0, run.n_tokens // 2  # from layer 0: every later block's arguments are replayed
+    rows = torch.ones(1, dtype=torch.bool)
+    zero = torch.zeros(())
+    hook = Hook(
+        loaded.layers[layer], "input", lambda h, _: replace_positions(h, rows, slice(position, position + 1), zero)
+    )
+    with torch.no_grad():
+        own = recorded_forward(loaded, run.input_ids, [hook])[0][-1]  # [1, token, d]
+        zeroed = run.hidden[layer].clone()
+        zeroed[:, position] = 0
+        replays = {"whole-prompt": run_layers(loaded, run, layer, zeroed)}
+        scale = max(float(own.abs().max()), 1e-12)
+        if run.reuses_prefixes:  # one that fails or is off: this model replays whole prompts instead
+            try:
+                suffix = zeroed[:, position:]
+                for index in range(layer, loaded.n_layers):
+                    suffix, _ = run_suffix_layer(loaded, run, index, suffix, position)
+                prefix = torch.cat([run.hidden[-1][:, :position], suffix.to(own.device)], dim=1)
+                exact = float((prefix - own).abs().max()) <= tolerance * scale
+            except ReplayError:
+                exact = False
+            if not exact:
+                loaded.prefix_replays = False
+                run.keys_values, run.cache_arg = [], None
+        shorter = recorded_forward(loaded, run.input_ids[:, :-1], [])[0]
+    problems = [
+        f"its {kind} replay is off by {float((replayed - own).abs().max()) / scale:.1%} of the residual"
+        for kind, replayed in replays.items()
+        if float((replayed.to(own.device) - own).abs().max()) > tolerance * scale
+    ]
+    moved = max(float((a[:, :-1] - b.to(a.device)).abs().max()) for a, b in zip(run.hidden, shorter, strict=True))
+    if moved > tolerance * scale:
+        problems.append(f"dropping its last token moves the earlier positions' states by {moved / scale:.1%}")
+    if problems:
+        raise ReplayError(
+            f"model {loaded.name!r} ({loaded.model_type}) does not replay as it runs ({'; '.join(problems)}), "
+            f"which {REPLAY_PROBES} rely on; its cosine, norm and lens probes are unaffected"
+        )
+    loaded.replay_checked_tokens = run.n_tokens
 
 
 def run_layer(loaded: LoadedModel, run: CleanRun, layer: int, hidden: torch.Tensor) -> torch.Tensor:
     """Layer ``layer`` applied to ``hidden`` ``[rows, token, d_model]`` (same tokens as ``run``)."""
     module = loaded.layers[layer]
-    device = execution_device(module)
-    kwargs = run.layer_kwargs[layer]
-    if loaded.adapter.folded_kwargs and hidden.shape[0] > 1:  # [1 · head, …] recorded → [rows · head, …]
-        kwargs = {
-            name: value.repeat(hidden.shape[0], *([1] * (value.dim() - 1)))
-            if name in loaded.adapter.folded_kwargs and isinstance(value, torch.Tensor)
-            else value
-            for name, value in kwargs.items()
-        }
-    return first_tensor(module(hidden.to(device), **kwargs))
+    kwargs = _for_rows(loaded, run.layer_kwargs[layer], hidden.shape[0])
+    return _call_layer(loaded, module, hidden.to(execution_device(module)), kwargs)
+
+
+def _for_rows(loaded: LoadedModel, kwargs: dict, rows: int) -> dict:
+    """A layer's recorded keyword arguments (batch 1) for ``rows`` rows: a 4-D attention mask
+    expanded to them (XGLM checks its size), an argument with the batch folded into its first
+    dimension (``Adapter.folded_kwargs``: BLOOM's ALiBi) repeated per row; the rest broadcast."""
+    if rows == 1:
+        return kwargs
+    out = dict(kwargs)
+    mask = out.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[0] == 1:
+        out["attention_mask"] = mask.expand(rows, -1, -1, -1)
+    for name in loaded.adapter.folded_kwargs:
+        if isinstance(out.get(name), torch.Tensor):
+            out[name] = out[name].repeat(rows, *([1] * (out[name].dim() - 1)))
+    return out
+
+
+class ReplayError(UnsupportedModelError):
+    """A model whose decoder layers cannot be re-run one by one on recorded arguments."""
+
+
+REPLAY_PROBES = (
+    "the fast paths of skip, erasure and integrated gradients (method='slow' runs whole forwards), pruning and "
+    "early exit"
+)
+
+
+def _call_layer(loaded: LoadedModel, module: torch.nn.Module, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """``module(hidden, **kwargs)``'s hidden state; a layer that fails on recorded arguments is a
+    model effdepth cannot replay, said in one line (never a traceback from inside the model)."""
+    try:
+        return first_tensor(module(hidden, **kwargs))
+    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:
+        raise ReplayError(
+            f"model {loaded.name!r} ({loaded.model_type}) cannot have its layers replayed one by one "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else 'no message'}), which "
+            f"{REPLAY_PROBES} need; its cosine, norm and lens probes are unaffected"
+        ) from None
 
 
 def run_layers(loaded: LoadedModel, run: CleanRun, start: int, hidden: torch.Tensor, stop: int | None = None):
@@ -184,8 +290,8 @@ def suffix_kwargs(run: CleanRun, layer: int, cut: int, stop: int, cache=None) ->
             value = _suffix_mask(value, cut, stop, run.hidden[layer].device)
         elif name in _POSITION_ARGS and value is not None:
             value = value[..., cut:stop]
-        elif name.startswith("position_embeddings") and value is not None:
-            value = tuple(x[:, cut:stop] for x in value)  # (cos, sin) [1, token, head_dim]
+        elif name.startswith("position_embeddings") and value is not None:  # (cos, sin) or one tensor
+            value = tuple(x[:, cut:stop] for x in value) if isinstance(value, tuple) else value[:, cut:stop]
         out[name] = value
     return out
 
@@ -212,6 +318,6 @@ def run_suffix_layer(
         keys, values = prefix if prefix is not None else (kv[:, :, :cut] for kv in run.keys_values[layer])
         cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
     module = loaded.layers[layer]
-    device = execution_device(module)
-    out = first_tensor(module(hidden.to(device), **suffix_kwargs(run, layer, cut, stop, cache)))
+    kwargs = _for_rows(loaded, suffix_kwargs(run, layer, cut, stop, cache), rows)
+    out = _call_layer(loaded, module, hidden.to(execution_device(module)), kwargs)
     return out, (cache.layers[layer].keys, cache.layers[layer].values)

@@ -90,13 +90,16 @@ class Hook(NamedTuple):
 
 def _input_hook(fn: HookFn):
     def hook(module, args, kwargs):
-        kwargs = arguments_by_name(module, args, kwargs)
+        try:
+            kwargs, rest = arguments_by_name(module, args, kwargs), ()
+        except RuntimeError:  # a forward(*args) names none of them: they stay positional
+            rest = args[1:]
         args = args[:1]
         hidden = args[0] if args else kwargs["hidden_states"]
         new = fn(hidden, kwargs)
         if new is None:
             return None
-        return ((new,), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+        return ((new, *rest), kwargs) if args else (args, {**kwargs, "hidden_states": new})
 
     return hook
 

@@ -91,6 +91,8 @@ def ed_cosine_rows(mean_cos: np.ndarray) -> np.ndarray:
     """``ed_cosine`` of each row of ``[row, layer]``: ``[row]``, NaN where there is no crossing."""
     c = np.asarray(mean_cos, dtype=float)
     up = (c[:, :-1] < 0) & (c[:, 1:] >= 0)  # [row, layer - 1]
+    if not up.shape[1]:  # a one-layer curve has no pair of layers to cross between
+        return np.full(c.shape[0], np.nan)
     last = up.shape[1] - 1 - np.argmax(up[:, ::-1], axis=1)
     return np.where(up.any(axis=1), last, np.nan)
 

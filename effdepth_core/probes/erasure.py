@@ -69,7 +69,7 @@ def _map_fast(
     values of positions < t. Positions after the last one that predicts an answer token are never
     run; erasing there changes nothing measured (0)."""
     last = split.measured.stop - 1  # the last position whose distribution is measured
-    run = clean_run(loaded, split.ids[: last + 1])
+    run = clean_run(loaded, split.ids)  # the whole prompt, as the oracle runs it (and checked so)
     if not run.reuses_prefixes:
         return _map_rows(loaded, split, baselines, max_rows, run, step, metric)
     measure, n_layers = split.measured, loaded.n_layers
@@ -137,7 +137,9 @@ def _map_slow(
     measure = split.measured
     input_ids = split.ids.view(1, -1).to(loaded.input_device)
     with torch.inference_mode():
-        clean_probs = torch.softmax(loaded.model(input_ids=input_ids).logits[0, measure].float(), dim=-1)
+        clean_probs = torch.softmax(
+            loaded.model(input_ids=input_ids, use_cache=False).logits[0, measure].float(), dim=-1
+        )
     effects = torch.zeros(loaded.n_layers + 1, split.n_tokens)
     row = torch.ones(1, dtype=torch.bool)
     for layer in range(loaded.n_layers + 1):

@@ -221,6 +221,8 @@ def crossing_overlap(overlap: np.ndarray, threshold: float = OVERLAP_THRESHOLD) 
 
 def first_true_rows(hit: np.ndarray) -> np.ndarray:
     """The first True column of each row of ``[row, column]``: ``[row]``, NaN where there is none."""
+    if not hit.shape[1]:  # no column (a one-layer curve): none anywhere
+        return np.full(hit.shape[0], np.nan)
     return np.where(hit.any(axis=1), np.argmax(hit, axis=1), np.nan)
 
 
