@@ -194,3 +194,17 @@ def test_the_layout_enters_a_models_identity():
     scaled = dataclasses.replace(loaded, logit_scale=0.5)
     assert len({model_fingerprint(x) for x in (loaded, other, scaled)}) == 3
     assert model_fingerprint(make_tiny("llama")) == model_fingerprint(loaded)  # the same model: the same key
+
+
+def test_a_residual_argument_no_sublayer_takes_is_refused_in_one_line():
+    """``Adapter(residual_arg=...)`` must name an argument of the attention or MLP module (BLOOM's
+    ``residual``): a name neither takes, or a non-string, is a user's slip, refused in one line."""
+    import pytest
+
+    from effdepth_core.errors import UnsupportedModelError
+    from effdepth_core.models import Adapter, wrap_model
+
+    model = make_tiny("llama").model
+    for bad in ("nope", 123):
+        with pytest.raises(UnsupportedModelError, match=r"residual_arg=.* names no argument of its attention or MLP"):
+            wrap_model(model, None, name="tiny-llama", adapter=Adapter(residual_arg=bad))

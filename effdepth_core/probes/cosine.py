@@ -102,6 +102,8 @@ def crossing_cosine_rows(mean_cos: np.ndarray) -> np.ndarray:
     c = np.asarray(mean_cos, dtype=float)
     ed = ed_cosine_rows(c)
     found = ~np.isnan(ed)
+    if not found.any():  # no row crosses (a one-layer curve among them): nothing to read between layers
+        return np.full(c.shape[0], np.nan)
     at = np.where(found, ed, 0).astype(int)
     rows = np.arange(c.shape[0])
     below, above = c[rows, at], c[rows, at + 1]

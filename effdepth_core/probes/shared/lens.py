@@ -230,6 +230,8 @@ def line_crossing_rows(values: np.ndarray, ed: np.ndarray, threshold: np.ndarray
     """Where the straight line from values[ed-1] to values[ed] reaches ``threshold`` (each row;
     0 where ed is 0, NaN where it is NaN): the row form of ``crossing_kl`` / ``crossing_overlap``."""
     found = ~np.isnan(ed)
+    if not found.any():  # no row crosses (a one-layer curve among them)
+        return np.full(values.shape[0], np.nan)
     at = np.where(found, ed, 1).astype(int)
     rows = np.arange(values.shape[0])
     before, after = values[rows, np.maximum(at - 1, 0)], values[rows, at]
