@@ -146,7 +146,7 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
             raise ReplayError(
                 f"model {loaded.name!r} ({loaded.model_type}) cannot be recorded for a replay "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else 'no message'}), which "
-                f"{REPLAY_PROBES} need; its cosine, norm and lens probes are unaffected"
+                f"{REPLAY_PROBES} need; the probes that only read a forward pass are unaffected"
             ) from None
     for index, h in enumerate(hidden):
         require_finite(h, "the embedding output" if index == 0 else f"the output of layer {index - 1}", loaded.name)
@@ -168,7 +168,7 @@ def check_replay(loaded: LoadedModel, run: CleanRun) -> None:
     zeroing through a hook, and the states of all but the last position must not change when the
     last token is dropped (the probes' causality). A model that fails — a state passed from block to
     block besides the residual, a sparse-attention indexer that looks ahead — is refused in one
-    line for the replay probes; its cosine, norm and lens probes are unaffected."""
+    line for the replay probes; those that only read a forward pass are unaffected."""
     from .models import PADDING_TOLERANCE  # the same rounding allowance as the padding check
 
     if run.n_tokens < 3:
@@ -210,7 +210,7 @@ def check_replay(loaded: LoadedModel, run: CleanRun) -> None:
     if problems:
         raise ReplayError(
             f"model {loaded.name!r} ({loaded.model_type}) does not replay as it runs ({'; '.join(problems)}), "
-            f"which {REPLAY_PROBES} rely on; its cosine, norm and lens probes are unaffected"
+            f"which {REPLAY_PROBES} rely on; the probes that only read a forward pass are unaffected"
         )
     loaded.replay_checked_tokens = run.n_tokens
 
@@ -242,9 +242,9 @@ class ReplayError(UnsupportedModelError):
     """A model whose decoder layers cannot be re-run one by one on recorded arguments."""
 
 
-REPLAY_PROBES = (
-    "the fast paths of skip, erasure and integrated gradients (method='slow' runs whole forwards), pruning and "
-    "early exit"
+REPLAY_PROBES = (  # the registry names probes; this names what they share
+    "the probes that re-run its layers one by one (fast paths; where a probe has method='slow', that runs whole "
+    "forwards instead)"
 )
 
 
@@ -257,7 +257,7 @@ def _call_layer(loaded: LoadedModel, module: torch.nn.Module, hidden: torch.Tens
         raise ReplayError(
             f"model {loaded.name!r} ({loaded.model_type}) cannot have its layers replayed one by one "
             f"({type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else 'no message'}), which "
-            f"{REPLAY_PROBES} need; its cosine, norm and lens probes are unaffected"
+            f"{REPLAY_PROBES} need; the probes that only read a forward pass are unaffected"
         ) from None
 
 
