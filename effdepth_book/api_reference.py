@@ -34,12 +34,22 @@ def _prose(text: str) -> str:
 def _markdown(text: str) -> str:
     """A docstring as Markdown: its code spans kept, every other character Markdown would read as
     markup escaped, and a line that would open a heading or a code block flattened."""
-    out = []
-    for line in text.splitlines():
-        parts = _CODE.split(line.strip())
+    out, section = [], False
+    for raw in text.splitlines():
+        parts = _CODE.split(raw.strip())
         line = "".join(p if i % 2 else _prose(p) for i, p in enumerate(parts))
+        indent = len(raw) - len(raw.lstrip())
+        if raw.strip() in _SECTIONS:  # Args:, Returns:, Raises: — their entries become a list
+            section = True
+        elif not raw.strip() or indent == 0:
+            section = False
+        elif section and indent == 4:  # an entry (deeper lines continue it)
+            line = "- " + line
         out.append("\\" + line if line.startswith("#") else line)
     return "\n".join(out)
+
+
+_SECTIONS = ("Args:", "Returns:", "Raises:")
 
 
 def _parameter(p: inspect.Parameter) -> str:

@@ -242,10 +242,7 @@ class ReplayError(UnsupportedModelError):
     """A model whose decoder layers cannot be re-run one by one on recorded arguments."""
 
 
-REPLAY_PROBES = (  # the registry names probes; this names what they share
-    "the probes that re-run its layers one by one (fast paths; where a probe has method='slow', that runs whole "
-    "forwards instead)"
-)
+REPLAY_PROBES = "the probes that re-run its layers one by one"  # the registry names probes; this, what they share
 
 
 def _call_layer(loaded: LoadedModel, module: torch.nn.Module, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:

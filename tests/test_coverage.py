@@ -223,13 +223,14 @@ def test_the_models_page_states_the_committed_coverage():
     to what the installed transformers gives), not numbers typed once."""
     version, recorded = _recorded()
     counts = Counter(recorded.values())
-    page = " ".join((Path(__file__).parents[1] / "book" / "using" / "models.md").read_text().split())
+    text = (Path(__file__).parents[1] / "book" / "using" / "models.md").read_text()
+    page = " ".join(word for word in text.split() if word != "-")  # list items read as running text
     refused = counts["refused"] + counts["refused (mixer)"]
     measured = counts["measured"] + counts["measured (no replay)"]
     for said in (
         f"With transformers {version} its {len(recorded)} types gave: {measured} measured correctly",
-        f"{counts['measured (no replay)']} of them refused in one line by the replay probes",
-        f"{refused} refused in one line ({counts['refused (mixer)']} state-space, recurrent and hybrid mixers",
+        f"For {counts['measured (no replay)']} of them the replay check refuses the probes that re-run layers",
+        f"{refused} refused in one line: {counts['refused (mixer)']} state-space, recurrent and hybrid mixers",
         f"{counts['refused']} encoders, encoder-decoders and layouts",
         f"{counts['unbuildable']} that the generic tiny-config shrink cannot build",
     ):
@@ -268,12 +269,15 @@ def test_granite_multipliers_at_realistic_values_are_measured_right(model_type, 
 
 def test_minicpm3_multipliers_at_realistic_values_are_measured_right(monkeypatch):
     """MiniCPM3 scales each write by scale_depth / √L (1.4 / √62 = 0.18 in the 4B checkpoint) and the
-    final residual by 1 / logits_scaling (2560 / 256 = 10 there): its row applies both."""
+    final residual by 1 / logits_scaling (2560 / 256 = 10 there; 8 here, where dim_model_base must be a
+    whole number): its row applies both."""
     shrink = _shrink
 
     def realistic(config):
         config = shrink(config)
-        config.scale_depth, config.logits_scaling = 0.25, 10.0  # 0.25 / √2 = 0.18, as 1.4 / √62
+        config.scale_depth = 0.25  # 0.25 / √2 = 0.18, as 1.4 / √62
+        config.dim_model_base = config.hidden_size // 8  # logits_scaling = hidden / dim_model_base: 8 (10 there)
+        assert config.logits_scaling == 8.0  # a read-only property of these two
         return config
 
     monkeypatch.setitem(globals(), "_shrink", realistic)
