@@ -133,6 +133,8 @@ def clean_run(loaded: LoadedModel, ids: torch.Tensor) -> CleanRun:
     try:
         with intervene(hooks), torch.no_grad():  # not inference_mode: replays may differentiate through these
             base(input_ids=input_ids, use_cache=True, **{cache_keyword(base): cache})
+    except torch.OutOfMemoryError:
+        raise
     except (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError):
         # a cache of layers the plain DynamicCache lacks (a sparse-attention indexer's keys, a
         # linear-attention state): recorded without a cache; replays then run whole prompts
@@ -250,6 +252,8 @@ def _call_layer(loaded: LoadedModel, module: torch.nn.Module, hidden: torch.Tens
     model effdepth cannot replay, said in one line (never a traceback from inside the model)."""
     try:
         return first_tensor(module(hidden, **kwargs))
+    except torch.OutOfMemoryError:  # memory, not the model's layout: the caller's budget decides
+        raise
     except (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:
         raise ReplayError(
             f"model {loaded.name!r} ({loaded.model_type}) cannot have its layers replayed one by one "

@@ -433,3 +433,31 @@ def test_skip_summary_is_the_same_bytes_whatever_the_row_order():
     maxima = [group.filter(example=e)["value"].max() for e in sorted(set(group["example"]))]  # one per prompt
     assert row["value"] == max(maxima) and row["mean"] == pytest.approx(np.mean(maxima), rel=1e-12)
     assert row["std"] == pytest.approx(np.std(maxima, ddof=1), rel=1e-12)  # sample std, as polars gives it
+
+
+def test_a_layer_failing_in_a_replay_is_one_line_but_running_out_of_memory_stays_itself():
+    """A layer that raises on recorded arguments is a model effdepth cannot replay (one line, a
+    ``ReplayError``); an out-of-memory error is the caller's memory, never reported as the model."""
+    from effdepth_core.replay import ReplayError, clean_run, run_layer
+
+    loaded = make_tiny("llama")
+    run = clean_run(loaded, random_prompts([9])[0])
+    layer = loaded.layers[1]
+    for raised, expected in (
+        (ValueError("bad mask"), ReplayError),
+        (torch.OutOfMemoryError("no memory"), torch.OutOfMemoryError),
+    ):
+
+        def fail(*args, raised=raised, **kwargs):
+            raise raised
+
+        layer.forward = fail
+        try:
+            with pytest.raises(expected) as caught:
+                run_layer(loaded, run, 1, run.hidden[1].expand(2, -1, -1))
+        finally:
+            del layer.forward
+        assert "\n" not in str(caught.value)
+        assert (expected is ReplayError) == (
+            "cannot have its layers replayed one by one (ValueError: bad mask)" in str(caught.value)
+        )
