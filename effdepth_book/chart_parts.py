@@ -35,7 +35,7 @@ SOURCE_COLOURS = {OURS: PALETTE[0], PAPER: "#8c8c8c"}  # the same on every page
 
 METRIC_TITLES = {
     "cos_attn": "cosine of the attention write",
-    "cos_mlp": "cosine of the MLP write",
+    "cos_mlp": "cosine of the MLP write with h + a (parallel blocks too)",
     "cos_layer": "cosine of the layer write",
     "kl": "lens KL to the final distribution (nats)",
     "overlap": "lens top-5 overlap with the final top-5",

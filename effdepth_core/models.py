@@ -37,21 +37,43 @@ class Adapter:
     call takes an argument of this name returns that residual plus its write (BLOOM's attention and
     MLP, MPT's MLP): its write is its output minus that argument. ``folded_kwargs``: keyword
     arguments a block receives with the batch folded into their first dimension (BLOOM's ``alibi``,
-    ``[batch · head, 1, key]``): a replay of several rows repeats them per row. Every adapter is
-    verified at load.
+    ``[batch · head, 1, key]``): a replay of several rows repeats them per row. ``head_transform``:
+    a module of the model that its head applies between the final norm and the unembedding
+    (ModernBERT-decoder's prediction head, ``lm_head``). Every adapter is verified at load.
     """
 
     layers: str = "model.layers"
     final_norm: str = "model.norm"
     attn_out: str = "self_attn"
     mlp_out: str = "mlp"
-    parallel_attr: str | None = None  # config attribute that turns on a parallel residual
     write_scale: Callable[[Any], float] | None = None
     logit_scale: Callable[[Any], float] | None = None
     residual_arg: str | None = None
     folded_kwargs: tuple[str, ...] = ()
+    head_transform: str | None = None
 
 
+def _logit_scale(config) -> float:
+    return config.logit_scale  # the Cohere family's
+
+
+def _inverse_logits_scaling(config) -> float:
+    return 1 / config.logits_scaling  # Granite's, MiniCPM3's
+
+
+def _logits_scaling(config) -> float:
+    return config.logits_scaling  # HyperCLOVA X's (it multiplies)
+
+
+def _residual_multiplier(config) -> float:
+    return config.residual_multiplier  # Granite's, HyperCLOVA X's
+
+
+# what a head may multiply its logits by, by the config field that holds it: tried where a layout's
+# writes add up and its head misses the logits, and kept only when the head then gives them
+_CONFIG_LOGIT_SCALES = (
+    ("logit_scale", _logit_scale), ("logits_scaling", _inverse_logits_scaling), ("logits_scaling", _logits_scaling),
+)  # fmt: skip
 _LLAMA_LIKE = Adapter()
 _POST_SUBLAYER_NORMS = Adapter(attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm")
 
@@ -72,19 +94,17 @@ ADAPTERS: dict[str, Adapter] = {
     "olmoe": _LLAMA_LIKE,
     "gpt2": Adapter(layers="transformer.h", final_norm="transformer.ln_f", attn_out="attn", mlp_out="mlp"),
     # a parallel block (attention and MLP both read the normed input) whose head scales its logits
-    "cohere": Adapter(logit_scale=lambda config: config.logit_scale),
-    "cohere2": Adapter(logit_scale=lambda config: config.logit_scale),
+    "cohere": Adapter(logit_scale=_logit_scale),
+    "cohere2": Adapter(logit_scale=_logit_scale),
     # each write is scaled by a residual multiplier, the logits divided by logits_scaling
-    "granite": Adapter(
-        write_scale=lambda config: config.residual_multiplier, logit_scale=lambda config: 1 / config.logits_scaling
-    ),
+    "granite": Adapter(write_scale=_residual_multiplier, logit_scale=_inverse_logits_scaling),
     # Granite's multipliers, its MoE in the MLP's place
     **dict.fromkeys(
         ("granitemoe", "granitemoeshared", "granitemoe_swa"),
         Adapter(
             mlp_out="block_sparse_moe",
-            write_scale=lambda config: config.residual_multiplier,
-            logit_scale=lambda config: 1 / config.logits_scaling,
+            write_scale=_residual_multiplier,
+            logit_scale=_inverse_logits_scaling,
         ),
     ),
     # BLOOM: sublayers given the residual return it with their write; ALiBi folds the batch into heads
@@ -103,14 +123,13 @@ ADAPTERS: dict[str, Adapter] = {
     # MiniCPM3 scales each write by scale_depth / √L and divides the final residual by logits_scaling
     "minicpm3": Adapter(
         write_scale=lambda config: config.scale_depth / math.sqrt(config.num_hidden_layers),
-        logit_scale=lambda config: 1 / config.logits_scaling,
+        logit_scale=_inverse_logits_scaling,
     ),
     "gpt_neox": Adapter(
         layers="gpt_neox.layers",
         final_norm="gpt_neox.final_layer_norm",
         attn_out="attention",
         mlp_out="mlp",
-        parallel_attr="use_parallel_residual",
     ),
 }
 
@@ -121,7 +140,6 @@ _REJECTED: dict[str, str] = {
     "distilbert": "an encoder (bidirectional, post-norm)",
     "t5": "an encoder-decoder",
     "bart": "an encoder-decoder (post-norm)",
-    "gemma3": "the multimodal Gemma 3 wrapper; load the text-only checkpoint (model_type gemma3_text)",
 }
 
 
@@ -270,7 +288,10 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
             ids = (torch.arange(9) % max(vocab - 1, 1) + 1)[None]  # 9 tokens of ids 1.., whatever they mean
             logits = model(input_ids=ids.to(execution_device(model)), use_cache=False).logits.float()
             last = seen[len(layers) - 1]["h_out"]  # in the model's dtype, as its own final norm reads it
-            decoded = model.get_output_embeddings()(_get(model, adapter.final_norm)(last)).float()
+            normed = _get(model, adapter.final_norm)(last)
+            if adapter.head_transform:
+                normed = _get(model, adapter.head_transform)(normed)
+            decoded = model.get_output_embeddings()(normed).float()
             if adapter.logit_scale is not None:
                 decoded = decoded * float(adapter.logit_scale(model.config))
             cap = getattr(model.config, "final_logit_softcapping", None)
@@ -366,6 +387,8 @@ def _missing_module(model: nn.Module, adapter: Adapter) -> str | None:
         layers = _get(model, adapter.layers)
         _get(model, adapter.final_norm)
         _get(layers[0], adapter.attn_out), _get(layers[0], adapter.mlp_out)
+        if adapter.head_transform:
+            _get(model, adapter.head_transform)
     except (AttributeError, IndexError, TypeError) as exc:
         return str(exc)
     return None
@@ -496,53 +519,124 @@ def _candidate_layouts(model: nn.Module) -> list[tuple[str, Adapter]]:
     return found[:MAX_CANDIDATES]
 
 
+def _head_transforms(model: nn.Module, adapter: Adapter) -> list[str]:
+    """Modules of the causal LM, outside its decoder stack and embeddings, that its head may apply
+    between the final norm and the unembedding (ModernBERT-decoder's prediction head)."""
+    skip = {
+        adapter.layers.partition(".")[0],
+        *(n for n, m in model.named_children() if m is model.get_output_embeddings()),
+    }
+    return [
+        name
+        for name, module in model.named_children()
+        if name not in skip and module is not model.get_input_embeddings() and any(True for _ in module.parameters())
+    ]
+
+
+def _verified_layout(model: nn.Module, label: str, adapter: Adapter, tried: list[str]) -> Adapter | None:
+    """``adapter`` (or it with the head transform that makes its head give the model's logits) when it
+    verifies, else None with what was off appended to ``tried``."""
+    try:
+        check = layout_check(model, adapter)
+    except Exception as exc:  # a forward pass the hooks cannot read: not this layout
+        tried.append(f"{label} (its forward failed: {type(exc).__name__})")
+        return None
+    if check.writes_ok and check.ordered and not check.head_ok:
+        heads = [dataclasses.replace(adapter, head_transform=name) for name in _head_transforms(model, adapter)]
+        heads += [  # a logit multiplier the config names (the Cohere family's, Granite's)
+            dataclasses.replace(adapter, logit_scale=scale)
+            for field, scale in _CONFIG_LOGIT_SCALES
+            if adapter.logit_scale is None and isinstance(getattr(model.config, field, None), int | float)
+        ]
+        for head in heads:
+            if layout_check(model, head).fits:
+                return head
+        tried.append(
+            f"{label}: the writes add up, but the final normalization and head miss its logits by {check.head:.1%}"
+        )
+        return None
+    if check.fits:
+        return adapter
+    tried.append(f"{label} (off by {check.gap:.1%} of the change)")
+    return None
+
+
 def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
-    """The adapter of a model type outside the table: the first known layout whose modules exist
-    and whose attention and MLP writes add up to what each block adds to the residual, checked on
-    a probe input (a warning names it); else one line saying what did not add up."""
+    """The adapter of a model type outside the table: the first known layout, or layout made of the
+    model's own module names, or layout read off its blocks' outputs (``block_reading``), whose
+    attention and MLP writes add up to what each block adds to the residual and whose final norm and
+    head give its logits, checked on a probe input (a warning names it); else one line saying why,
+    about the model where its blocks say (post-norm, layers run more than once, a third write)."""
     import warnings
 
+    from .block_reading import read_blocks
     from .errors import EffdepthWarning
 
-    tried = []
-    for label, adapter in _candidate_layouts(model):
-        if _missing_module(model, adapter):
-            continue  # not this layout's module names
-        try:
-            check = layout_check(model, adapter)
-        except Exception as exc:  # a forward pass the hooks cannot read: not this layout
-            tried.append(f"{label} (its forward failed: {type(exc).__name__})")
-            continue
-        if check.writes_ok and check.ordered and not check.head_ok:
-            tried.append(
-                f"{label}: the writes add up, but the final normalization and head miss its logits by {check.head:.1%}"
-            )
-            continue
-        if check.fits:
-            warnings.warn(
-                f"model {name!r} (model_type {model_type!r}) is not in the adapter table; its layout was "
-                f"inferred as {label} and verified on a probe input (the attention and MLP writes add up to "
-                f"each block's change within {check.gap:.1e})",
-                EffdepthWarning,
-                stacklevel=3,
-            )
-            return adapter
-        tried.append(f"{label} (off by {check.gap:.1%} of the change)")
-    found = "; ".join(tried) if tried else "no known layout's module names match"
+    tried: list[str] = []
+    candidates = [
+        (label, adapter) for label, adapter in _candidate_layouts(model) if not _missing_module(model, adapter)
+    ]
+    found = next((v for label, a in candidates if (v := _verified_layout(model, label, a, tried))), None)
     mixer = mixer_kind(model.config, model_type)
+    multiplier = getattr(model.config, "residual_multiplier", None)  # each write's, where the config names one
+    scaled = isinstance(multiplier, int | float) and not isinstance(multiplier, bool)
+    reading = (
+        read_blocks(model, float(multiplier) if scaled else 1.0, execution_device(model)) if found is None else None
+    )
+    # the two writes found by their outputs, whatever their names; never a token mixer's in the
+    # attention's place (a mixer is measured only where a named layout verifies: kimi_linear)
+    if reading is not None and reading.writes and mixer is None:
+        attn, mlp = reading.writes
+        norms = dict.fromkeys((*reading.final_norms, *(n for n in _FINAL_NORMS if _exists(model, n))))
+        for norm in norms:
+            adapter = Adapter(reading.layers, norm, attn, mlp, write_scale=_residual_multiplier if scaled else None)
+            label = f"{reading.layers}[i].{attn} + .{mlp}, {norm} (read off the blocks' outputs)"
+            if all(adapter != known for _, known in candidates) and (
+                found := _verified_layout(model, label, adapter, tried)
+            ):
+                break
+    if found is not None:
+        check = layout_check(model, found)
+        label = next((label for label, known in _LAYOUTS.items() if known == found), _describe(found))
+        warnings.warn(
+            f"model {name!r} (model_type {model_type!r}) is not in the adapter table; its layout was inferred as "
+            f"{label} and verified on a probe input (the attention and MLP writes add up to each block's "
+            f"change within {check.gap:.1e})",
+            EffdepthWarning,
+            stacklevel=3,
+        )
+        return found
+    tried_text = "; ".join(tried) if tried else "no known layout's module names match"
     if mixer is not None:
         raise UnsupportedModelError(
             f"model {name!r} (model_type {model_type!r}) mixes tokens with state-space, recurrent, linear-attention "
             f"or convolutional layers ({mixer}), and its blocks do not verify as a token mixer's write plus an MLP's "
-            f"adding up to each block's change ({found}); effdepth measures residual blocks it can split so "
+            f"adding up to each block's change ({tried_text}); effdepth measures residual blocks it can split so "
             "(linear-attention hybrids that verify, such as kimi_linear, are measured)"
+        )
+    if reading is not None and reading.reason:
+        raise UnsupportedModelError(
+            f"model {name!r} (model_type {model_type!r}) is not a pre-norm residual decoder effdepth can split: "
+            f"{reading.reason}"
+        )
+    text = getattr(model.config, "text_config", None)
+    if text is not None and text is not model.config:
+        raise UnsupportedModelError(
+            f"model {name!r} (model_type {model_type!r}) is a multimodal model around a text decoder "
+            f"(config.text_config, model_type {getattr(text, 'model_type', '?')!r}); measure that decoder alone"
         )
     raise UnsupportedModelError(
         f"model {name!r} has model_type {model_type!r}, which is not in the adapter table, and no layout could be "
         f"verified: the attention and MLP writes must add up to h_(l+1) − h_l and the final normalization and "
-        f"head give its logits ({found}). Supported model types: "
+        f"head give its logits ({tried_text}). Supported model types: "
         f"{', '.join(supported_model_types())}; describe its layout with wrap_model(model, adapter=Adapter(...))"
     )
+
+
+def _describe(adapter: Adapter) -> str:
+    """A layout in a few words: ``model.layers[i].self_attn + .mlp, model.norm`` (and its head transform)."""
+    text = f"{adapter.layers}[i].{adapter.attn_out} + .{adapter.mlp_out}, {adapter.final_norm}"
+    return text + (f", head through {adapter.head_transform}" if adapter.head_transform else "")
 
 
 def supported_model_types() -> list[str]:
@@ -576,7 +670,7 @@ class LoadedModel:
     final_norm: nn.Module
     lm_head: nn.Module
     logit_softcap: float | None
-    parallel_residual: bool
+    head_transform: nn.Module | None
     max_positions: int | None
     source: str | None = None  # the name load_model loaded it from (None: a model wrapped in memory)
     loaded_weights: tuple | None = None  # ``weights_state`` when load_model returned it
@@ -618,7 +712,7 @@ class LoadedModel:
 
     @property
     def d_model(self) -> int:
-        return int(self.model.config.hidden_size)
+        return int(self.model.config.get_text_config().hidden_size)
 
     @property
     def vocab_size(self) -> int:
@@ -650,7 +744,8 @@ class LoadedModel:
 
     def head_of_normed(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits from a state the final norm has already been applied to."""
-        logits = self.lm_head(normed.to(self.head_device))
+        normed = normed.to(self.head_device)
+        logits = self.lm_head(self.head_transform(normed) if self.head_transform is not None else normed)
         if self.logit_scale is not None:
             logits = logits * self.logit_scale
         if self.logit_softcap:
@@ -662,6 +757,8 @@ class LoadedModel:
         (reusing one buffer across layers avoids re-faulting fresh pages for every layer)."""
         out = out[: residual.shape[0]]
         normed = self.final_norm(residual.to(self.head_device))
+        if self.head_transform is not None:
+            normed = self.head_transform(normed)
         weight = self.lm_head.weight
         # offloaded, the weight is a meta tensor until lm_head's own forward loads it
         if weight.dtype == torch.float32 and out.dtype == torch.float32 and weight.device == out.device:
@@ -772,7 +869,6 @@ def wrap_model(
         verify_adapter(model, adapter, name, f"the adapter table's row for {model_type!r}")
     else:
         adapter = infer_adapter(model, model_type, name)
-    parallel = bool(getattr(config, adapter.parallel_attr, False)) if adapter.parallel_attr else False
     max_positions = getattr(config, "max_position_embeddings", None)
     try:  # the lens reads the stack's last hidden state (final norm applied): a stack must give one
         padding = pads_safely(model, decoder_stack(model, adapter), _get(model, adapter.layers)[0])
@@ -800,7 +896,7 @@ def wrap_model(
         final_norm=_get(model, adapter.final_norm),
         lm_head=lm_head,
         logit_softcap=getattr(config, "final_logit_softcapping", None),
-        parallel_residual=parallel,
+        head_transform=_get(model, adapter.head_transform) if adapter.head_transform else None,
         max_positions=int(max_positions) if max_positions else None,
         pads_safely=padding,
         write_scale=float(adapter.write_scale(config)) if adapter.write_scale else None,

@@ -115,7 +115,8 @@ def _tiny_of(model_type: str, **extra):
 def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line(monkeypatch):
     """StarCoder2 is not in the table: its Llama-like layout is inferred, verified on a probe input
     (the writes add up, the head gives the logits) and then the probes agree with the naive
-    computations as on any row. Granite without its row scales its logits, and Bloom's row does not
+    computations as on any row. Granite without its row is inferred with the logit scale its config
+    names; a head scaled by nothing the config names is refused, and Bloom's row does not
     add up when its sublayers are handed the normed input as their residual
     (``apply_residual_connection_post_layernorm``, a post-norm block): each is refused in one line
     that says what did not add up."""
@@ -136,8 +137,13 @@ def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line(monke
         torch.testing.assert_close(record.h_out - record.h_in, record.attn + record.mlp, atol=ATOL, rtol=1e-5)
     final = logit_lens(loaded, [ids]).filter(layer=loaded.n_layers)
     assert final.filter(metric="kl")["value"].abs().max() < 1e-5  # the head reproduces the logits
-    with pytest.raises(UnsupportedModelError, match=r"final normalization and head miss its logits"):
-        wrap_model(_tiny_of("granite", logits_scaling=4.0), None, name="tiny-granite")
+    # the logit multiplier its config names is found (1 / logits_scaling); one it does not name is refused
+    granite = wrap_model(_tiny_of("granite", logits_scaling=4.0, residual_multiplier=1.0), None, name="tiny-granite")
+    assert granite.logit_scale == 0.25
+    scaled = _tiny_of("starcoder2")
+    scaled.register_forward_hook(lambda module, args, output: output.__setitem__("logits", 3 * output.logits))
+    with pytest.raises(UnsupportedModelError, match=r"writes add up, but the final normalization and head miss"):
+        wrap_model(scaled, None, name="tiny-scaled")
     bloom_layout = r"the adapter table's row for 'bloom' does not fit model 'tiny-bloom'.* miss each block's change by"
     with pytest.raises(UnsupportedModelError, match=bloom_layout):
         wrap_model(_tiny_of("bloom", n_head=4, apply_residual_connection_post_layernorm=True), None, name="tiny-bloom")

@@ -7,6 +7,7 @@ skipped with its reason. A transformers upgrade that adds or changes a model is 
 from __future__ import annotations
 
 import csv
+import re
 import sys
 import warnings
 from collections import Counter
@@ -231,10 +232,88 @@ def test_the_models_page_states_the_committed_coverage():
         f"With transformers {version} its {len(recorded)} types gave: {measured} measured correctly",
         f"For {counts['measured (no replay)']} of them the replay check refuses the probes that re-run layers",
         f"{refused} refused in one line: {counts['refused (mixer)']} state-space, recurrent and hybrid mixers",
-        f"{counts['refused']} encoders, encoder-decoders and layouts",
+        f"and {counts['refused']} for what their blocks are",
         f"{counts['unbuildable']} that the generic tiny-config shrink cannot build",
     ):
         assert said in page, said
+
+
+def _wrapped_or_refusal(model_type: str, **config):
+    """``wrap_model`` of the tiny ``model_type`` (config fields set first), or its refusal's text."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, why = _build(model_type)
+        if model is None:
+            pytest.skip(f"{model_type} cannot be built tiny here: {why}")
+        for field, value in config.items():
+            setattr(model.config, field, value)
+        try:
+            return wrap_model(model, None, name=model_type)
+        except UnsupportedModelError as exc:
+            return str(exc)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "reason"),
+    [
+        ("openai-gpt", r"post-norm: each block's output is that of its normalization layer transformer\.h\[i\]\.ln_2"),
+        ("bert-generation", r"post-norm: .*output\.LayerNorm"),  # a norm nested in the block's last module
+        ("hrm_text", r"runs its blocks more than once per forward"),
+        ("gemma4_text", r"three writes to the residual \(.*post_per_layer_input_norm\)"),
+        ("deepseek_v4", r"carry 4 residual streams .*hyper-connections"),
+    ],
+)
+def test_a_refusal_says_what_the_model_is_not_which_names_were_missing(model_type, reason):
+    """Blocks no layout fits are read off one forward pass, and the refusal names the model's own
+    reason: post-norm blocks, layers run more than once, a third write, several residual streams."""
+    refusal = _wrapped_or_refusal(model_type)
+    assert isinstance(refusal, str), f"{model_type} was measured"
+    assert re.search(reason, refusal) and "adapter table" not in refusal, refusal
+
+
+@pytest.mark.parametrize(
+    ("model_type", "attn", "mlp"),
+    [("afmoe", "post_attention_layernorm", "post_mlp_layernorm"), ("hyperclovax", "post_norm1", "post_norm2")],
+)
+def test_writes_no_name_list_knows_are_read_off_the_blocks_outputs(model_type, attn, mlp):
+    """Post-sublayer norms under names no layout lists are found as the two outputs that add up to
+    each block's change; what the trace reads then is the block's own split (the measured numbers
+    against the independent reference: the coverage test)."""
+    from effdepth_core.trace import trace_layers
+
+    loaded = _wrapped_or_refusal(model_type)
+    assert not isinstance(loaded, str), loaded
+    assert (loaded.adapter.attn_out, loaded.adapter.mlp_out) == (attn, mlp)
+    mids, traced = {}, {}
+    handles = [  # the input of the norm before the MLP is h_l + a_l, whatever the block calls it
+        (
+            layer.pre_mlp_layernorm if model_type == "afmoe" else layer.post_attention_layernorm
+        ).register_forward_pre_hook(lambda m, a, i=i: mids.__setitem__(i, a[0]))
+        for i, layer in enumerate(loaded.layers)
+    ]
+    with torch.no_grad(), trace_layers(loaded, lambda t: traced.__setitem__(t.layer, t)):
+        loaded.model(input_ids=torch.arange(3, 12)[None], use_cache=False)
+    for handle in handles:
+        handle.remove()
+    for i, t in traced.items():  # float32: the split differs from the block's by rounding, ~1e-7 of h
+        assert float((t.attn - (mids[i] - t.h_in)).norm()) < 1e-5 * float(t.h_out.norm())
+        assert float((t.mlp - (t.h_out - mids[i])).norm()) < 1e-5 * float(t.h_out.norm())
+
+
+def test_a_head_with_more_than_a_norm_and_an_unembedding_is_found_and_its_scale_read_from_the_config():
+    """ModernBERT-decoder's head runs a prediction head between the final norm and the unembedding:
+    it is found among the LM's own modules, and the lens's last layer then reproduces the model's
+    distribution. Cohere 2 MoE (no row) scales its logits by ``config.logit_scale``: read from there."""
+    from effdepth_core.probes import logit_lens
+
+    loaded = _wrapped_or_refusal("modernbert-decoder")
+    assert not isinstance(loaded, str), loaded
+    assert loaded.adapter.head_transform == "lm_head"
+    final = logit_lens(loaded, [torch.arange(3, 14)], progress=False).filter(layer=loaded.n_layers, metric="kl")
+    assert float(final["value"].abs().max()) < 1e-5  # float32 rounding of a KL of 0
+    cohere = _wrapped_or_refusal("cohere2_moe", logit_scale=0.0625)
+    assert not isinstance(cohere, str), cohere
+    assert cohere.logit_scale == 0.0625
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "jamba", "zamba", "lfm2", "qwen3_next", "rwkv", "recurrent_gemma"])
@@ -249,10 +328,12 @@ def test_state_space_and_recurrent_mixers_are_refused_as_such(model_type):
             wrap_model(model, None, name=model_type)
 
 
-@pytest.mark.parametrize("model_type", ["granite", "granitemoe", "granitemoeshared", "granitemoe_swa"])
+@pytest.mark.parametrize("model_type", ["granite", "granitemoe", "granitemoeshared", "granitemoe_swa", "hyperclovax"])
 def test_granite_multipliers_at_realistic_values_are_measured_right(model_type, monkeypatch):
     """The tiny configs default to multipliers of 1, where any layout adds up; at a real
-    checkpoint's residual multiplier 0.22 and logits scaling 8 only the rows that apply them do."""
+    checkpoint's residual multiplier 0.22 and logits scaling 8 only the rows that apply them do, and
+    the layout read off HyperCLOVA X's blocks (no row) finds both in its config (its head multiplies
+    by logits_scaling where Granite's divides)."""
     shrink = _shrink
 
     def realistic(config):
