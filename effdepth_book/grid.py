@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from effdepth_core.errors import EffdepthError
-from effdepth_core.precision import Precision, walk_plan
 from effdepth_core.results import peak_rss_mb
 from effdepth_core.rundir import DirectoryBusyError, is_complete, read_metadata
 from effdepth_core.settings import RunSettings, check_settings, default_out_dir, run_name, slug
 
 from . import sections as book_sections
 from .cost import GPU_OPS_PER_SECOND, NOTHING, Calibration, Estimate, estimate, shape_of, task_lengths
+from .precision import Precision, walk_plan
 from .runner import parameter_sets
 from .sections import defaults, plans
 from .study import ModelLoader, RunRecord, compute_record, map_settings, outdated_probes, record_of

@@ -20,12 +20,12 @@ from effdepth_core.depth import N_BOOTSTRAP_RUN
 from effdepth_core.errors import EffdepthError
 from effdepth_core.map_run import run_map
 from effdepth_core.models import LoadedModel, load_model, quiet_libraries
-from effdepth_core.precision import PreciseRun, Precision, precise_run
 from effdepth_core.probes import rule_comparison
 from effdepth_core.results import RunResult, run
 from effdepth_core.rundir import is_complete
 from effdepth_core.settings import MapSettings, RunSettings, default_out_dir, parse_probes, setting_names
 
+from .precision import PreciseRun, Precision, precise_run
 from .reference import RULE_LABELS, TUNED_RULE_LABELS
 
 RULES = RULE_LABELS

@@ -91,7 +91,7 @@ def test_only_the_missing_examples_are_computed_and_a_changed_option_reuses_noth
 def test_the_precision_walk_reuses_its_own_smaller_steps(tiny_dir, tmp_path):
     """No folder lends unasked, but effdepth's own walk names its results folder: the step of n = 4
     computes only the prompts the step of n = 2 did not."""
-    from effdepth_core.precision import Precision, precise_run
+    from effdepth_book.precision import Precision, precise_run
 
     settings = RunSettings(str(tiny_dir), _task_file(tmp_path), progress=False)
     rule = Precision(halfwidth=1e-9, n_min=2, n_max=4, step=2)  # never precise enough: both steps run

@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import registry
-from .depth import N_BOOTSTRAP_RUN
-from .errors import EffdepthError
-from .models import LoadedModel
-from .results import RunResult, run
-from .rundir import is_complete
-from .settings import RunSettings, default_out_dir
+from effdepth_core import registry
+from effdepth_core.depth import N_BOOTSTRAP_RUN
+from effdepth_core.errors import EffdepthError
+from effdepth_core.models import LoadedModel
+from effdepth_core.results import RunResult, run
+from effdepth_core.rundir import is_complete
+from effdepth_core.settings import RunSettings, default_out_dir
 
 
 @dataclass(frozen=True)
