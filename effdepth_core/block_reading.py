@@ -5,6 +5,7 @@ third write)."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import NamedTuple
 
@@ -23,6 +24,12 @@ class BlockReading(NamedTuple):
     writes: tuple[str, str] | None = None
     final_norms: tuple[str, ...] = ()
     reason: str | None = None
+
+
+def share(fraction: float) -> str:
+    """A relative gap as a percentage that never rounds a real gap to 0 %: ``12.3%``, ``0.047%``."""
+    percent = 100 * fraction
+    return f"{percent:.1f}%" if percent >= 0.1 else f"{percent:.2g}%"
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -144,38 +151,46 @@ def read_blocks(model: nn.Module, write_scale: float = 1.0, device: torch.device
             )
         if any(block is None or block.get("h_out") is None for block in blocks):
             continue
-        return _read_writes(path, blocks, norms, write_scale)
+        try:
+            return _read_writes(model, path, stack, blocks, norms, write_scale, device)
+        except Exception:  # the second forward (one position moved) failed: nothing read
+            return BlockReading()
     return BlockReading()
 
 
-def _read_writes(path: str, blocks: list[dict], norms: tuple, write_scale: float) -> BlockReading:
+def _read_writes(
+    model: nn.Module, path: str, stack: nn.ModuleList, blocks: list[dict], norms: tuple, write_scale: float, device
+) -> BlockReading:
     tolerance = READ_TOLERANCE.get(blocks[0]["h_out"].dtype, 3e-2)
     changes = [(block["h_out"] - block["h_in"]).float() for block in blocks]
     outputs = []  # per block: {child: output shaped as the residual}, in call order
     for block in blocks:
-        shape = block["h_in"].shape
+        shape, calls = block["h_in"].shape, [name for name, _ in block["children"]]
         outputs.append(
             {
                 name: write_scale * out.float().reshape(shape)
                 for name, out in block["children"]
-                if out.numel() == block["h_in"].numel()
+                if out.numel() == block["h_in"].numel() and calls.count(name) == 1  # a write runs once a block
             }
         )
     names = [name for name in outputs[0] if all(name in each for each in outputs)]
-    post_norms = [  # a norm (anywhere in the block) whose output is the block's output, in every block
-        name
-        for name, _ in blocks[0]["norms"]
-        if all(
-            any(
-                n == name
-                and out.shape == block["h_out"].shape
-                and torch.allclose(out.float(), block["h_out"].float(), rtol=1e-5, atol=1e-6)
-                for n, out in block["norms"]
+
+    def block_output_of(kind: str) -> list[str]:  # children (or norms inside) whose output is the block's, always
+        return [
+            name
+            for name, _ in blocks[0][kind]
+            if all(
+                any(
+                    n == name
+                    and out.shape == block["h_out"].shape
+                    and torch.allclose(out.float(), block["h_out"].float(), rtol=1e-5, atol=1e-6)
+                    for n, out in block[kind]
+                )
+                for block in blocks
             )
-            for block in blocks
-        )
-    ]
-    if post_norms:
+        ]
+
+    if post_norms := block_output_of("norms"):
         return BlockReading(
             path,
             None,
@@ -184,13 +199,44 @@ def _read_writes(path: str, blocks: list[dict], norms: tuple, write_scale: float
             "so the residual stream is re-normalized inside every block; the probes assume pre-norm blocks "
             "(h_(l+1) = h_l + attention's write + MLP's write)",
         )
+    returning = [name for name in block_output_of("children") if _takes_more_than_one(stack[0].get_submodule(name))]
+    if returning:
+        return BlockReading(
+            path,
+            None,
+            norms,
+            f"its sublayers return the residual with their writes (each block's output is that of "
+            f"{path}[i].{returning[-1]}), so no module's output is a write alone; describe the layout with "
+            "wrap_model(adapter=Adapter(..., residual_arg=...)) naming the argument that carries the residual",
+        )
 
     def worst(group: tuple[str, ...]) -> float:
         return max(_gap(change, [each[name] for name in group]) for change, each in zip(changes, outputs, strict=True))
 
     pairs = sorted(itertools.combinations(names, 2), key=worst)
-    if pairs and worst(pairs[0]) <= tolerance:
-        return BlockReading(path, pairs[0], norms)
+    fitting = [pair for pair in pairs if worst(pair) <= tolerance]
+    weighted = [pair for pair in fitting if all(_has_parameters(stack[0].get_submodule(name)) for name in pair)]
+    fitting = weighted or fitting  # a parameter-free copy (dropout, identity) of a write yields to the write
+    if len(fitting) > 1:
+        return BlockReading(
+            path,
+            None,
+            norms,
+            f"two pairs of its blocks' sublayer outputs add up to a block's change ({' + '.join(fitting[0])}; "
+            f"{' + '.join(fitting[1])}), so which modules write is ambiguous; describe the layout with "
+            "wrap_model(adapter=Adapter(...))",
+        )
+    if fitting:
+        attn, mlp = fitting[0]
+        if not _mixes_tokens(model, stack[0], attn, dict(blocks[0]["children"])[attn], device):
+            return BlockReading(
+                path,
+                None,
+                norms,
+                f"the first of its blocks' two writes ({attn}, then {mlp}) does not mix tokens: an MLP runs before "
+                "the attention, where the method's split reads the attention's write first",
+            )
+        return BlockReading(path, fitting[0], norms)
     triples = [group for group in itertools.combinations(names, 3) if worst(group) <= tolerance]
     if triples:
         return BlockReading(
@@ -200,11 +246,53 @@ def _read_writes(path: str, blocks: list[dict], norms: tuple, write_scale: float
             f"each block adds three writes to the residual ({', '.join(triples[0])}), where the "
             "method splits a block into one attention and one MLP write",
         )
-    closest = f" (closest: {' + '.join(pairs[0])}, off by {worst(pairs[0]):.0%})" if pairs else ""
+    closest = f" (closest: {' + '.join(pairs[0])}, off by {share(worst(pairs[0]))})" if pairs else ""
     return BlockReading(
         path,
         None,
         norms,
-        f"no two of its blocks' sublayer outputs add up to a block's change{closest}: something "
-        "else writes into or rescales the residual stream",
+        f"no two of its blocks' sublayer outputs add up to a block's change{closest}: its blocks are not "
+        "h + attention's write + MLP's write",
     )
+
+
+def _takes_more_than_one(module: nn.Module) -> bool:
+    """Whether a module's ``forward`` takes two inputs or more (BERT's output module: the sublayer's
+    output and the residual it adds)."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters) >= 2
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def _mixes_tokens(model: nn.Module, block: nn.Module, name: str, clean: torch.Tensor, device) -> bool:
+    """Whether ``block.<name>``'s output at positions 1.. moves when only position 0 of the block's
+    input does (a token mixer's does under any causal mask; an MLP's does not), on the same 9 tokens."""
+    moved = {}
+
+    def nudge(module, args, kwargs):
+        h = args[0] if args else kwargs["hidden_states"]
+        h = h.clone()  # a random direction: a LayerNorm would take a uniform shift back out
+        direction = torch.randn(h.shape[-1], generator=torch.Generator().manual_seed(0)).to(h.device, h.dtype)
+        h[:, 0] += direction * (1.0 + h[:, 0].abs().mean())
+        return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
+
+    def keep(module, args, output):
+        moved.setdefault("out", _first_tensor(output))
+
+    handles = [block.register_forward_pre_hook(nudge, with_kwargs=True)]
+    handles.append(block.get_submodule(name).register_forward_hook(keep))
+    vocab = int(getattr(model.config, "vocab_size", 8) or 8)
+    try:
+        with torch.inference_mode():
+            model(input_ids=(torch.arange(9) % max(vocab - 1, 1) + 1)[None].to(device), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    after, before = moved["out"].float().reshape(1, 9, -1), clean.float().reshape(1, 9, -1)
+    return not torch.allclose(after[:, 1:], before[:, 1:], rtol=1e-4, atol=1e-5 * float(before.abs().max()))

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .acquire import hub_error, resolve_model, save_dequantized
+from .block_reading import read_blocks, share
 from .cache import read_json
 from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError, nearest_name
 from .paths import exists, user_path
@@ -241,18 +242,21 @@ def pads_safely(model: nn.Module, stack: nn.Module, first_layer: nn.Module | Non
 class LayoutCheck(NamedTuple):
     """What ``layout_check`` found: the worst layer's |h_{l+1} − h_l − (a_l + m_l)| relative to
     |h_{l+1} − h_l| (``gap``) and whether it is within rounding (``writes_ok``); the relative miss
-    of the final norm and head against the model's logits (``head``, ``head_ok``); and whether each
-    layer's attention ran before its MLP (``ordered``: swapped names add up too)."""
+    of the final norm and head against the model's logits (``head``, ``head_ok``); whether each
+    layer's attention ran before its MLP (``ordered``: swapped names add up too); and what ran more
+    than once per forward where a layer and each of its writes must run once (``repeated``: a
+    layer list holding one block twice, a dropout module shared by both writes)."""
 
     gap: float
     writes_ok: bool
     head: float
     head_ok: bool
     ordered: bool
+    repeated: str | None = None
 
     @property
     def fits(self) -> bool:
-        return self.writes_ok and self.head_ok and self.ordered
+        return self.writes_ok and self.head_ok and self.ordered and self.repeated is None
 
 
 def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
@@ -294,18 +298,28 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
             decoded = model.get_output_embeddings()(normed).float()
             if adapter.logit_scale is not None:
                 decoded = decoded * float(adapter.logit_scale(model.config))
-            cap = getattr(model.config, "final_logit_softcapping", None)
+            cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
             if cap:
                 decoded = cap * torch.tanh(decoded / cap)
     finally:
         for handle in handles:
             handle.remove()
     ordered = all(keys.index("attn_out") < keys.index("mlp_out") for keys in order.values() if "mlp_out" in keys)
+    names = {"h_in": f"{adapter.layers}[{{}}]", "attn_out": adapter.attn_out, "mlp_out": adapter.mlp_out}
+    repeated = next(
+        (
+            f"{names[key].format(index)} runs {keys.count(key)} times per forward"
+            for index, keys in order.items()
+            for key in names
+            if keys.count(key) > 1
+        ),
+        None,
+    )
     finite = bool(torch.isfinite(logits).all()) and all(
         bool(torch.isfinite(t).all()) for p in seen.values() for t in p.values()
     )
     if not finite:  # NaN or inf in the model itself: not the layout's fault; the probes name the layer
-        return LayoutCheck(0.0, True, 0.0, True, ordered)
+        return LayoutCheck(0.0, True, 0.0, True, ordered, repeated)
     dtype = last.dtype
     tolerance = LAYOUT_TOLERANCE.get(dtype, 3e-2)
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
@@ -324,7 +338,7 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
         rounding = 2 * eps * float(h_out.norm() + attn.norm() + mlp.norm())
         writes_ok &= missed <= tolerance * float(change.norm()) + rounding
     head = float((decoded - logits).norm() / logits.norm().clamp_min(1e-12))
-    return LayoutCheck(max(gaps), writes_ok, head, head <= tolerance, ordered)
+    return LayoutCheck(max(gaps), writes_ok, head, head <= tolerance, ordered, repeated)
 
 
 LAYOUT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}  # else (bf16, fp16): 3e-2
@@ -420,10 +434,15 @@ def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> 
             f"{what} does not fit model {name!r}: the layout check failed ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0][:120] if str(exc) else 'no message'})"
         ) from None
+    if check.repeated:
+        raise UnsupportedModelError(
+            f"{what} does not fit model {name!r}: {check.repeated}, where each layer and each of its writes runs "
+            "once (a block run more than once has no one depth; a write module called twice is not one write)"
+        )
     if not check.writes_ok:
         raise UnsupportedModelError(
             f"{what} does not fit model {name!r}: the attention and MLP writes it names miss each block's change "
-            f"by {check.gap:.1%} (a residual multiplier, or other modules write into the residual)"
+            f"by {share(check.gap)} (a residual multiplier, or other modules write into the residual)"
         )
     if not check.ordered:
         raise UnsupportedModelError(
@@ -433,7 +452,7 @@ def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> 
     if not check.head_ok:
         raise UnsupportedModelError(
             f"{what} does not fit model {name!r}: its final normalization and head miss the model's logits by "
-            f"{check.head:.1%} (a logit scale or soft-cap the lens would not apply)"
+            f"{share(check.head)} (a logit scale or soft-cap the lens would not apply)"
         )
 
 
@@ -541,6 +560,9 @@ def _verified_layout(model: nn.Module, label: str, adapter: Adapter, tried: list
     except Exception as exc:  # a forward pass the hooks cannot read: not this layout
         tried.append(f"{label} (its forward failed: {type(exc).__name__})")
         return None
+    if check.repeated:
+        tried.append(f"{label} ({check.repeated})")
+        return None
     if check.writes_ok and check.ordered and not check.head_ok:
         heads = [dataclasses.replace(adapter, head_transform=name) for name in _head_transforms(model, adapter)]
         heads += [  # a logit multiplier the config names (the Cohere family's, Granite's)
@@ -549,15 +571,19 @@ def _verified_layout(model: nn.Module, label: str, adapter: Adapter, tried: list
             if adapter.logit_scale is None and isinstance(getattr(model.config, field, None), int | float)
         ]
         for head in heads:
-            if layout_check(model, head).fits:
-                return head
+            with contextlib.suppress(Exception):  # a module that is no head transform may not even take h
+                if layout_check(model, head).fits:
+                    return head
         tried.append(
-            f"{label}: the writes add up, but the final normalization and head miss its logits by {check.head:.1%}"
+            f"{label}: the writes add up, but the final normalization and head miss its logits by {share(check.head)}"
         )
         return None
     if check.fits:
         return adapter
-    tried.append(f"{label} (off by {check.gap:.1%} of the change)")
+    if check.writes_ok and not check.ordered:
+        tried.append(f"{label}: the writes add up, but {adapter.attn_out} runs after {adapter.mlp_out}")
+        return None
+    tried.append(f"{label} (off by {share(check.gap)} of the change)")
     return None
 
 
@@ -569,7 +595,6 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
     about the model where its blocks say (post-norm, layers run more than once, a third write)."""
     import warnings
 
-    from .block_reading import read_blocks
     from .errors import EffdepthWarning
 
     tried: list[str] = []
@@ -895,7 +920,7 @@ def wrap_model(
         layers=_get(model, adapter.layers),
         final_norm=_get(model, adapter.final_norm),
         lm_head=lm_head,
-        logit_softcap=getattr(config, "final_logit_softcapping", None),
+        logit_softcap=getattr(config.get_text_config(), "final_logit_softcapping", None),
         head_transform=_get(model, adapter.head_transform) if adapter.head_transform else None,
         max_positions=int(max_positions) if max_positions else None,
         pads_safely=padding,

@@ -3,11 +3,13 @@ recomputation of each MLP sublayer, for every supported architecture."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
 import torch
 from conftest import ARCHS, arch_of, make_tiny, random_prompts
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from effdepth_core.errors import EffdepthWarning, NonFiniteActivationError, UnsupportedModelError
@@ -214,3 +216,80 @@ def test_a_residual_argument_no_sublayer_takes_is_refused_in_one_line():
     for bad in ("nope", 123):
         with pytest.raises(UnsupportedModelError, match=r"residual_arg=.* names no argument of its attention or MLP"):
             wrap_model(model, None, name="tiny-llama", adapter=Adapter(residual_arg=bad))
+
+
+class _Block(nn.Module):
+    """A Llama layer's modules under names no layout lists (``n1``, ``mix``, ``n2``, ``ffwd``), run
+    as ``mode`` says: ``renamed`` (as Llama), ``dropout`` (one dropout module on both writes, as Phi
+    does), ``shadow`` (a copy of the MLP run first, its output dropped), ``swapped`` (MLP first),
+    ``postnorm`` or ``scaled`` (the residual × 0.9)."""
+
+    def __init__(self, layer: nn.Module, mode: str):
+        super().__init__()
+        self.mode, self.n1, self.mix = mode, layer.input_layernorm, layer.self_attn
+        self.drop = nn.Dropout(0.1)
+        self.shadow = copy.deepcopy(layer.mlp) if mode == "shadow" else None
+        self.n2, self.ffwd = layer.post_attention_layernorm, layer.mlp
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        def attn(x):
+            return self.mix(x, position_embeddings=position_embeddings, attention_mask=attention_mask)[0]
+
+        h = hidden_states
+        if self.mode == "postnorm":
+            h = self.n1(h + attn(h))
+            return self.n2(h + self.ffwd(h))
+        if self.mode == "swapped":
+            h = h + self.ffwd(self.n2(h))
+            return h + attn(self.n1(h))
+        h = (0.9 if self.mode == "scaled" else 1.0) * h + self.drop(attn(self.n1(h)))
+        if self.shadow is not None:
+            self.shadow(self.n2(h))
+        return h + self.drop(self.ffwd(self.n2(h)))
+
+
+@pytest.mark.parametrize(
+    ("mode", "refusal"),
+    [
+        ("renamed", None),
+        ("dropout", None),  # the dropout runs twice a block: not a write, whatever its outputs add up to
+        ("shadow", r"two pairs of its blocks' sublayer outputs add up .* ambiguous"),
+        ("swapped", r"the first of its blocks' two writes \(ffwd, then mix\) does not mix tokens"),
+        ("postnorm", r"post-norm: each block's output is that of its normalization layer model\.layers\[i\]\.n2"),
+        ("scaled", r"no two of its blocks' sublayer outputs add up"),
+    ],
+)
+def test_blocks_read_off_their_outputs_measure_as_the_stock_model_or_are_refused(mode, refusal):
+    """Blocks whose modules no layout names are read off their outputs: renamed ones (and a dropout
+    module both writes pass through) give the stock Llama's numbers for the same weights, skips of
+    each sublayer included; a copy of a write, an MLP before the attention, a post-norm block and a
+    rescaled residual are refused in one line saying which."""
+    from effdepth_core.probes import residual_cosine, skip_effects
+
+    stock = _tiny_of("llama")
+    custom = copy.deepcopy(stock)
+    custom.model.layers = nn.ModuleList(_Block(layer, mode) for layer in custom.model.layers)
+    custom.config.model_type = "customllama"
+    if refusal is not None:
+        with pytest.raises(UnsupportedModelError, match=refusal):
+            wrap_model(custom, None, name="custom")
+        return
+    with pytest.warns(EffdepthWarning, match=r"inferred as model\.layers\[i\]\.mix \+ \.ffwd"):
+        loaded = wrap_model(custom, None, name="custom")
+    reference = wrap_model(stock, None, name="stock")
+    ids = random_prompts([21, 14])
+    for probe, options in (
+        (residual_cosine, {"batch_size": 2}),
+        (skip_effects, {"skip_parts": ("layer", "attn", "mlp")}),
+    ):
+        ours, theirs = (probe(m, ids, progress=False, **options) for m in (loaded, reference))
+        # the same float32 operations on the same weights: equal but for summation order, ~1e-7
+        torch.testing.assert_close(ours["value"].to_torch(), theirs["value"].to_torch(), rtol=1e-4, atol=1e-6)
+
+
+def test_a_layer_list_holding_one_block_twice_is_refused_whatever_the_row():
+    """A block run twice per forward has no one depth: Llama's own row refuses it in one line."""
+    model = _tiny_of("llama")
+    model.model.layers[2] = model.model.layers[1]
+    with pytest.raises(UnsupportedModelError, match=r"model\.layers\[1\] runs 2 times per forward"):
+        wrap_model(model, None, name="tied")
