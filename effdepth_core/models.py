@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .acquire import hub_error, resolve_model, save_dequantized
-from .block_reading import read_blocks, share
+from .block_reading import HALF_TOLERANCE, LAYOUT_TOLERANCE, read_blocks, share
 from .cache import read_json
 from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError, nearest_name
 from .paths import exists, user_path
@@ -32,7 +32,7 @@ class Adapter:
 
     ``attn_out`` / ``mlp_out`` name the submodule of a decoder layer whose output, times
     ``write_scale``, is exactly what that sublayer adds to the residual stream (after any
-    post-sublayer norm). The optional callables read the model's config: ``write_scale`` (a
+    post-sublayer norm). The optional callables read the model's (text) config: ``write_scale`` (a
     residual multiplier, Granite's), ``logit_scale`` (what the head's logits are multiplied by:
     Cohere's ``logit_scale``, Granite's 1 / ``logits_scaling``). ``residual_arg``: a sublayer whose
     call takes an argument of this name returns that residual plus its write (BLOOM's attention and
@@ -297,7 +297,7 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
                 normed = _get(model, adapter.head_transform)(normed)
             decoded = model.get_output_embeddings()(normed).float()
             if adapter.logit_scale is not None:
-                decoded = decoded * float(adapter.logit_scale(model.config))
+                decoded = decoded * float(adapter.logit_scale(model.config.get_text_config()))
             cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
             if cap:
                 decoded = cap * torch.tanh(decoded / cap)
@@ -321,9 +321,9 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
     if not finite:  # NaN or inf in the model itself: not the layout's fault; the probes name the layer
         return LayoutCheck(0.0, True, 0.0, True, ordered, repeated)
     dtype = last.dtype
-    tolerance = LAYOUT_TOLERANCE.get(dtype, 3e-2)
+    tolerance = LAYOUT_TOLERANCE.get(dtype, HALF_TOLERANCE)
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
-    scale = float(adapter.write_scale(model.config)) if adapter.write_scale is not None else 1.0
+    scale = float(adapter.write_scale(model.config.get_text_config())) if adapter.write_scale is not None else 1.0
     gaps, writes_ok = [], True
     for parts in seen.values():
         h_in, h_out = parts["h_in"].float(), parts["h_out"].float()
@@ -339,9 +339,6 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
         writes_ok &= missed <= tolerance * float(change.norm()) + rounding
     head = float((decoded - logits).norm() / logits.norm().clamp_min(1e-12))
     return LayoutCheck(max(gaps), writes_ok, head, head <= tolerance, ordered, repeated)
-
-
-LAYOUT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}  # else (bf16, fp16): 3e-2
 
 
 def arguments_by_name(module: nn.Module, args: tuple, kwargs: dict) -> dict:
@@ -552,9 +549,11 @@ def _head_transforms(model: nn.Module, adapter: Adapter) -> list[str]:
     ]
 
 
-def _verified_layout(model: nn.Module, label: str, adapter: Adapter, tried: list[str]) -> Adapter | None:
-    """``adapter`` (or it with the head transform that makes its head give the model's logits) when it
-    verifies, else None with what was off appended to ``tried``."""
+def _verified_layout(
+    model: nn.Module, label: str, adapter: Adapter, tried: list[str]
+) -> tuple[Adapter, LayoutCheck] | None:
+    """``adapter`` (or it with the head transform or config-named logit scale that makes its head give
+    the model's logits) and its check when it verifies, else None with what was off appended to ``tried``."""
     try:
         check = layout_check(model, adapter)
     except Exception as exc:  # a forward pass the hooks cannot read: not this layout
@@ -568,18 +567,19 @@ def _verified_layout(model: nn.Module, label: str, adapter: Adapter, tried: list
         heads += [  # a logit multiplier the config names (the Cohere family's, Granite's)
             dataclasses.replace(adapter, logit_scale=scale)
             for field, scale in _CONFIG_LOGIT_SCALES
-            if adapter.logit_scale is None and isinstance(getattr(model.config, field, None), int | float)
+            if adapter.logit_scale is None
+            and isinstance(getattr(model.config.get_text_config(), field, None), int | float)
         ]
         for head in heads:
             with contextlib.suppress(Exception):  # a module that is no head transform may not even take h
-                if layout_check(model, head).fits:
-                    return head
+                if (head_check := layout_check(model, head)).fits:
+                    return head, head_check
         tried.append(
             f"{label}: the writes add up, but the final normalization and head miss its logits by {share(check.head)}"
         )
         return None
     if check.fits:
-        return adapter
+        return adapter, check
     if check.writes_ok and not check.ordered:
         tried.append(f"{label}: the writes add up, but {adapter.attn_out} runs after {adapter.mlp_out}")
         return None
@@ -603,16 +603,19 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
     ]
     found = next((v for label, a in candidates if (v := _verified_layout(model, label, a, tried))), None)
     mixer = mixer_kind(model.config, model_type)
-    multiplier = getattr(model.config, "residual_multiplier", None)  # each write's, where the config names one
+    multiplier = getattr(
+        model.config.get_text_config(), "residual_multiplier", None
+    )  # each write's, where the config names one
     scaled = isinstance(multiplier, int | float) and not isinstance(multiplier, bool)
-    reading = (
-        read_blocks(model, float(multiplier) if scaled else 1.0, execution_device(model)) if found is None else None
-    )
     # the two writes found by their outputs, whatever their names; never a token mixer's in the
     # attention's place (a mixer is measured only where a named layout verifies: kimi_linear)
-    if reading is not None and reading.writes and mixer is None:
+    reading = None
+    if found is None and mixer is None:
+        reading = read_blocks(model, float(multiplier) if scaled else 1.0, execution_device(model))
+    if reading is not None and reading.writes:
         attn, mlp = reading.writes
-        norms = dict.fromkeys((*reading.final_norms, *(n for n in _FINAL_NORMS if _exists(model, n))))
+        named = [norm for norm in _FINAL_NORMS if _exists(model, norm)]  # known names first, then its other norms
+        norms = dict.fromkeys((*named, *reading.final_norms))
         for norm in norms:
             adapter = Adapter(reading.layers, norm, attn, mlp, write_scale=_residual_multiplier if scaled else None)
             label = f"{reading.layers}[i].{attn} + .{mlp}, {norm} (read off the blocks' outputs)"
@@ -621,7 +624,7 @@ def infer_adapter(model: nn.Module, model_type: str, name: str) -> Adapter:
             ):
                 break
     if found is not None:
-        check = layout_check(model, found)
+        found, check = found
         label = next((label for label, known in _LAYOUTS.items() if known == found), _describe(found))
         warnings.warn(
             f"model {name!r} (model_type {model_type!r}) is not in the adapter table; its layout was inferred as "
@@ -894,7 +897,7 @@ def wrap_model(
         verify_adapter(model, adapter, name, f"the adapter table's row for {model_type!r}")
     else:
         adapter = infer_adapter(model, model_type, name)
-    max_positions = getattr(config, "max_position_embeddings", None)
+    max_positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     try:  # the lens reads the stack's last hidden state (final norm applied): a stack must give one
         padding = pads_safely(model, decoder_stack(model, adapter), _get(model, adapter.layers)[0])
     except Exception as exc:
@@ -924,8 +927,8 @@ def wrap_model(
         head_transform=_get(model, adapter.head_transform) if adapter.head_transform else None,
         max_positions=int(max_positions) if max_positions else None,
         pads_safely=padding,
-        write_scale=float(adapter.write_scale(config)) if adapter.write_scale else None,
-        logit_scale=float(adapter.logit_scale(config)) if adapter.logit_scale else None,
+        write_scale=float(adapter.write_scale(config.get_text_config())) if adapter.write_scale else None,
+        logit_scale=float(adapter.logit_scale(config.get_text_config())) if adapter.logit_scale else None,
     )
 
 

@@ -242,10 +242,11 @@ class _Block(nn.Module):
         if self.mode == "swapped":
             h = h + self.ffwd(self.n2(h))
             return h + attn(self.n1(h))
-        h = (0.9 if self.mode == "scaled" else 1.0) * h + self.drop(attn(self.n1(h)))
+        drop = self.drop if self.mode == "dropout" else nn.Identity()  # Identity: no module of the block
+        h = (0.9 if self.mode == "scaled" else 1.0) * h + drop(attn(self.n1(h)))
         if self.shadow is not None:
             self.shadow(self.n2(h))
-        return h + self.drop(self.ffwd(self.n2(h)))
+        return h + drop(self.ffwd(self.n2(h)))
 
 
 @pytest.mark.parametrize(

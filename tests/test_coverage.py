@@ -92,7 +92,7 @@ def _build(model_type: str):
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
     with torch.no_grad():  # norms start at identity and biases at zero: perturb every constant so it matters
         for name, param in model.named_parameters():
-            if "norm" in name or (param.numel() > 1 and bool((param == param.flatten()[0]).all())):
+            if "norm" in name or bool((param == param.flatten()[0]).all()):  # one-element gates included
                 param.add_(0.3 * torch.randn_like(param))
     return model, None
 
@@ -199,22 +199,48 @@ def _replay_outcome(loaded, ids: torch.Tensor) -> tuple[str, str]:
     return "measured", ""
 
 
-def _recorded() -> tuple[str, dict[str, str]]:
-    """The committed coverage table: the transformers version it was made with, type → outcome."""
+# why a type is refused, told by its refusal's words: (reason, words in the refusal, how
+# book/using/models.md says it, after the count); the first that matches names it
+REASONS = (
+    ("mixer", "mixes tokens with", "state-space, recurrent and hybrid mixers, refused as such"),
+    ("by name", "the probes assume a pre-norm decoder-only LM", "encoders or encoder-decoders, refused by name"),
+    ("post-norm", "it is post-norm", "post-norm, read off their blocks"),
+    ("returns residual", "return the residual with their writes", "whose sublayers return the residual with a write"),
+    ("not two writes", "no two of its blocks' sublayer outputs", "whose blocks are not the residual plus two writes"),
+    ("three writes", "three writes to the residual", "that add a third write"),
+    ("streams", "residual streams that each block mixes", "that carry several residual streams"),
+    ("runs twice", "more than once per forward", "that run their blocks more than once"),
+    ("no stack", "runs as a stack of blocks", "whose layers are no stack of modules"),
+    ("forward fails", "its forward fails on a plain", "whose forward fails on a plain prompt"),
+    ("ambiguous", "which modules write is ambiguous", "whose writes are ambiguous"),
+    ("no mixer first", "does not mix tokens", "whose first write does not mix tokens"),
+    ("layout", "", "that no layout fits"),
+)  # fmt: skip
+
+
+def _reason(refusal: str) -> str:
+    return next(reason for reason, words, _ in REASONS if words in refusal)
+
+
+def _recorded() -> tuple[str, dict[str, str], dict[str, str]]:
+    """The committed coverage table: the transformers version it was made with, type → outcome, and
+    type → the reason of a refusal (``REASONS``)."""
     lines = COVERAGE.read_text().splitlines()
     version = lines[0].removeprefix("# transformers ")
-    rows = csv.DictReader(lines[1:])
-    return version, {row["model_type"]: row["outcome"] for row in rows}
+    rows = list(csv.DictReader(lines[1:]))
+    return version, {row["model_type"]: row["outcome"] for row in rows}, {r["model_type"]: r["reason"] for r in rows}
 
 
 @pytest.mark.parametrize("model_type", sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
 def test_every_causal_lm_type_is_measured_right_or_refused_in_one_line(model_type):
     kind, why = _outcome(model_type)
-    version, recorded = _recorded()
+    version, recorded, reasons = _recorded()
     if version == transformers.__version__:  # the committed table (and the models page's counts) hold
-        assert recorded.get(model_type) == kind, (
-            f"{model_type} is now {kind}, {COVERAGE.name} says {recorded.get(model_type)}: "
-            "regenerate it with `python tests/test_coverage.py` and update book/using/models.md's counts"
+        reason = _reason(why) if kind.startswith("refused") else ""
+        assert (recorded.get(model_type), reasons.get(model_type)) == (kind, reason), (
+            f"{model_type} is now {kind} ({reason}), {COVERAGE.name} says {recorded.get(model_type)} "
+            f"({reasons.get(model_type)}): regenerate it with `python tests/test_coverage.py` and update "
+            "book/using/models.md's counts"
         )
     if kind == "unbuildable":
         pytest.skip(f"{model_type} cannot be built tiny here: {why}")
@@ -223,8 +249,9 @@ def test_every_causal_lm_type_is_measured_right_or_refused_in_one_line(model_typ
 def test_the_models_page_states_the_committed_coverage():
     """book/using/models.md's coverage counts are the committed table's (which the test above holds
     to what the installed transformers gives), not numbers typed once."""
-    version, recorded = _recorded()
+    version, recorded, reasons = _recorded()
     counts = Counter(recorded.values())
+    by_reason = Counter(reason for reason in reasons.values() if reason)
     text = (Path(__file__).parents[1] / "book" / "using" / "models.md").read_text()
     page = " ".join(word for word in text.split() if word != "-")  # list items read as running text
     refused = counts["refused"] + counts["refused (mixer)"]
@@ -234,6 +261,7 @@ def test_the_models_page_states_the_committed_coverage():
         f"For {counts['measured (no replay)'] or 'none'} of them the replay check refuses the probes that re-run",
         f"{refused} refused in one line: {counts['refused (mixer)']} state-space, recurrent and hybrid mixers",
         f"and {counts['refused']} for what their blocks are",
+        *(f"{by_reason[reason]} {said}" for reason, _, said in REASONS if by_reason[reason]),
         f"{counts['unbuildable']} that the generic tiny-config shrink cannot build",
     ):
         assert said in page, said
@@ -391,14 +419,14 @@ if __name__ == "__main__":  # python tests/test_coverage.py: rewrite the committ
     rows = []
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         kind, why = _outcome(model_type)
-        rows.append((model_type, kind))
+        rows.append((model_type, kind, _reason(why) if kind.startswith("refused") else ""))
         print(f"{model_type}: {kind}", file=sys.stderr)
     with COVERAGE.open("w", newline="") as out:
         out.write(f"# transformers {transformers.__version__}\n")
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["model_type", "outcome"])
+        writer.writerow(["model_type", "outcome", "reason"])
         writer.writerows(rows)
-    print(dict(Counter(kind for _, kind in rows)))
+    print(dict(Counter(kind for _, kind, _ in rows)), dict(Counter(reason for *_, reason in rows if reason)))
 
 
 @pytest.mark.parametrize(
