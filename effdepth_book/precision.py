@@ -152,7 +152,7 @@ def precise_run(
 def _cached_widths(out: Path, key: str, probes: Sequence[str]) -> tuple[int, dict[str, float]] | None:
     """A finished step's example count and interval widths, from its ``effective_depth.json`` (its
     sha256 checked against the metadata): what the walk decided on, without a bootstrap."""
-    from .rundir import SUMMARY, read_metadata, verified_files
+    from effdepth_core.rundir import SUMMARY, read_metadata, verified_files
 
     if not is_complete(out, key, probes):
         return None
@@ -160,7 +160,7 @@ def _cached_widths(out: Path, key: str, probes: Sequence[str]) -> tuple[int, dic
     recorded = (metadata or {}).get("files", {}).get(SUMMARY)
     if recorded is None or verified_files(out, {SUMMARY: recorded}) is not None:
         return None
-    from .cache import read_json
+    from effdepth_core.cache import read_json
 
     try:
         summary = read_json(out / SUMMARY)

@@ -103,6 +103,30 @@ def test_the_book_package_reaches_the_core_only_through_its_modules():
                 assert node.level <= depth, f"{path.name}: a relative import out of effdepth_book"
 
 
+def _module_exists(target: str) -> bool:
+    """Whether ``target`` is a module, or a name its parent module defines (``from . import x``)."""
+    import importlib
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(target) is not None:
+            return True
+    except ModuleNotFoundError:
+        return False
+    parent, _, name = target.rpartition(".")
+    return bool(parent) and hasattr(importlib.import_module(parent), name)
+
+
+def test_every_import_in_either_package_names_a_module_that_exists():
+    # function-level imports run only when called: a moved module's stale relative import would
+    # otherwise surface as an internal error in the one command that reaches it
+    for root in (PACKAGE, PACKAGE.parent / "effdepth_book"):
+        for path in sorted(root.rglob("*.py")):
+            for target in _imports_of_tree(ast.parse(path.read_text()), path):
+                assert _module_exists(target), f"{path.relative_to(PACKAGE.parent)} imports {target}: no such module"
+    assert not _module_exists("effdepth_book.rundir")  # the one a move left behind once
+
+
 def test_a_higher_import_is_caught(tmp_path):
     bad = tmp_path / "effdepth_core" / "trace.py"
     bad.parent.mkdir()
