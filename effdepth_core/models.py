@@ -9,6 +9,7 @@ import inspect
 import itertools
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -890,22 +891,8 @@ def wrap_model(
         raise UnsupportedModelError(f"model {name!r} has no output head; load it as a causal LM")
     model.eval()  # before any check runs the model: dropout would move what the checks compare
     model.requires_grad_(False)  # probes differentiate activations, never parameters
-    if adapter is not None:
-        verify_adapter(model, adapter, name, "the adapter given")
-    elif model_type in ADAPTERS:
-        adapter = ADAPTERS[model_type]
-        verify_adapter(model, adapter, name, f"the adapter table's row for {model_type!r}")
-    else:
-        adapter = infer_adapter(model, model_type, name)
+    adapter, padding = _checked_layout(model, adapter, model_type, name)
     max_positions = getattr(config.get_text_config(), "max_position_embeddings", None)
-    try:  # the lens reads the stack's last hidden state (final norm applied): a stack must give one
-        padding = pads_safely(model, decoder_stack(model, adapter), _get(model, adapter.layers)[0])
-    except Exception as exc:
-        raise UnsupportedModelError(
-            f"model {name!r}: its decoder stack ({adapter.layers.rpartition('.')[0] or 'the model'}) gives no last "
-            f"hidden state on its own ({type(exc).__name__}); load the text model alone, or describe it with "
-            "wrap_model(adapter=...)"
-        ) from None
     if not padding:
         from .errors import EffdepthWarning
 
@@ -930,6 +917,62 @@ def wrap_model(
         write_scale=float(adapter.write_scale(config.get_text_config())) if adapter.write_scale else None,
         logit_scale=float(adapter.logit_scale(config.get_text_config())) if adapter.logit_scale else None,
     )
+
+
+# model -> (what its checks saw, the layout, whether it pads safely, the warnings they gave): a model
+# wrapped again unchanged (a probe called on a plain model, prompt after prompt) is not checked again
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _what_checks_see(model: nn.Module, adapter: Adapter | None) -> tuple:
+    """Everything a layout check's outcome depends on, cheaply: the adapter asked for, the config and
+    each module's class and settings, every weight's storage and version, each module's identity,
+    its own ``forward`` and its hooks, and torch's global module hooks."""
+    from torch.nn.modules import module as torch_module
+
+    modules = tuple(
+        (id(m), id(vars(m).get("forward")), tuple(m._forward_hooks), tuple(m._forward_pre_hooks))
+        for m in model.modules()
+    )
+    global_hooks = (tuple(torch_module._global_forward_hooks), tuple(torch_module._global_forward_pre_hooks))
+    attention = getattr(model.config, "_attn_implementation", None)
+    return (adapter, attention, config_digest(model), weights_state(model), modules, global_hooks)
+
+
+def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, name: str) -> tuple[Adapter, bool]:
+    """The verified layout of ``model`` (``adapter``, the table's row, or inferred) and whether a
+    padded batch leaves each prompt's states as they are alone; refused in one line when a check
+    fails. A model already checked and unchanged since (``_what_checks_see``) is not run again; the
+    warnings its checks gave are given again."""
+    seen = _what_checks_see(model, adapter)
+    known = _CHECKED.get(model)
+    if known is not None and known[0] == seen:
+        _, found, padding, given = known
+        for warning in given:
+            warnings.warn(warning.message, warning.category, stacklevel=3)
+        return found, padding
+    with warnings.catch_warnings(record=True) as given:
+        warnings.simplefilter("always")
+        if adapter is not None:
+            verify_adapter(model, adapter, name, "the adapter given")
+            found = adapter
+        elif model_type in ADAPTERS:
+            found = ADAPTERS[model_type]
+            verify_adapter(model, found, name, f"the adapter table's row for {model_type!r}")
+        else:
+            found = infer_adapter(model, model_type, name)
+        try:  # the lens reads the stack's last hidden state (final norm applied): a stack must give one
+            padding = pads_safely(model, decoder_stack(model, found), _get(model, found.layers)[0])
+        except Exception as exc:
+            raise UnsupportedModelError(
+                f"model {name!r}: its decoder stack ({found.layers.rpartition('.')[0] or 'the model'}) gives no "
+                f"last hidden state on its own ({type(exc).__name__}); load the text model alone, or describe it "
+                "with wrap_model(adapter=...)"
+            ) from None
+    for warning in given:
+        warnings.warn(warning.message, warning.category, stacklevel=3)
+    _CHECKED[model] = (seen, found, padding, list(given))
+    return found, padding
 
 
 @contextmanager

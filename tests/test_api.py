@@ -4,6 +4,7 @@ the caller's model left as it was, charts that draw offline in a notebook."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from conftest import char_tokenizer, make_tiny
 
 from effdepth_core import measure
-from effdepth_core.errors import EffdepthError
+from effdepth_core.errors import EffdepthError, UnsupportedModelError
 from effdepth_core.probes import logit_lens, residual_cosine
 
 PROMPTS = ["the capital of france is", "two plus two is four"]
@@ -342,6 +343,41 @@ def test_a_probe_called_on_a_transformers_model_gives_the_wrapped_models_numbers
         run(RunSettings("smollm2-135m", "gsm8k"), tokenizer=tokenizer)
     with pytest.raises(EffdepthError, match="got str"):
         residual_cosine("smollm2-135m", PROMPTS)
+
+
+def test_a_model_wrapped_again_unchanged_is_not_checked_again_and_any_change_is_checked(monkeypatch):
+    """A probe called on a plain model wraps it on every call: the load-time checks run once per
+    model as long as nothing they read changed — a replaced forward, a hook, a swapped module, a
+    weight edited in place or a config field runs them again, and a model broken since is refused."""
+    from effdepth_core import models
+    from effdepth_core.models import wrap_model
+
+    model = make_tiny("llama").model
+    models._CHECKED.pop(model)  # make_tiny checked it: start from a model never wrapped
+    runs = []
+    checked = models.verify_adapter
+    monkeypatch.setattr(models, "verify_adapter", lambda *a, **k: runs.append(1) or checked(*a, **k))
+    first = wrap_model(model)
+    again = wrap_model(model)
+    assert len(runs) == 1 and (again.adapter, again.pads_safely) == (first.adapter, first.pads_safely)
+    assert again.layers is first.layers and again.final_norm is first.final_norm
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: None)
+    wrap_model(model)
+    handle.remove()
+    wrap_model(model)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(2.0)
+    wrap_model(model)
+    model.model.layers[0].mlp = copy.deepcopy(model.model.layers[0].mlp)
+    wrap_model(model)
+    model.config.rms_norm_eps = 1e-3
+    wrap_model(model)
+    assert len(runs) == 6  # the first wrap, then one per change: the hook, its removal, weight, module, config
+    block = model.model.layers[1]
+    own = block.forward
+    block.forward = lambda *args, **kwargs: own(*args, **kwargs) * 1.5  # no longer residual + two writes
+    with pytest.raises(UnsupportedModelError):
+        wrap_model(model)
 
 
 def test_every_probe_option_has_one_spelling_in_python_and_on_the_command_line():
