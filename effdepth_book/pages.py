@@ -1,5 +1,5 @@
 """The book's pages as library calls. Each section's notebook template builds its page from its
-papermill parameters (``page = pages.open_page("scale", parameters)``) and then shows one thing per
+papermill parameters (``page = pages.open_page("scale", globals())``) and then shows one thing per
 cell (``page.table1()``, ``page.chart("lens")``): no logic lives in the templates. The intro's
 findings (``runner.findings_markdown``) come from the same page objects, reading the cache only."""
 
@@ -126,6 +126,10 @@ class Page:
         return tables.status(models, unavailable) if unavailable else None
 
 
-def open_page(section: str, parameters: Mapping, cached_only: bool = False, root: Path | str = ".") -> Page:
-    """The page of ``section`` for these parameters (the notebooks: reads the cache, computes what is missing)."""
-    return sections.get(section).page(parameters, cached_only=cached_only, root=root)
+def open_page(section: str, namespace: Mapping, cached_only: bool = False, root: Path | str = ".") -> Page:
+    """The page of ``section``, its parameters picked by name from ``namespace`` (a template's
+    ``globals()``, or a parameter set): it reads the cache and computes what is missing. The page
+    knows its section from here; a section's page class names none."""
+    page = sections.get(section).page(parameters(section, namespace), cached_only=cached_only, root=root)
+    page.section = section
+    return page

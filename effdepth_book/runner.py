@@ -203,18 +203,20 @@ _PACKAGES = {
     "effdepth_core": Path(effdepth_core.__file__).resolve().parent,
     "effdepth_book": Path(__file__).resolve().parent,
 }
-# Modules whose text a page's digest leaves out, with the reason: the registry lists every probe
-# (adding one stales no page), and a probe's module is stood for by its name and ``revision`` (a
-# change that gives other numbers bumps the revision; the cached numbers are what a page reads).
-_REGISTRY = "registry.py"
+# Modules whose text a page's digest leaves out, with the reason: the two registries list every probe
+# and every section by name only (adding one stales no page; a page counts its own section's module),
+# and a probe's module is stood for by its name and ``revision`` (a change that gives other numbers
+# bumps the revision; the cached numbers are what a page reads).
+_REGISTRIES = (("effdepth_core", "registry.py"), ("effdepth_book", "sections/registry.py"))
 
 
 def page_code(template: Path) -> list[tuple[str, bytes]]:
     """The code a page runs, as (name, content) pairs in a stable order: every module of
     ``effdepth_core`` and ``effdepth_book`` its template's cells import, its section's spec module
     (which the registry imports by name: ``sections.BUILTIN``), and every module those import (found
-    by reading their ``import`` statements, functions' included), except the probe registry and the
-    probes' own modules, which count by ``probe:<name>`` and their revision."""
+    by reading their ``import`` statements, functions' included), except the two registries (probes
+    and sections: names only) and the probes' own modules, which count by ``probe:<name>`` and their
+    revision."""
     sources = []
     try:
         notebook = json.loads(read_regular(template).decode("utf-8"))
@@ -230,10 +232,11 @@ def page_code(template: Path) -> list[tuple[str, bytes]]:
     pending = [(None, text) for text in sources]
     seen: dict[Path, bytes] = {}
     probes: dict[str, str] = {}
+    registries = {_PACKAGES[package] / path for package, path in _REGISTRIES}
     while pending:
         path, text = pending.pop()
         for target in _imports_in(path, text, tuple(_PACKAGES.items())):
-            if target in seen or (target.name == _REGISTRY and target.parent == _PACKAGES["effdepth_core"]):
+            if target in seen or target in registries:
                 continue
             content = target.read_bytes()
             spec = _probe_revision(target, content)

@@ -9,10 +9,13 @@ The public names below load on first use, so ``import effdepth_core`` (and the c
 - probes, each a function of a model and prompts to a long Polars frame: ``residual_cosine``,
   ``logit_lens``, ``residual_norm``, ``skip_effects``, ``erasure_map``, ``integrated_gradients``,
   ``layer_pruning``, ``early_exit``, ``train_tuned_lens`` / ``TunedLens``, ``cross_model_map``
+- one prompt token by token: ``lens_by_token`` (KL, overlap and the decoded top-k at every layer
+  and position) and ``prediction_table`` (its layer × position table of predicted tokens)
 - effective depth: ``effective_depth``, ``DepthResult``, ``token_weighted_mean``
 - the model-first API: ``measure(model, prompts)`` — a model in memory or by name, a list of
-  prompts or a task — returns the result (curves, EDs with intervals, ``.plot()``), cached by
-  what was measured
+  prompts or a task — returns a ``Measurement`` (curves, EDs with intervals, ``.plot()``); a model
+  in memory is measured directly, a model by name (or ``cache=True``, ``out=``) is cached by what
+  was measured
 - cached runs: ``run``, ``RunSettings`` (what ``effdepth run`` does, from Python)
 """
 
@@ -28,6 +31,7 @@ _EXPORTS = {
     "EffdepthError": "errors",
     "Example": "tasks",
     "LoadedModel": "models",
+    "Measurement": "api",
     "RunSettings": "settings",
     "TunedLens": "probes",
     "cross_model_map": "probes",
@@ -36,11 +40,13 @@ _EXPORTS = {
     "erasure_map": "probes",
     "integrated_gradients": "probes",
     "layer_pruning": "probes",
+    "lens_by_token": "probes",
     "load_model": "models",
     "load_task": "tasks",
     "logit_lens": "probes",
     "measure": "api",
     "plot": "api",
+    "prediction_table": "probes",
     "residual_cosine": "probes",
     "residual_norm": "probes.norm",
     "run": "results",
@@ -55,6 +61,7 @@ __all__ = [
     "EffdepthError",
     "Example",
     "LoadedModel",
+    "Measurement",
     "RunSettings",
     "TunedLens",
     "cross_model_map",
@@ -63,11 +70,13 @@ __all__ = [
     "erasure_map",
     "integrated_gradients",
     "layer_pruning",
+    "lens_by_token",
     "load_model",
     "load_task",
     "logit_lens",
     "measure",
     "plot",
+    "prediction_table",
     "residual_cosine",
     "residual_norm",
     "run",
@@ -79,7 +88,7 @@ __all__ = [
 assert __all__ == sorted(_EXPORTS)  # one list, checked at import
 
 if TYPE_CHECKING:
-    from .api import measure, plot
+    from .api import Measurement, measure, plot
     from .depth import DepthResult
     from .errors import EffdepthError
     from .models import LoadedModel, load_model, wrap_model
@@ -91,7 +100,9 @@ if TYPE_CHECKING:
         erasure_map,
         integrated_gradients,
         layer_pruning,
+        lens_by_token,
         logit_lens,
+        prediction_table,
         residual_cosine,
         skip_effects,
         token_weighted_mean,

@@ -182,7 +182,7 @@ def _check_settings(settings: dict[str, Any]) -> None:
             hint = f" (did you mean {close}?)" if close else ""
             raise EffdepthError(
                 f"measure() got an unknown setting {name!r}{hint}; it takes {', '.join(sorted(known))} "
-                "(the same as `effdepth run --help` lists as flags)"
+                "(the flags `effdepth run --help` lists, spelt top_k for --top-k, method='slow' for --slow)"
             )
 
 

@@ -31,7 +31,7 @@ def _settings(args: argparse.Namespace):
     option given at all?)."""
     from . import registry
     from .settings import RunSettings
-    from .tasks import ARITHMETIC, TASKS, check_task, count_examples
+    from .tasks import ARITHMETIC, check_task
 
     if not args.model:
         raise EffdepthError(
@@ -40,14 +40,11 @@ def _settings(args: argparse.Namespace):
     check_task(args.task)
     if args.digits is not None and args.task not in ARITHMETIC:
         raise EffdepthError(f"--digits applies to addition and multiplication only, not {args.task!r}")
-    n = args.n
-    if n is None:
-        n = 10 if args.task in TASKS else count_examples(args.task)
     options = {name: getattr(args, name) for name in registry.options() if hasattr(args, name)}
     return RunSettings(
         args.model,
         args.task,
-        n=n,
+        n=args.n,
         seed=args.seed,
         source=args.source,
         level=args.level,

@@ -83,7 +83,7 @@ RULE_FIELDS = ("ed", "ratio", "ci_low", "ci_high", "statistic", "depth", "depth_
 def table_records(summaries: Sequence[dict]) -> list[dict]:
     """The runs' table for programs: one record per run with numbers as numbers — ``model, task,
     level, digits, L, n, asked``, per ED rule its ``RULE_FIELDS`` and ``reason`` (null where
-    absent), and the text cell of each probe without rules."""
+    absent), and the text cell of each probe without rules (null where a run has none)."""
     rules, cells = _rule_columns(summaries), _cell_columns(summaries)
     records = []
     for s in summaries:
@@ -92,7 +92,7 @@ def table_records(summaries: Sequence[dict]) -> list[dict]:
         for rule in rules:
             entry = s.get(rule) or {}
             record[rule] = {field: entry.get(field) for field in (*RULE_FIELDS, "reason")}
-        record.update({probe: _cell(s, probe) for probe in cells})
+        record.update({probe: None if _cell(s, probe) == "—" else _cell(s, probe) for probe in cells})
         records.append(record)
     return records
 

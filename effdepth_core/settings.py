@@ -21,10 +21,10 @@ from . import __version__, registry
 from .errors import EffdepthError
 from .paths import NAME_BYTES, exists, names_path, short_name  # noqa: F401 (NAME_BYTES: part of this module's API)
 from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec
-from .tasks import ANSWER_FORMAT, ARITHMETIC, TASKS, check_task
+from .tasks import ANSWER_FORMAT, ARITHMETIC, DEFAULT_N, TASKS, check_task, count_examples
 
 CORE_DEFAULTS: dict[str, Any] = {
-    "n": 10,
+    "n": None,
     "seed": 0,
     "source": "local",
     "level": None,
@@ -68,6 +68,17 @@ COMPATIBILITY: tuple[tuple[str, str], ...] = (
 )
 
 
+def _default_n(task: str) -> int:
+    """The examples a run takes when no ``n`` is given: ``DEFAULT_N`` of a data set, every line of a
+    user's ``.jsonl`` file (``DEFAULT_N`` where the file cannot be read: its check says why)."""
+    if task in TASKS:
+        return DEFAULT_N
+    try:
+        return count_examples(task)
+    except (OSError, EffdepthError, ValueError):
+        return DEFAULT_N
+
+
 def names_of(text: str) -> list[str]:
     """The names in a comma list (spaces around them ignored)."""
     return [name.strip() for name in str(text).split(",") if name.strip()]
@@ -90,6 +101,8 @@ class RunSettings:
         object.__setattr__(self, "task", task)
         for name, default in CORE_DEFAULTS.items():
             object.__setattr__(self, name, values.get(name, default))
+        if self.n is None:  # 10 of a data set, every line of a user's file (as load_task and --n)
+            object.__setattr__(self, "n", _default_n(task))
         options = {}
         for name, option in known.items():
             value = values.get(name, option.default)

@@ -22,6 +22,7 @@ ARITHMETIC = ("addition", "multiplication")  # generated tasks, sized by --digit
 # in the published code (method.md §8). Recorded with every result of a probe that needs answers.
 ANSWER_FORMAT = 2
 TASKS = ("gsm8k", "hellaswag", "aime24", "math", *ARITHMETIC)
+DEFAULT_N = 10  # examples of a data set when none is asked for (a user's file: all its lines)
 AIME_MAX_TOKENS = 400
 
 _REASON_HEADER = (
@@ -329,7 +330,7 @@ def _data_set(name: str, source: str, level: int | None, aime_solution: str) -> 
 
 def load_task(
     name: str,
-    n: int = 10,
+    n: int | None = None,
     seed: int = 0,
     source: str = "local",
     level: int | None = None,
@@ -348,7 +349,7 @@ def load_task(
 
     Args:
         name: a task name or a ``.jsonl`` path.
-        n: the number of examples (all of a file's when it holds fewer).
+        n: the number of examples (None: 10 of a data set, every line of a ``.jsonl`` file).
         seed: the sampling seed.
         source, level, digits, count_tokens, max_tokens: as above.
         aime_solution: which AIME24 solution text is the answer (``"first"``).
@@ -359,20 +360,25 @@ def load_task(
     Raises:
         EffdepthError: an unknown task, a malformed file, or too few examples left.
     """
-    if n < 1:
+    if n is not None and n < 1:
         raise TaskError(f"n must be at least 1, got {n}")
     if source not in ("local", "hub"):
         raise TaskError(f"source must be 'local' or 'hub', got {source!r}")
     rng = random.Random(seed)
     is_file = name not in TASKS
     if name in ARITHMETIC:
-        return _arithmetic("+" if name == "addition" else "*", n, digits, rng)
+        return _arithmetic("+" if name == "addition" else "*", n or DEFAULT_N, digits, rng)
     pool = task_pool(name, source, level, aime_solution)
+    if n is None:
+        n = len(pool) if is_file else DEFAULT_N
     if name == "aime24":
         max_tokens = AIME_MAX_TOKENS if max_tokens is None else max_tokens
     if n > len(pool):
         what = f"{name} (level {level})" if level is not None else name
-        raise TaskError(f"--n {n} asks for more examples than {what} has ({len(pool)}); use --n {len(pool)} or fewer")
+        raise TaskError(
+            f"n={n} (--n {n}) asks for more examples than {what} has ({len(pool)}); use n={len(pool)} "
+            f"(--n {len(pool)}) or fewer"
+        )
     order = list(range(len(pool)))
     if not is_file:  # a user's file keeps its order; data sets are sampled
         rng.shuffle(order)

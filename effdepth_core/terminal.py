@@ -37,7 +37,8 @@ class EscapingStream:
 
 def progress_bar(*args, **kwargs):
     """A tqdm bar drawn once wherever it runs: a widget in Jupyter when ipywidgets is installed (the
-    ``[book]`` extra), else text on stderr (never tqdm.auto's fallback warning about IProgress)."""
+    ``[book]`` extra), else text on stderr (never tqdm.auto's fallback warning about IProgress); in a
+    file rather than a terminal, its start, a line a minute and its end, the end once."""
     import sys
 
     if "ipykernel" in sys.modules:
@@ -49,4 +50,10 @@ def progress_bar(*args, **kwargs):
             return notebook_bar(*args, **kwargs)
     from tqdm.std import tqdm as text_bar
 
+    stream = kwargs.get("file") or sys.stderr
+    if not getattr(stream, "isatty", lambda: False)():  # a log file keeps every redraw: one a minute at most
+        kwargs.setdefault("mininterval", LOG_INTERVAL)
     return text_bar(*args, **kwargs)
+
+
+LOG_INTERVAL = 60.0  # seconds between a bar's redraws in a file (a terminal redraws in place)

@@ -312,8 +312,8 @@ def test_a_cached_only_study_says_why_a_hub_model_is_missing(tmp_path, monkeypat
 
 def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
     """The page digest follows the template's imports: editing a core module no page imports, a
-    probe's module (it counts by its revision) or adding a probe leaves every page fresh; editing a
-    module a page runs (the statistics) stales it."""
+    probe's module (it counts by its revision), adding a probe or adding a section leaves every page
+    fresh; editing a module a page runs (the statistics, the sections' functions) stales it."""
     import shutil
 
     from effdepth_book import runner
@@ -329,6 +329,9 @@ def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
     (package / "probes" / "norm.py").write_text((package / "probes" / "norm.py").read_text() + "\n# same revision\n")
     (package / "probes" / "mine.py").write_text("SPEC = None  # a new probe's module\n")
     (package / "registry.py").write_text((package / "registry.py").read_text() + "\n# its registry line\n")
+    sections = copies["effdepth_book"] / "sections" / "registry.py"  # a new section's registry line
+    sections.write_text(sections.read_text().replace("}\n", '    "mine": "effdepth_book.sections.mine",\n}\n'))
+    assert "mine" in sections.read_text()
     assert runner.page_inputs(ROOT, item) == fresh
     (package / "depth.py").write_text((package / "depth.py").read_text() + "\n# the statistics change\n")
     assert runner.page_inputs(ROOT, item) != fresh
@@ -345,6 +348,24 @@ def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
         (copies["effdepth_book"] / "findings.py").read_text() + "\n#\n"
     )
     assert runner.page_inputs(ROOT, item) != stale  # the book's own modules count as the core's do
+    stale = runner.page_inputs(ROOT, item)
+    init = copies["effdepth_book"] / "sections" / "__init__.py"  # get(), plans(): what a page runs
+    init.write_text(init.read_text() + "\n#\n")
+    assert runner.page_inputs(ROOT, item) != stale
+
+
+def test_the_section_registry_holds_names_only():
+    """The digest may leave ``sections/registry.py`` out only while it is a name → module mapping:
+    a function or any other statement there would be code no page's freshness follows."""
+    import ast
+
+    from effdepth_book.sections import registry
+
+    tree = ast.parse(Path(registry.__file__).read_text())
+    docstring, assignment = tree.body  # nothing else
+    assert isinstance(docstring, ast.Expr) and isinstance(assignment, ast.Assign)
+    assert [t.id for t in assignment.targets] == ["BUILTIN"] and isinstance(assignment.value, ast.Dict)
+    assert all(isinstance(node, ast.Constant) for node in (*assignment.value.keys, *assignment.value.values))
 
 
 @pytest.mark.slow  # ~25 s: two pages' findings from the committed runs
@@ -366,7 +387,7 @@ def test_a_new_section_is_its_spec_its_params_and_its_template(tmp_path):
     text = (ROOT / "book" / "templates" / "beyond.ipynb").read_text()
     template.write_text(text.replace('\\"beyond\\"', '\\"copy\\"'))  # the section's name in its first cell
     (root / "book" / "results").symlink_to(ROOT / "book" / "results")  # the committed runs, read only
-    page_class = type("CopyPage", (beyond.BeyondPage,), {"section": "copy"})
+    page_class = type("CopyPage", (beyond.BeyondPage,), {})
 
     def intro(entries):  # beyond's, marked so that the intro shows it came from the copy
         heads, paragraphs = beyond.intro(entries)

@@ -292,6 +292,10 @@ def test_the_table_for_programs_keeps_numbers_as_numbers():
     rows = list(csv.DictReader(io.StringIO(format_table(runs, "csv"))))
     assert float(rows[0]["logit_lens_kl_depth"]) == 19.44 and int(rows[0]["logit_lens_kl_ci_high"]) == 21
     assert rows[1]["logit_lens_kl_ed"] == "" and rows[1]["asked"] == "5"  # n asked defaults to n kept
+    runs[0]["cells"] = {"skip": "all: 10.1"}  # a probe without rules: its text cell, null where a run has none
+    records = json.loads(format_table(runs, "json"))
+    assert records[0]["skip"] == "all: 10.1" and records[1]["skip"] is None
+    assert list(csv.DictReader(io.StringIO(format_table(runs, "csv"))))[1]["skip"] == ""
 
 
 def test_the_per_prompt_statistic_reads_each_prompts_own_curve():

@@ -346,3 +346,31 @@ def test_padding_is_told_from_the_batchs_own_rounding(dtype, drift, leak, safe):
 
     stack = Stack()
     assert pads_safely(stack, stack, stack.first) is safe
+
+
+def test_per_token_means_leave_padding_out_whatever_it_holds_and_refuse_a_prompts_own_nan():
+    """A probe's per-token ratio is 0/0 at padded positions: the means of a padded batch of two
+    lengths equal the hand-computed ones (1 + position, averaged), and a NaN at a prompt's own token
+    is refused in one line."""
+    from effdepth_core.errors import NonFiniteActivationError
+    from effdepth_core.probes.shared.activations import per_token_means
+
+    loaded = make_tiny("llama")
+    prompts = random_prompts([3, 6])
+
+    def measure(batch, poison=False):
+        def per_layer(trace):
+            real = batch.mask[..., None].float()  # [batch, token, 1]: 0/0 where padded
+            position = torch.arange(real.shape[1], dtype=torch.float32)[None, :, None]
+            values = (1.0 + position) * real / real
+            if poison:
+                values[0, 0, 0] = float("nan")  # a real token: the first prompt's first
+            return [(trace.layer, values)]
+
+        return per_layer
+
+    frame = per_token_means(loaded, prompts, ["ratio"], loaded.n_layers, measure, "ratio", batch_size=2)
+    means = frame.filter(layer=0).sort("example")["value"].to_list()
+    assert means == [2.0, 3.5]  # (1+2+3)/3 and (1+…+6)/6: the batch pads on the right
+    with pytest.raises(NonFiniteActivationError, match="ratio"):
+        per_token_means(loaded, prompts, ["ratio"], loaded.n_layers, lambda b: measure(b, True), "ratio", batch_size=2)

@@ -627,3 +627,26 @@ def test_a_gemma3_style_folder_matches_its_gguf_and_is_not_rebuilt_every_load():
     assert acquire._config_value(config, "rope_theta", 1e4) == 1e4
     assert not acquire._same(acquire._config_value(config, "rope_theta", 5e5), 5e5)  # neither: a mismatch
     assert acquire._spaced("▁▁") == acquire._spaced("  ") and acquire._spaced("▁a") != acquire._spaced(" b")
+
+
+def test_a_finished_bar_is_written_once_to_a_file():
+    """Written to a log rather than a terminal, a bar whose steps each take longer than tqdm's
+    default redraw interval (0.1 s) ends with one 100 % line, not a redraw at its last step and
+    another at its close; a terminal still redraws at tqdm's default pace."""
+    import io
+
+    from effdepth_core.terminal import LOG_INTERVAL, progress_bar
+
+    log = io.StringIO()
+    bar = progress_bar(total=3, desc="probe", file=log)
+    for _ in range(3):
+        time.sleep(0.12)
+        bar.update()
+    bar.close()
+    assert log.getvalue().count("100%") == 1 and "3/3" in log.getvalue()
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert progress_bar(total=1, file=Terminal()).mininterval < LOG_INTERVAL

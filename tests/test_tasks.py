@@ -75,6 +75,26 @@ def test_user_jsonl(tmp_path):
     assert examples[0].answer == " A1" and examples[1].answer is None and examples[0].meta["tag"] == "x"
 
 
+def test_no_n_means_ten_of_a_data_set_and_every_line_of_a_file_in_python_as_on_the_command_line(tmp_path):
+    """One default wherever a task is read: ``load_task``, ``RunSettings`` (``measure``) and ``--n``
+    left out all take every line of a user's file (here 3, fewer than 10) and 10 of a data set; asking
+    for more than a file holds names both spellings."""
+    from effdepth_core.cli_args import build_parser
+    from effdepth_core.settings import RunSettings
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Q{i}?"}) + "\n" for i in range(3)))
+    assert [e.prompt for e in load_task(str(path))] == ["Q0?", "Q1?", "Q2?"]
+    assert len(load_task("gsm8k")) == 10 and len(load_task("addition", digits=2)) == 10
+    assert RunSettings("m", str(path)).n == 3 and RunSettings("m", "gsm8k").n == 10
+    assert RunSettings("m", str(path), n=2).n == 2
+    from effdepth_core.cli import _settings
+
+    assert _settings(build_parser().parse_args(["run", "--model", "m", "--task", str(path)])).n == 3
+    with pytest.raises(TaskError, match=r"^n=4 \(--n 4\) asks for more examples than .* \(3\); use n=3 \(--n 3\)"):
+        load_task(str(path), n=4)
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -1,7 +1,8 @@
 """The book's sections, one ``SectionSpec`` each (``effdepth_book/sections/<name>.py``), in one
 registry: the command line's ``--section`` choices, the runner, the params schema, the table of
 contents, the grid and the intro's findings all read it. A new section is its spec file, its params
-file, its template and one line in ``BUILTIN``."""
+file, its template and one line in ``registry.BUILTIN`` (``sections/registry.py``, which no page's
+freshness reads: adding a section stales no page)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,10 @@ from collections.abc import Mapping
 from effdepth_core.errors import EffdepthError
 
 from ..spec import SHARED, SectionSpec, StudyPlan, defaults
+from .registry import BUILTIN
 
 __all__ = ["SHARED", "SectionSpec", "StudyPlan", "defaults", "get", "names", "plans", "register"]
 
-# name → module, in the book's order (the paper's three questions, then what goes beyond it)
-BUILTIN = {
-    "scale": "effdepth_book.sections.scale",
-    "long_cot": "effdepth_book.sections.long_cot",
-    "difficulty": "effdepth_book.sections.difficulty",
-    "beyond": "effdepth_book.sections.beyond",
-}
 _ADDED: dict[str, SectionSpec] = {}
 
 

@@ -22,8 +22,6 @@ def plans(parameters: Mapping) -> list[StudyPlan]:
 
 
 class BeyondPage(Page):
-    section = "beyond"
-
     @cached_property
     def mapped(self) -> pl.DataFrame:
         pair = self.p.get("pair")

@@ -29,8 +29,6 @@ def plans(parameters: Mapping) -> list[StudyPlan]:
 
 
 class DifficultyPage(Page):
-    section = "difficulty"
-
     @property
     def level_models(self) -> list[str]:
         return list(self.plans["levels"].models)

@@ -21,8 +21,6 @@ def plans(parameters: Mapping) -> list[StudyPlan]:
 
 
 class LongCotPage(Page):
-    section = "long_cot"
-
     @property
     def models(self) -> list[str]:
         return list(dict.fromkeys(m for pair in self.p.get("pairs") or [] for m in (pair["base"], pair["long_cot"])))

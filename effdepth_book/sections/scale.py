@@ -32,8 +32,6 @@ def plans(parameters: Mapping) -> list[StudyPlan]:
 
 
 class ScalePage(Page):
-    section = "scale"
-
     @cached_property
     def causal(self) -> Study:
         return self.study("causal")

@@ -532,7 +532,11 @@ def _cell(summary, frames) -> str:
     top = output.sort("value", descending=True).row(0, named=True)
     unit = " nats" if top["metric"] == OUTPUT_NAMES["kl"] else ""
     what = {"layer": "layer", "attn": "the attention of layer", "mlp": "the MLP of layer"}[top["part"]]
-    return f"largest output effect {top['value']:.2f}{unit} (skipping {what} {top['skipped_layer']})"
+    # under the column "depth score", which needs the future variant: say so, then what was measured
+    return (
+        f"none (the future variant was not run); largest output effect {top['value']:.2f}{unit} "
+        f"(skipping {what} {top['skipped_layer']})"
+    )
 
 
 def _variant(frame: pl.DataFrame) -> dict:

@@ -18,6 +18,7 @@ from ...trace import (
     finite_checks_deferred,
     forward,
     iter_batches,
+    require_finite,
     show_progress,
     tokenize,
     trace_layers,
@@ -25,7 +26,7 @@ from ...trace import (
 from .reduce import per_example_frame
 
 # per traced layer: (its row in the output's layer axis, the measurement per token), the
-# measurement either ``[batch, token, metric]`` (padding is masked out here) or ``[real token,
+# measurement either ``[batch, token, metric]`` (padded positions are left out here, NaN or not) or ``[real token,
 # metric]`` (the batch's real tokens in order, as ``tensor[batch.mask]`` lists them)
 LayerMeasure = Callable[[LayerTrace], Iterable[tuple[int, torch.Tensor]]]
 
@@ -44,7 +45,9 @@ def per_token_means(
 ) -> pl.DataFrame:
     """Per example and row (layer) the mean over the prompt's tokens of ``measure``: ``example,
     layer, metric, value, n_tokens``. ``measure(batch)`` is called once per batch (a probe's setup
-    for that batch, e.g. the final distribution) and returns the per-layer measurement."""
+    for that batch, e.g. the final distribution) and returns the per-layer measurement. Padded
+    positions are left out whatever they hold (a ratio's 0/0 there is no error), and what the
+    prompts' own tokens give must be finite (``NonFiniteActivationError`` otherwise)."""
     token_lists = tokenize(loaded, prompts)
     sums = torch.zeros(len(token_lists), n_rows, len(metrics))  # [example, layer, metric]
     counts = torch.tensor([ids.numel() for ids in token_lists])
@@ -54,6 +57,7 @@ def per_token_means(
             # setup, the lens's first pass, included): no host synchronisation per layer
             with finite_checks_deferred():
                 rows = _batch_sums(loaded, batch, n_rows, len(metrics), measure(batch), sublayers)
+                require_finite(rows, f"the {title} of a prompt's tokens", loaded.name)  # padding left out
             sums[batch.examples] = rows.cpu()
             bar.update(len(batch.examples))
     return per_example_frame(sums, counts, metrics)
@@ -69,8 +73,9 @@ def _batch_sums(
 
     def on_layer(trace: LayerTrace) -> None:
         for row, values in of_batch(trace):
-            if values.dim() == 3:  # [batch, token, metric]
-                rows[:, row] = (values * mask.float().to(values.device)[..., None]).sum(1).to(rows.device)
+            if values.dim() == 3:  # [batch, token, metric]; padding left out, whatever it holds (0/0 there too)
+                kept = torch.where(mask.to(values.device)[..., None], values, 0.0)
+                rows[:, row] = kept.sum(1).to(rows.device)
             else:  # [real token, metric]
                 rows[:, row].index_add_(0, owner, values.to(rows.device, rows.dtype))
 
