@@ -47,7 +47,7 @@ CASES = [
     ("level out of range", ["run", "--task", "math", "--level", "9"], "--level must be 1..5", False),
     ("digits outside arithmetic", ["run", "--task", "gsm8k", "--digits", "3"], "--digits applies to", False),
     ("n above the data set", ["run", "--task", "gsm8k", "--n", "5000"], "than gsm8k has (1319)", False),
-    ("n above a file", ["run", "--task", "{tmp}/two.jsonl", "--n", "3"], "has (2); use --n 2", False),
+    ("n above a file", ["run", "--task", "{tmp}/two.jsonl", "--n", "3"], "has (2); use n=2 (--n 2)", False),
     ("n zero", ["run", "--n", "0"], "must be at least 1", False),
     ("negative batch size", ["run", "--batch-size", "-1"], "must be at least 1", False),
     ("unknown dtype", ["run", "--dtype", "float8"], "invalid choice: 'float8'", False),
