@@ -163,7 +163,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     book = commands.add_parser("book", help="execute the book's notebooks (papermill) from params/", **common)
     book.add_argument(
-        "--section", metavar="SECTION", help="one section (scale, long_cot, difficulty, beyond, …; default: all)"
+        "--section",
+        metavar="SECTION",
+        help="one section: a name in effdepth_book/sections/registry.py (a wrong one is answered with the list; "
+        "default: all)",
     )
     book.add_argument("--params", type=_path, help="a section's parameter file (default params/<section>.yml)")
     book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")

@@ -919,35 +919,63 @@ def wrap_model(
     )
 
 
-# model -> (what its checks saw, the layout, whether it pads safely, the warnings they gave): a model
-# wrapped again unchanged (a probe called on a plain model, prompt after prompt) is not checked again
+# model -> (what its checks saw, its name, the layout, whether it pads safely, the warnings they gave):
+# a model wrapped again unchanged (a probe called on a plain model, call after call) is not checked again
 _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _held(obj: object) -> object:
+    """``obj`` as a key part that never matches another object: a weak reference (dead once the
+    object is freed, so a new object at the same address differs), else the object's id and type."""
+    if obj is None:
+        return None
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return (id(obj), type(obj))
+
+
 def _what_checks_see(model: nn.Module, adapter: Adapter | None) -> tuple:
-    """Everything a layout check's outcome depends on, cheaply: the adapter asked for, the config and
-    each module's class and settings, every weight's storage and version, each module's identity,
-    its own ``forward`` and its hooks, and torch's global module hooks."""
+    """What a layout check's outcome depends on, cheaply: the adapter asked for; the config, with
+    the attention and experts implementations of it and of each sub-config (its digest leaves them
+    out); each module's settings, class (the class object and its ``forward``, so a class patched or
+    redefined in place counts), identity, own or compiled ``forward`` and hooks; torch's global
+    module hooks; every weight's storage, dtype and version counter. Not seen: an edit of a
+    module-level function the forward calls (reload the model after one)."""
     from torch.nn.modules import module as torch_module
 
     modules = tuple(
-        (id(m), id(vars(m).get("forward")), tuple(m._forward_hooks), tuple(m._forward_pre_hooks))
+        (_held(m), _held(type(m)), _held(type(m).forward), _held(vars(m).get("forward")),
+         _held(vars(m).get("_compiled_call_impl")), tuple(m._forward_hooks), tuple(m._forward_pre_hooks))
         for m in model.modules()
-    )
+    )  # fmt: skip
     global_hooks = (tuple(torch_module._global_forward_hooks), tuple(torch_module._global_forward_pre_hooks))
-    attention = getattr(model.config, "_attn_implementation", None)
-    return (adapter, attention, config_digest(model), weights_state(model), modules, global_hooks)
+    configs, implementations, visited = [model.config], [], set()
+    while configs:  # the config and its sub-configs, each once
+        config = configs.pop()
+        if id(config) in visited:
+            continue
+        visited.add(id(config))
+        implementations.append(
+            (getattr(config, "_attn_implementation", None), getattr(config, "_experts_implementation", None))
+        )
+        configs += [getattr(config, key) for key in getattr(config, "sub_configs", {}) if getattr(config, key, None)]
+    return (adapter, tuple(implementations), config_digest(model), weights_state(model), modules, global_hooks)
 
 
 def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, name: str) -> tuple[Adapter, bool]:
     """The verified layout of ``model`` (``adapter``, the table's row, or inferred) and whether a
     padded batch leaves each prompt's states as they are alone; refused in one line when a check
-    fails. A model already checked and unchanged since (``_what_checks_see``) is not run again; the
+    fails. A model checked before under the same name and unchanged since (``_what_checks_see``,
+    read after the checks ran: what their forwards update is part of it) is not run again; the
     warnings its checks gave are given again."""
-    seen = _what_checks_see(model, adapter)
+    try:
+        seen = _what_checks_see(model, adapter)
+    except Exception:  # weights without storage (a tensor subclass): checked every time, as before
+        seen = None
     known = _CHECKED.get(model)
-    if known is not None and known[0] == seen:
-        _, found, padding, given = known
+    if seen is not None and known is not None and known[:2] == (seen, name):
+        _, _, found, padding, given = known
         for warning in given:
             warnings.warn(warning.message, warning.category, stacklevel=3)
         return found, padding
@@ -971,7 +999,8 @@ def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, 
             ) from None
     for warning in given:
         warnings.warn(warning.message, warning.category, stacklevel=3)
-    _CHECKED[model] = (seen, found, padding, list(given))
+    if seen is not None:
+        _CHECKED[model] = (_what_checks_see(model, adapter), name, found, padding, list(given))
     return found, padding
 
 

@@ -147,7 +147,10 @@ class RunSettings:
         return hash(json.dumps(self.as_dict(), sort_keys=True, default=str))
 
     def __repr__(self) -> str:
-        changed = {k: v for k, v in self.as_dict().items() if k in ("model", "task") or v != _default(k)}
+        defaults = {"n": _default_n(self.task)}
+        changed = {
+            k: v for k, v in self.as_dict().items() if k in ("model", "task") or v != defaults.get(k, _default(k))
+        }
         return f"RunSettings({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
 
     # --- the cache key ---------------------------------------------------------------------------
@@ -262,6 +265,13 @@ def parse_probes(probes: str | Sequence[str], settings: RunSettings | None = Non
 MAX_GENERATED = 100_000  # generated tasks have no size; a larger --n is a typo, not a study
 
 
+def both(name: str, value: object = None) -> str:
+    """A setting in both its spellings, as messages name it: ``n=4 (--n 4)``, or ``max_tokens
+    (--max-tokens)`` without a value."""
+    flag = "--" + name.replace("_", "-")
+    return f"{name} ({flag})" if value is None else f"{name}={value} ({flag} {value})"
+
+
 def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[str, Any] | None = None) -> None:
     """One-line errors for values that cannot work, found before any model loads (``facts``: what
     is known of the model already: ``vocab_size``, ``n_layers``)."""
@@ -269,26 +279,29 @@ def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[
     for name in ("n", "batch_size", "digits"):
         value = getattr(settings, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise EffdepthError(f"--{name.replace('_', '-')} must be at least 1, got {value!r}")
+            raise EffdepthError(f"{both(name)} must be at least 1, got {value!r}")
     if settings.task in ARITHMETIC and settings.n > MAX_GENERATED:
         raise EffdepthError(
-            f"--n {settings.n} is more {settings.task} problems than a run can probe; use --n {MAX_GENERATED} or fewer"
+            f"{both('n', settings.n)} is more {settings.task} problems than a run can probe; use "
+            f"{both('n', MAX_GENERATED)} or fewer"
         )
     if settings.max_tokens is not None and (not isinstance(settings.max_tokens, int) or settings.max_tokens < 1):
-        raise EffdepthError(f"--max-tokens must be at least 1, got {settings.max_tokens}")
+        raise EffdepthError(f"{both('max_tokens')} must be at least 1, got {settings.max_tokens}")
     from .models import resolve_device
 
     resolve_device(settings.device)  # a device torch cannot name or does not have
     check_task(settings.task)
     if settings.max_tokens is not None and settings.task in ARITHMETIC:
-        raise EffdepthError(f"--max-tokens applies to data-set tasks, not {settings.task} (its prompts are short)")
+        raise EffdepthError(
+            f"{both('max_tokens')} applies to data-set tasks, not {settings.task} (its prompts are short)"
+        )
     if settings.level is not None:
         if settings.task != "math":
-            raise EffdepthError(f"--level applies to the math task only, not {settings.task!r}")
+            raise EffdepthError(f"{both('level')} applies to the math task only, not {settings.task!r}")
         if settings.level not in range(1, 6):
-            raise EffdepthError(f"--level must be 1..5 (MATH difficulty levels), got {settings.level}")
+            raise EffdepthError(f"{both('level')} must be 1..5 (MATH difficulty levels), got {settings.level}")
     if settings.source not in ("local", "hub"):
-        raise EffdepthError(f"--source must be local or hub, got {settings.source!r}")
+        raise EffdepthError(f"{both('source')} must be local or hub, got {settings.source!r}")
     if settings.method not in ("fast", "slow"):
         raise EffdepthError(f"method must be 'fast' or 'slow', got {settings.method!r}")
     for name in probes:

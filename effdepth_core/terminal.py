@@ -35,13 +35,22 @@ class EscapingStream:
         return getattr(self._stream, name)
 
 
-def progress_bar(*args, **kwargs):
-    """A tqdm bar drawn once wherever it runs: a widget in Jupyter when ipywidgets is installed (the
-    ``[book]`` extra), else text on stderr (never tqdm.auto's fallback warning about IProgress); in a
-    file rather than a terminal, its start, a line a minute and its end, the end once."""
+def _in_a_kernel() -> bool:
+    """Whether this code runs in a Jupyter kernel (not merely in a process that imported one)."""
     import sys
 
-    if "ipykernel" in sys.modules:
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    return shell is not None and "ipykernel" in type(shell).__module__
+
+
+def progress_bar(*args, **kwargs):
+    """A tqdm bar drawn once wherever it runs: a widget in a Jupyter kernel when ipywidgets is
+    installed (the ``[book]`` extra) and no ``file=`` is given, else text on stderr (never
+    tqdm.auto's fallback warning about IProgress); in a file rather than a terminal, its start, a
+    line a minute at most and its end, the end once."""
+    import sys
+
+    if "file" not in kwargs and _in_a_kernel():
         import importlib.util
 
         if importlib.util.find_spec("ipywidgets") is not None:
@@ -51,9 +60,21 @@ def progress_bar(*args, **kwargs):
     from tqdm.std import tqdm as text_bar
 
     stream = kwargs.get("file") or sys.stderr
-    if not getattr(stream, "isatty", lambda: False)():  # a log file keeps every redraw: one a minute at most
-        kwargs.setdefault("mininterval", LOG_INTERVAL)
-    return text_bar(*args, **kwargs)
+    if getattr(stream, "isatty", lambda: False)():
+        return text_bar(*args, **kwargs)
+    # a log file keeps every redraw: one a minute at most (tqdm's monitor too), and the end once
+    kwargs.setdefault("mininterval", LOG_INTERVAL)
+    kwargs.setdefault("maxinterval", LOG_INTERVAL)
+
+    class LogBar(text_bar):
+        def display(self, msg=None, pos=None):
+            if msg is None and self.total is not None and self.n >= self.total == getattr(self, "_ended", None):
+                return True  # its last step was drawn: close() would draw the same end again
+            if self.total is not None and self.n >= self.total:
+                self._ended = self.total
+            return super().display(msg, pos)
+
+    return LogBar(*args, **kwargs)
 
 
 LOG_INTERVAL = 60.0  # seconds between a bar's redraws in a file (a terminal redraws in place)

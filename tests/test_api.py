@@ -373,11 +373,42 @@ def test_a_model_wrapped_again_unchanged_is_not_checked_again_and_any_change_is_
     model.config.rms_norm_eps = 1e-3
     wrap_model(model)
     assert len(runs) == 6  # the first wrap, then one per change: the hook, its removal, weight, module, config
+    kernel = model.config._attn_implementation  # another attention kernel: the padding check again
+    model.config._attn_implementation = "sdpa" if kernel == "eager" else "eager"
+    wrap_model(model)
+    wrap_model(model, name="another label")  # its warnings would name the model: checked under its name
+    wrap_model(model, name="another label")
+    assert len(runs) == 8
+    layer_class = type(model.model.layers[0])
+    own_forward = layer_class.forward
+    monkeypatch.setattr(layer_class, "forward", lambda self, *a, **k: own_forward(self, *a, **k) * 1.5)
+    with pytest.raises(UnsupportedModelError):  # a class patched in place: checked, and refused
+        wrap_model(model)
+    monkeypatch.setattr(layer_class, "forward", own_forward)
     block = model.model.layers[1]
     own = block.forward
     block.forward = lambda *args, **kwargs: own(*args, **kwargs) * 1.5  # no longer residual + two writes
     with pytest.raises(UnsupportedModelError):
         wrap_model(model)
+
+
+def test_a_model_whose_layout_was_inferred_is_inferred_once(monkeypatch):
+    """The cache holds for an inferred layout too (what the check's forwards update is read after
+    them), and the inference's warning is given on every wrap."""
+    from effdepth_core import models
+    from effdepth_core.errors import EffdepthWarning
+    from effdepth_core.models import wrap_model
+
+    model = make_tiny("llama").model
+    models._CHECKED.pop(model)
+    monkeypatch.delitem(models.ADAPTERS, "llama")  # not in the table: inferred
+    runs = []
+    inferred = models.infer_adapter
+    monkeypatch.setattr(models, "infer_adapter", lambda *a, **k: runs.append(1) or inferred(*a, **k))
+    for _ in range(2):
+        with pytest.warns(EffdepthWarning, match="inferred"):
+            wrap_model(model)
+    assert len(runs) == 1
 
 
 def test_every_probe_option_has_one_spelling_in_python_and_on_the_command_line():
@@ -466,8 +497,8 @@ def test_the_in_memory_road_finds_every_mistake_before_a_model_loads(monkeypatch
 
     monkeypatch.setattr(results, "load_model", no_load)
     for settings, said in (
-        ({"level": 3}, "--level applies to the math task only"),
-        ({"max_tokens": 9, "task": "addition"}, "--max-tokens applies to data-set tasks"),
+        ({"level": 3}, "level \\(--level\\) applies to the math task only"),
+        ({"max_tokens": 9, "task": "addition"}, "max_tokens \\(--max-tokens\\) applies to data-set tasks"),
         ({"n": 0}, "n"),
     ):
         task = settings.pop("task", "gsm8k")

@@ -158,7 +158,7 @@ def test_the_probe_list_a_reader_is_sent_to_is_the_registrys():
     from effdepth_core.cli_args import build_parser
 
     page = (ROOT / "book" / "using" / "cli.md").read_text()
-    assert "`effdepth run --help` lists them" in page
+    assert "`effdepth run --help` lists them" in page and f"(default: `{','.join(registry.DEFAULT)}`)" in page
     assert not any(f"`{','.join(registry.names()[:3])}" in line for line in page.splitlines())  # no copy
     text = io.StringIO()
     with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):

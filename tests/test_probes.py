@@ -374,3 +374,21 @@ def test_per_token_means_leave_padding_out_whatever_it_holds_and_refuse_a_prompt
     assert means == [2.0, 3.5]  # (1+2+3)/3 and (1+…+6)/6: the batch pads on the right
     with pytest.raises(NonFiniteActivationError, match="ratio"):
         per_token_means(loaded, prompts, ["ratio"], loaded.n_layers, lambda b: measure(b, True), "ratio", batch_size=2)
+
+
+def test_the_lens_by_token_at_top_1_is_the_first_of_its_top_3_and_averages_to_the_probe():
+    """k = 1 takes the max rather than topk: the same token and probability as the first of the
+    top 3, and the overlap at k = 1 averages to the logit-lens probe's at k = 1."""
+    from conftest import char_tokenizer
+
+    from effdepth_core.models import wrap_model
+    from effdepth_core.probes import lens_by_token
+
+    loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="llama")
+    prompt = "what is 12 + 30? it is 42."
+    one, three = lens_by_token(loaded, prompt, top_k=1), lens_by_token(loaded, prompt, top_k=3)
+    assert one["top_tokens"].list.get(0).to_list() == three["top_tokens"].list.get(0).to_list()
+    np.testing.assert_allclose(one["top_probs"].list.get(0), three["top_probs"].list.get(0), rtol=1e-6)
+    means = one.group_by("layer").agg(pl.col("overlap").mean()).sort("layer")["overlap"].to_numpy()
+    probe = logit_lens(loaded, [prompt], top_k=1, progress=False).filter(metric="overlap").sort("layer")
+    np.testing.assert_allclose(means, probe["value"].to_numpy(), atol=1e-6)  # shares of whole tokens

@@ -644,6 +644,11 @@ def test_a_finished_bar_is_written_once_to_a_file():
         bar.update()
     bar.close()
     assert log.getvalue().count("100%") == 1 and "3/3" in log.getvalue()
+    log = io.StringIO()  # steps longer than any interval: every step drawn, the end still once
+    with progress_bar(total=2, file=log, mininterval=0) as bar:
+        bar.update()
+        bar.update()
+    assert log.getvalue().count("100%") == 1 and log.getvalue().count("50%") == 1
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

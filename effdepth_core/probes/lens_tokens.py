@@ -14,7 +14,7 @@ import torch
 from ..errors import EffdepthError
 from ..models import LoadedModel, takes_plain_models
 from ..trace import residual_states, tokenize
-from .shared.lens import Translator, _check_top_k
+from .shared.lens import Translator, _check_top_k, largest
 
 TOKEN_CHUNK = 256  # positions decoded at once: [chunk, vocab] float32 is the only vocabulary-sized buffer
 
@@ -52,14 +52,14 @@ def lens_by_token(
         count = chunk.shape[0]
         with torch.inference_mode():
             final_logp = torch.log_softmax(loaded.head_into(chunk[:, n_layers], buffer).clone(), dim=-1)
-            final_top = _top(final_logp, top_k).indices  # [position, k]
+            final_top = largest(final_logp, top_k).indices  # [position, k]
             hidden = chunk.transpose(0, 1)  # [L+1, position, d_model]
             if lens is not None:  # each layer's translator; the output (layer L) as it is
                 hidden = torch.stack([*(lens.translate(i, hidden[i]) for i in range(n_layers)), hidden[n_layers]])
             logp = torch.log_softmax(loaded.head_into(hidden.reshape(-1, hidden.shape[-1]), buffer), dim=-1)
             logp = logp.view(n_layers + 1, count, -1)  # [L+1, position, vocab]
             kl = (logp.exp() * (logp - final_logp)).sum(-1).clamp_min(0.0)  # [L+1, position]
-            top = _top(logp, top_k)  # [L+1, position, k]
+            top = largest(logp, top_k)  # [L+1, position, k]
             overlap = (top.indices[..., None] == final_top[None, :, None, :]).any(-1).float().mean(-1)
         columns["position"] += (start + torch.arange(count)).repeat(n_layers + 1).tolist()  # layer-major
         columns["layer"] += torch.arange(n_layers + 1).repeat_interleave(count).tolist()
@@ -75,15 +75,6 @@ def lens_by_token(
     schema = {"position": pl.Int64, "token": pl.String, "layer": pl.Int64, "kl": pl.Float64, "overlap": pl.Float64,
               "top_tokens": pl.List(pl.String), "top_probs": pl.List(pl.Float64)}  # fmt: skip
     return pl.DataFrame({name: columns[name] for name in schema}, schema=schema).sort("layer", "position")
-
-
-def _top(logp: torch.Tensor, k: int):
-    """``logp.topk(k)`` along the last dimension; for k = 1 the max, several times faster on a CPU
-    for a vocabulary-sized row (the same value; on an exact tie the first index, where topk names none)."""
-    if k == 1:
-        values, indices = logp.max(dim=-1, keepdim=True)
-        return torch.return_types.topk((values, indices))
-    return logp.topk(k, dim=-1)
 
 
 def _decoder(loaded: LoadedModel):

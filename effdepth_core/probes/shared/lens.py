@@ -30,6 +30,15 @@ class Translator(Protocol):
 LENS_METRICS = ("kl", "overlap")
 
 
+def largest(values: torch.Tensor, k: int):
+    """``values.topk(k)`` along the last dimension; for k = 1 the max, several times faster on a
+    CPU over a vocabulary-sized row (on an exact tie: the first index, where topk names none)."""
+    if k == 1:
+        found, indices = values.max(dim=-1, keepdim=True)
+        return torch.return_types.topk((found, indices))
+    return values.topk(k, dim=-1)
+
+
 def _chunk_rows(vocab: int, budget_bytes: int, device: torch.device) -> int:
     # rows of the head matmul; on a CPU past ~256 rows larger chunks only cost memory (measured on
     # a 2-core CPU before cache blocking: 64 rows 24.0 s, 256 rows 18.4 s, 1024 rows 19.3 s for one
@@ -64,7 +73,7 @@ def lens_token_metrics(
         for first in range(0, logits.shape[0], block):
             rows = slice(start + first, start + min(first + block, logits.shape[0]))
             z = logits[first : first + block]
-            top_q = z.topk(k, dim=-1).indices  # same order as log q
+            top_q = largest(z, k).indices  # same order as log q
             # KL(q||p) = Σ q (z − log p) − logsumexp(z) with q = softmax(z): one exp, no log q buffer
             peak = z.amax(dim=-1, keepdim=True)
             weights = torch.sub(z, peak, out=scratch[: z.shape[0]]).exp_()  # q up to its normaliser
@@ -98,7 +107,7 @@ def _decode_measure(
             logits = loaded.head_of_normed(final[start : start + chunk])
             final_logp[start : start + chunk] = torch.log_softmax(logits.float(), dim=-1)
     require_finite(final_logp, "the final distribution (final norm + LM head on the last layer's output)", loaded.name)
-    final_top = final_logp.topk(top_k, dim=-1).indices  # [token, k]
+    final_top = largest(final_logp, top_k).indices  # [token, k]
 
     # the real tokens' rows of a [batch, token, d] tensor: indices found once per batch, then
     # gathered per layer without the host synchronisation a boolean mask costs on a GPU
