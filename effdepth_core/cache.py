@@ -391,6 +391,18 @@ class DirectoryLock:
                 with contextlib.suppress(OSError):
                     tmp.unlink(missing_ok=True)
 
+    def _drop_own_temporaries(self, st: os.stat_result) -> None:
+        """Unlink the other names of the lock file that are effdepth's temporaries of this very lock
+        (``_create`` links its temporary to the lock's name, then unlinks it: a process killed in
+        between leaves both); any other name is left, and the lock is then refused as foreign."""
+        for other in self.folder.iterdir():
+            if temporary_of(other.name) != LOCK_NAME:
+                continue
+            with contextlib.suppress(OSError):
+                own = other.lstat()
+                if stat.S_ISREG(own.st_mode) and (own.st_ino, own.st_dev) == (st.st_ino, st.st_dev):
+                    other.unlink()
+
     def _open_existing(self) -> int | None:
         try:
             fd = os.open(self.path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
@@ -403,6 +415,9 @@ class DirectoryLock:
                 raise self._foreign("a directory") from exc
             raise CacheLockError(f"cannot open {self.path} ({exc.strerror or exc})") from exc
         st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:  # a creator killed between link and unlink
+            self._drop_own_temporaries(st)
+            st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             os.close(fd)
             raise self._foreign("a special file" if not stat.S_ISREG(st.st_mode) else "a file with other names")

@@ -304,3 +304,30 @@ def test_a_module_setting_edited_in_place_is_another_model(tiny_dir):
     assert model_fingerprint(loaded) == before  # back as it was: the same key again
     loaded.model.model.layers[0].mlp.act_fn = torch.nn.Tanh()  # another activation module
     assert model_fingerprint(loaded) not in (before, edited)
+
+
+def test_a_lock_left_with_its_temporary_name_by_a_killed_creator_is_taken_over(tmp_path):
+    """``DirectoryLock._create`` links its temporary to the lock's name, then unlinks it: a process
+    killed in between leaves the lock with two names. The next run takes it over (the temporary
+    name, effdepth's own and the same file, is removed); a lock with any other second name is still
+    refused, and that name is left alone."""
+    import os
+
+    from effdepth_core.cache import LOCK_NAME, CacheLockError, DirectoryLock, _lock_text, temporary_path
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    leftover = temporary_path(folder / LOCK_NAME)
+    leftover.write_text(_lock_text().replace(f"pid {os.getpid()}", "pid 999999"))
+    os.link(leftover, folder / LOCK_NAME)  # killed here: both names stand
+    lock = DirectoryLock(folder)
+    lock.acquire()
+    assert lock.held and not leftover.exists() and os.stat(folder / LOCK_NAME).st_nlink == 1
+    lock.release()
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "mine.txt").write_text(_lock_text())
+    os.link(other / "mine.txt", other / LOCK_NAME)
+    with pytest.raises(CacheLockError, match="a file with other names"):
+        DirectoryLock(other).acquire()
+    assert (other / "mine.txt").exists()
