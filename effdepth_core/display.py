@@ -92,7 +92,7 @@ def table_records(summaries: Sequence[dict]) -> list[dict]:
         for rule in rules:
             entry = s.get(rule) or {}
             record[rule] = {field: entry.get(field) for field in (*RULE_FIELDS, "reason")}
-        record.update({probe: None if _cell(s, probe) == "—" else _cell(s, probe) for probe in cells})
+        record.update({probe: None if (text := _cell(s, probe)) == "—" else text for probe in cells})
         records.append(record)
     return records
 

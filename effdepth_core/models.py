@@ -976,9 +976,17 @@ def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, 
     known = _CHECKED.get(model)
     if seen is not None and known is not None and known[:2] == (seen, name):
         _, _, found, padding, given = known
-        for warning in given:
-            warnings.warn(warning.message, warning.category, stacklevel=3)
-        return found, padding
+    else:
+        found, padding, given = _run_checks(model, adapter, model_type, name)
+        if seen is not None:
+            _CHECKED[model] = (_what_checks_see(model, adapter), name, found, padding, given)
+    for warning in given:
+        warnings.warn(warning.message, warning.category, stacklevel=3)
+    return found, padding
+
+
+def _run_checks(model: nn.Module, adapter: Adapter | None, model_type: str, name: str) -> tuple[Adapter, bool, list]:
+    """The layout checks and the padding check, run: (layout, pads safely, the warnings they gave)."""
     with warnings.catch_warnings(record=True) as given:
         warnings.simplefilter("always")
         if adapter is not None:
@@ -997,11 +1005,7 @@ def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, 
                 f"last hidden state on its own ({type(exc).__name__}); load the text model alone, or describe it "
                 "with wrap_model(adapter=...)"
             ) from None
-    for warning in given:
-        warnings.warn(warning.message, warning.category, stacklevel=3)
-    if seen is not None:
-        _CHECKED[model] = (_what_checks_see(model, adapter), name, found, padding, list(given))
-    return found, padding
+    return found, padding, list(given)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from typing import Any
 from . import __version__, registry
 from .errors import EffdepthError
 from .paths import NAME_BYTES, exists, names_path, short_name  # noqa: F401 (NAME_BYTES: part of this module's API)
-from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec
+from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec, spelled
 from .tasks import ANSWER_FORMAT, ARITHMETIC, DEFAULT_N, TASKS, check_task, count_examples
 
 CORE_DEFAULTS: dict[str, Any] = {
@@ -265,13 +265,6 @@ def parse_probes(probes: str | Sequence[str], settings: RunSettings | None = Non
 MAX_GENERATED = 100_000  # generated tasks have no size; a larger --n is a typo, not a study
 
 
-def both(name: str, value: object = None) -> str:
-    """A setting in both its spellings, as messages name it: ``n=4 (--n 4)``, or ``max_tokens
-    (--max-tokens)`` without a value."""
-    flag = "--" + name.replace("_", "-")
-    return f"{name} ({flag})" if value is None else f"{name}={value} ({flag} {value})"
-
-
 def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[str, Any] | None = None) -> None:
     """One-line errors for values that cannot work, found before any model loads (``facts``: what
     is known of the model already: ``vocab_size``, ``n_layers``)."""
@@ -279,29 +272,29 @@ def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[
     for name in ("n", "batch_size", "digits"):
         value = getattr(settings, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise EffdepthError(f"{both(name)} must be at least 1, got {value!r}")
+            raise EffdepthError(f"{spelled(name)} must be at least 1, got {value!r}")
     if settings.task in ARITHMETIC and settings.n > MAX_GENERATED:
         raise EffdepthError(
-            f"{both('n', settings.n)} is more {settings.task} problems than a run can probe; use "
-            f"{both('n', MAX_GENERATED)} or fewer"
+            f"{spelled('n', settings.n)} is more {settings.task} problems than a run can probe; use "
+            f"{spelled('n', MAX_GENERATED)} or fewer"
         )
     if settings.max_tokens is not None and (not isinstance(settings.max_tokens, int) or settings.max_tokens < 1):
-        raise EffdepthError(f"{both('max_tokens')} must be at least 1, got {settings.max_tokens}")
+        raise EffdepthError(f"{spelled('max_tokens')} must be at least 1, got {settings.max_tokens}")
     from .models import resolve_device
 
     resolve_device(settings.device)  # a device torch cannot name or does not have
     check_task(settings.task)
     if settings.max_tokens is not None and settings.task in ARITHMETIC:
         raise EffdepthError(
-            f"{both('max_tokens')} applies to data-set tasks, not {settings.task} (its prompts are short)"
+            f"{spelled('max_tokens')} applies to data-set tasks, not {settings.task} (its prompts are short)"
         )
     if settings.level is not None:
         if settings.task != "math":
-            raise EffdepthError(f"{both('level')} applies to the math task only, not {settings.task!r}")
+            raise EffdepthError(f"{spelled('level')} applies to the math task only, not {settings.task!r}")
         if settings.level not in range(1, 6):
-            raise EffdepthError(f"{both('level')} must be 1..5 (MATH difficulty levels), got {settings.level}")
+            raise EffdepthError(f"{spelled('level')} must be 1..5 (MATH difficulty levels), got {settings.level}")
     if settings.source not in ("local", "hub"):
-        raise EffdepthError(f"{both('source')} must be local or hub, got {settings.source!r}")
+        raise EffdepthError(f"{spelled('source')} must be local or hub, got {settings.source!r}")
     if settings.method not in ("fast", "slow"):
         raise EffdepthError(f"method must be 'fast' or 'slow', got {settings.method!r}")
     for name in probes:

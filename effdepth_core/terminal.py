@@ -67,11 +67,13 @@ def progress_bar(*args, **kwargs):
     kwargs.setdefault("maxinterval", LOG_INTERVAL)
 
     class LogBar(text_bar):
+        drawn_end = False
+
         def display(self, msg=None, pos=None):
-            if msg is None and self.total is not None and self.n >= self.total == getattr(self, "_ended", None):
-                return True  # its last step was drawn: close() would draw the same end again
-            if self.total is not None and self.n >= self.total:
-                self._ended = self.total
+            at_end = self.total is not None and self.n >= self.total
+            if at_end and msg is None and self.drawn_end:
+                return True  # its end was drawn at the last step: close() would draw it again
+            self.drawn_end = at_end
             return super().display(msg, pos)
 
     return LogBar(*args, **kwargs)

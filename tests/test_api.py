@@ -497,8 +497,8 @@ def test_the_in_memory_road_finds_every_mistake_before_a_model_loads(monkeypatch
 
     monkeypatch.setattr(results, "load_model", no_load)
     for settings, said in (
-        ({"level": 3}, "level \\(--level\\) applies to the math task only"),
-        ({"max_tokens": 9, "task": "addition"}, "max_tokens \\(--max-tokens\\) applies to data-set tasks"),
+        ({"level": 3}, "level= \\(--level\\) applies to the math task only"),
+        ({"max_tokens": 9, "task": "addition"}, "max_tokens= \\(--max-tokens\\) applies to data-set tasks"),
         ({"n": 0}, "n"),
     ):
         task = settings.pop("task", "gsm8k")

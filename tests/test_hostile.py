@@ -46,10 +46,10 @@ CASES = [
     (
         "level outside math",
         ["run", "--task", "gsm8k", "--level", "3"],
-        "level (--level) applies to the math task",
+        "level= (--level) applies to the math task",
         False,
     ),
-    ("level out of range", ["run", "--task", "math", "--level", "9"], "level (--level) must be 1..5", False),
+    ("level out of range", ["run", "--task", "math", "--level", "9"], "level= (--level) must be 1..5", False),
     ("digits outside arithmetic", ["run", "--task", "gsm8k", "--digits", "3"], "--digits applies to", False),
     ("n above the data set", ["run", "--task", "gsm8k", "--n", "5000"], "than gsm8k has (1319)", False),
     ("n above a file", ["run", "--task", "{tmp}/two.jsonl", "--n", "3"], "has (2); use n=2 (--n 2)", False),
@@ -75,7 +75,7 @@ CASES = [
     (
         "max-tokens on arithmetic",
         ["run", "--max-tokens", "5"],
-        "max_tokens (--max-tokens) applies to data-set tasks",
+        "max_tokens= (--max-tokens) applies to data-set tasks",
         False,
     ),
     ("not a whole number", ["run", "--n", "abc"], "must be a whole number, got 'abc'", False),
