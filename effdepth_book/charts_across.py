@@ -234,7 +234,7 @@ def paper_vs_ours(table: pl.DataFrame) -> alt.Chart:
 def differences_against_margin(steps: pl.DataFrame) -> alt.Chart:
     """Each model's difference of the primary statistic's ratio between two data sets with its 95 %
     interval (``steps``: ``model, rule, pair, point, low, high, margin, counted``), one panel per rule,
-    against the grey band of its margin (±, the paper's spread, at least one layer); a difference
+    against the grey band of its margin (± the pre-registered margin); a difference
     whose cell does not count (n < 20, degenerate) is drawn hollow and grey."""
     frame = _rounded(
         steps.with_columns(
@@ -276,3 +276,71 @@ def differences_against_margin(steps: pl.DataFrame) -> alt.Chart:
 
 _CELL = alt.Scale(domain=["counts", "shown, not counted"], range=["#1f4e79", "#aaa"])
 _CELL_FILL = alt.Scale(domain=["counts", "shown, not counted"], range=["#1f4e79", "white"])
+
+
+_VERDICTS = alt.Scale(
+    domain=["agree", "a small difference within the margin", "disagree", "cannot tell"],
+    range=["#2e7d32", "#66bb6a", "#c62828", "#9e9e9e"],
+)
+
+
+@_needs_data
+def specification_curve(curve: pl.DataFrame, margin: str) -> alt.Chart:
+    """A specification curve (Simonsohn et al. 2020) per comparison, picked from a menu: each
+    specification's difference with its 95 % interval, sorted, coloured by its verdict at the
+    primary ``margin`` (the ± band), the primary specification ringed; beneath, the choices each
+    specification made."""
+    from .specification import CHOICES
+
+    frame = (
+        curve.filter(pl.col("margin") == margin, pl.col("point").is_not_null())
+        .with_columns(pl.format("{} · {}", "comparison", "rule").alias("panel"))
+        .with_columns(pl.col("point").rank("ordinal").over("panel").alias("rank"))
+        .with_columns((-pl.col("margin_value")).alias("margin_low"), pl.lit(0.0).alias("zero"))
+    )
+    frame = _rounded(frame, ("point", "low", "high", "margin_value", "margin_low"))
+    panels = frame["panel"].unique(maintain_order=True).to_list()
+    pick = alt.param(name="comparison", value=panels[0], bind=alt.binding_select(options=panels, name="comparison: "))
+    x = alt.X("rank:O", title=None, axis=alt.Axis(labels=False, ticks=False))
+    width = CONTENT_WIDTH - 220
+    base = alt.Chart(frame).transform_filter(alt.datum.panel == pick)
+    band = base.mark_rect(color="#eee").encode(y="margin_low:Q", y2="margin_value:Q")
+    zero = base.mark_rule(color="#888").encode(y="zero:Q")
+    whiskers = base.mark_rule().encode(x=x, y=alt.Y("low:Q", title="difference"), y2="high:Q",
+                                       color=alt.Color("verdict:N", scale=_VERDICTS, title="verdict"))  # fmt: skip
+    points = base.mark_point(filled=True, size=30).encode(
+        x=x,
+        y="point:Q",
+        color=alt.Color("verdict:N", scale=_VERDICTS),
+        tooltip=[
+            "comparison:N",
+            "rule:N",
+            *[f"{c}:N" for c in CHOICES],
+            "verdict:N",
+            alt.Tooltip("point:Q", format="+.3f"),
+            alt.Tooltip("low:Q", format="+.3f"),
+            alt.Tooltip("high:Q", format="+.3f"),
+        ],
+    )
+    ring = (
+        base.transform_filter(alt.datum.primary)
+        .mark_point(size=160, color="black", strokeWidth=2)
+        .encode(x=x, y="point:Q")
+    )
+    top = alt.layer(band, zero, whiskers, points, ring).properties(width=width, height=200)
+    choices = frame.unpivot(index=["panel", "rank", "primary"], on=list(CHOICES), variable_name="choice").with_columns(
+        pl.format("{}: {}", "choice", "value").alias("made")
+    )
+    order = [f"{c}: {v}" for c, values in CHOICES.items() for v in values]
+    beneath = (
+        alt.Chart(choices)
+        .transform_filter(alt.datum.panel == pick)
+        .mark_tick(thickness=2, size=9)
+        .encode(
+            x=x,
+            y=alt.Y("made:N", title=None, sort=order, axis=alt.Axis(labelLimit=200)),
+            color=alt.condition(alt.datum.primary, alt.value("black"), alt.value("#1f4e79")),
+        )
+        .properties(width=width)
+    )
+    return alt.vconcat(top, beneath).add_params(pick)

@@ -10,9 +10,10 @@ sentences stay short. The yardsticks are written here once:
   continuous, in layers); the paper's integer ED stands beside it as a panel and decides nothing;
 - a *ratio difference* (x + 1) / L faces two tests, stated separately (``depth.compare``): a
   difference (its interval excludes 0) and equivalence (its interval lies within ± the margin: the
-  paper's own spread for that rule — across its models for scale, across its data sets for
-  difficulty — but never less than one layer of the deeper model, 1/L, ``depth.margin``). Verdicts:
-  agree, a small difference within the paper's margin, disagree (the whole interval beyond it), or
+  pre-registered one layer of the deeper model, 1/L (``params/common.yml``: ``analysis``), or, as an
+  alternative of the specification curve, the paper's own spread for that rule — across its models
+  for scale, across its data sets for difficulty — never less than one layer). Verdicts:
+  agree, a small difference within the margin, disagree (the whole interval beyond it), or
   cannot tell;
 - a depth difference *grows* when its whole interval lies above 0;
 - a rule artefact (``depth.artefact``: the statistic sits in the first layers) never decides a
@@ -42,7 +43,7 @@ CLAIMS = {
     "difficulty": "effective depth stays consistent from HellaSwag to GSM8K to AIME24",
 }
 MINUS = "−"
-SMALL = "a small difference within the paper's margin"
+SMALL = "a small difference within the margin"
 WORDS = {"agree": "we agree", "disagree": "we disagree", "cannot tell": "we cannot tell", SMALL: f"we agree: {SMALL}"}
 
 
@@ -55,10 +56,11 @@ def signed(value: float, digits: int = 0) -> str:
     return f"+{text}" if value > 0 else f"{MINUS}{text}" if value < 0 else f"±{text}"
 
 
-def _spread(tolerance: float) -> str:
+def _spread(tolerance: float, how: str = "one layer") -> str:
     """The yardstick of a ratio difference, said where it is used: a definition, never a verdict
     (the verdict is the bold phrase; a referee read the old "no change within …" as one)."""
-    return f"(“no change” means within the margin ±{tolerance:.2f}: the paper's own spread, at least one layer)"
+    what = "one layer of the model, pre-registered" if how == "one layer" else f"the {how} spread, at least one layer"
+    return f"(“no change” means within the margin ±{tolerance:.2f}: {what})"
 
 
 def judge(low: float | None, high: float | None, tolerance: float) -> str:
@@ -69,6 +71,20 @@ def judge(low: float | None, high: float | None, tolerance: float) -> str:
 def tolerance_of(spread: float, n_layers: int | None) -> float:
     """The margin of a ratio difference: the paper's spread, at least one layer of the deeper model."""
     return margin(spread, int(n_layers)) if n_layers else spread
+
+
+def margin_for(paper: pl.DataFrame | None, rule: str, by: str, n_layers: int | None, how: str = "one layer") -> float:
+    """The margin of a ratio difference under the pre-registered margin ``how``
+    (``specification.CHOICES["margin"]``): one layer of the deeper model, or the paper's median or
+    largest spread of the rule (across its models, ``by="model"``, or its data sets, ``by="task"``),
+    at least one layer."""
+    if how == "one layer" and n_layers:
+        return 1 / int(n_layers)
+    from .specification import paper_margins
+
+    spreads = paper_margins(paper, rule, by)
+    spread = spreads.get(how if how != "one layer" else "paper max")
+    return tolerance_of(0.05 if spread is None else spread, n_layers)
 
 
 def ed_panel(row: Mapping, digits: int = 2) -> str:
@@ -207,11 +223,11 @@ def _test_words(row: Mapping, what: str, unit: str = "level") -> str:
 
 
 def _within_verdict(
-    within: pl.DataFrame, paper: pl.DataFrame | None, n_layers: int | None = None
+    within: pl.DataFrame, paper: pl.DataFrame | None, n_layers: int | None = None, how: str = "one layer"
 ) -> tuple[str, list[str], str]:
     """The within-family verdict — per rule, the primary statistic grows (its interval in layers
-    above 0) and the ratio stays within the margin (the paper's spread, at least one of the
-    ``n_layers`` of the deeper model), pooled over the tasks, under every check of the robustness
+    above 0) and the ratio stays within the margin (``how``: one of the ``n_layers`` of the deeper
+    model, pre-registered, or a paper spread at least that), pooled over the tasks, under every check of the robustness
     rule — its evidence sentences, and the first rule's failed check (``""`` when none failed)."""
     verdicts, evidence, failed = [], [], ""
     if "variant" not in within.columns:  # one row per comparison: the book's own check only
@@ -220,7 +236,7 @@ def _within_verdict(
         pooled = within.filter(rule=rule, task="all")
         if not pooled.filter(measure="ed").height or not pooled.filter(measure="ratio").height:
             continue
-        tolerance = tolerance_of(paper_spread(paper, rule, "model") if paper is not None else 0.05, n_layers)
+        tolerance = margin_for(paper, rule, "model", n_layers, how)
         ed_rows = pooled.filter(measure="ed").select(pl.exclude("measure"))
         ratio_rows = pooled.filter(measure="ratio").select(
             "variant",
@@ -244,7 +260,7 @@ def _within_verdict(
         verdicts.append(verdict)
         ratio = {"point": own["r_point"], "low": own["r_low"], "high": own["r_high"], "ed_point": own.get("r_ed")}
         evidence.append(
-            f"{rule}: depth {interval_text(own, 1)} layers, ratio {interval_text(ratio)} {_spread(tolerance)}"
+            f"{rule}: depth {interval_text(own, 1)} layers, ratio {interval_text(ratio)} {_spread(tolerance, how)}"
             + ed_panel(ratio)
             + (f"; cannot tell: {why}" if why else "")
         )
@@ -266,6 +282,7 @@ def scale_finding(
     paper: pl.DataFrame | None = None,
     within: pl.DataFrame | None = None,
     across: pl.DataFrame | None = None,
+    how: str = "one layer",
 ) -> str:
     """Does ED grow with size while the ratio stays stable? Within one family (``within``:
     ``evidence.within_family``) and across families (``across``: ``evidence.across_models``) are
@@ -279,7 +296,7 @@ def scale_finding(
     if within is not None and within.height:
         small, big = within["small"][0], within["big"][0]
         deeper = summary.filter(pl.col("model") == big)["n_layers"]
-        verdict, evidence, _ = _within_verdict(within, paper, int(deeper[0]) if deeper.len() else None)
+        verdict, evidence, _ = _within_verdict(within, paper, int(deeper[0]) if deeper.len() else None, how)
         per_task = own_cells(within).filter(pl.col("task") != "all", pl.col("measure") == "ed")
         pooled = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t, pl.col("excluded").is_null()).height]
         left = [t for t in TASK_ORDER if per_task.filter(pl.col("task") == t).height and t not in pooled]
@@ -298,8 +315,9 @@ def scale_finding(
         if depth.len() and paper is not None:
             tolerance = paper_spread(paper, RULE_LABELS["cosine"], "model")
             text.append(
-                f"The paper's spread is a wide margin: ±{tolerance:.2f} of the ratio is "
-                f"±{tolerance * int(depth[0]):.1f} of {big}'s {int(depth[0])} layers{quantized}."
+                f"The paper's own spread across its models, the margin the specification curve also tries, is "
+                f"wide: ±{tolerance:.2f} of the ratio is ±{tolerance * int(depth[0]):.1f} of {big}'s "
+                f"{int(depth[0])} layers{quantized}."
             )
     if across is not None and across.height and int(across["n_models"].max()) >= 2:
         n_models = int(across["n_models"].max())
@@ -386,11 +404,13 @@ def difficulty_finding(
     trends: pl.DataFrame | None = None,
     scores: pl.DataFrame | None = None,
     lengths: pl.DataFrame | None = None,
+    how: str = "one layer",
 ) -> str:
     """Does ED stay consistent across the data sets in ``order``? First within math (``trends``:
     ``evidence.level_trend`` rows with a ``group`` column; ``scores``: depth scores by level with
     intervals), then per model the ratio differences between successive data sets (``between``:
-    ``evidence.between_tasks``, every check of the robustness rule) against the paper's own spread."""
+    ``evidence.between_tasks``, every check of the robustness rule) against the margin ``how``
+    (pre-registered: one layer)."""
     text = [f"**Task difficulty.** The paper finds that {CLAIMS['difficulty']}."]
     rows = _usable(summary)
     if rows.filter(pl.col("task").is_in(list(order))).is_empty():
@@ -407,7 +427,7 @@ def difficulty_finding(
     if scores is not None and scores.height:
         text.append(_depth_score_sentence(scores))
     per_model = []
-    for model, decided in _task_steps(between, paper).items():
+    for model, decided in _task_steps(between, paper, how).items():
         verdicts, evidence, excluded = [], [], []
         for rule in RULE_LABELS.values():
             steps = []
@@ -421,7 +441,7 @@ def difficulty_finding(
                 n = f" (n = {own['n_first']}/{own['n_second']})" if own.get("n_first") is not None else ""
                 steps.append(f"{step['pair']} {interval_text(own)}{n}{ed_panel(own)}{why}")
             if steps:
-                evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(decided[0]['tolerances'][rule])}")
+                evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(decided[0]['tolerances'][rule], how)}")
         verdict = _combine(verdicts)
         per_model.append(verdict)
         counted = list(dict.fromkeys(s["pair"] for s in decided if not s["excluded"]))
@@ -475,7 +495,9 @@ def _per_rule(rows: pl.DataFrame, key: str = "rule") -> str:
     return "; ".join(parts) or "—"
 
 
-def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl.DataFrame | None) -> dict:
+def scale_headline(
+    summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl.DataFrame | None, how: str = "one layer"
+) -> dict:
     """The intro table's row of the scale question: the within-family comparison on the primary
     statistic (every rule: the verdict combines them)."""
     verdict, effect, tolerance, failed, counted = "cannot tell", "—", "—", "", _models_and_n(summary)
@@ -483,11 +505,11 @@ def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl
         small, big = within["small"][0], within["big"][0]
         deeper = summary.filter(pl.col("model") == big)["n_layers"]
         depth = int(deeper[0]) if deeper.len() else None
-        verdict, _, failed = _within_verdict(within, paper, depth)
+        verdict, _, failed = _within_verdict(within, paper, depth, how)
         own = own_cells(within).filter(task="all", measure="ratio")
         effect = f"ratio {big} − {small}, paired: {_per_rule(own)}"
         if paper is not None:
-            margins = [(r, tolerance_of(paper_spread(paper, r, "model"), depth)) for r in RULE_LABELS.values()]
+            margins = [(r, margin_for(paper, r, "model", depth, how)) for r in RULE_LABELS.values()]
             tolerance = "; ".join(f"{r} ±{m:.2f}" for r, m in margins)
             if depth:
                 tolerance += f" (the ratio; ±{margins[0][1] * depth:.1f} of {big}'s {depth} layers for cosine)"
@@ -507,11 +529,13 @@ def scale_headline(summary: pl.DataFrame, paper: pl.DataFrame | None, within: pl
     }
 
 
-def difficulty_headline(summary: pl.DataFrame, between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dict:
+def difficulty_headline(
+    summary: pl.DataFrame, between: pl.DataFrame | None, paper: pl.DataFrame | None, how: str = "one layer"
+) -> dict:
     """The intro table's row of the difficulty question: each model's steps between data sets on
     the primary statistic, the smallest and the largest counted effect."""
     effect, tolerance, tally = "—", "—", ""
-    steps = _task_steps(between, paper)
+    steps = _task_steps(between, paper, how)
     counted = [s for model_steps in steps.values() for s in model_steps if not s["excluded"]]
     if counted:
         ordered = sorted(counted, key=lambda s: s["own"]["point"])
@@ -529,7 +553,7 @@ def difficulty_headline(summary: pl.DataFrame, between: pl.DataFrame | None, pap
     return {
         "question": "Task difficulty",
         "claim": "ED stays consistent from HellaSwag to GSM8K to AIME24",
-        "verdict": WORDS[difficulty_verdict(between, paper)],
+        "verdict": WORDS[difficulty_verdict(between, paper, how)],
         "models": _models_and_n(summary),
         "effect": effect,
         "tolerance": tolerance,
@@ -545,31 +569,51 @@ HEADLINE_COLUMNS = {
     "models": "models and n",
     "effect": "effect, primary statistic [95 % interval]",
     "tolerance": "margin",
+    "bound": "equivalent within (largest bound)",
+    "specifications": "other specifications agreeing",
     "caveat": "main caveat",
 }
+
+
+def specification_columns(summary: pl.DataFrame | None) -> dict[str, str]:
+    """The intro table's specification-curve cells of one question (``specification.summarize``):
+    the largest equivalence bound over its comparisons (the margin at which every one would be
+    called equivalent), and the share of the other specifications agreeing with their primary
+    verdicts, with the comparisons that are robust."""
+    if summary is None or not summary.height or summary["bound"].drop_nulls().is_empty():
+        return {"bound": "—", "specifications": "—"}
+    worst = summary.sort("bound", descending=True, nulls_last=True).row(0, named=True)
+    others = (summary["specifications"] - 1).clip(lower_bound=0)
+    share = float((summary["share_agreeing"] * others).sum() / max(int(others.sum()), 1))
+    robust = int(summary["robust"].sum())
+    return {
+        "bound": f"±{worst['bound']:.3f} ({worst['bound_layers']:.1f} layers; {worst['comparison']}, {worst['rule']})",
+        "specifications": f"{share:.0%}; robust in {robust} of {summary.height} comparisons",
+    }
 
 
 def headline_table(rows: Sequence[Mapping]) -> str:
     """The intro's one-screen summary: one Markdown row per question."""
     lines = ["| " + " | ".join(HEADLINE_COLUMNS.values()) + " |", "|" + "---|" * len(HEADLINE_COLUMNS)]
     for row in rows:
-        lines.append("| " + " | ".join(str(row[k]).replace("|", "/") for k in HEADLINE_COLUMNS) + " |")
+        lines.append("| " + " | ".join(str(row.get(k, "—")).replace("|", "/") for k in HEADLINE_COLUMNS) + " |")
     return "\n".join(lines)
 
 
-def _task_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dict[str, list[dict]]:
+def _task_steps(
+    between: pl.DataFrame | None, paper: pl.DataFrame | None, how: str = "one layer"
+) -> dict[str, list[dict]]:
     """Per model, each step between two data sets per rule, decided by the robustness rule against
-    the margin (the paper's spread, at least one of the model's layers): ``rule, pair, excluded,
+    the margin ``how`` (pre-registered: one of the model's layers): ``rule, pair, excluded,
     verdict, why, own`` (the book's own row) and the rules' ``tolerances``."""
     if between is None or not between.height:
         return {}
-    spreads = {r: paper_spread(paper, r, "task") if paper is not None else 0.05 for r in RULE_LABELS.values()}
     out: dict[str, list[dict]] = {}
     for model in between["model"].unique(maintain_order=True).to_list():
         steps = out.setdefault(model, [])
         rows = between.filter(model=model)
         depth = rows["n_layers"].drop_nulls().max() if "n_layers" in rows.columns else None
-        tolerances = {r: tolerance_of(spread, depth) for r, spread in spreads.items()}
+        tolerances = {r: margin_for(paper, r, "task", depth, how) for r in RULE_LABELS.values()}
         for rule, tolerance in tolerances.items():
             for (first, second), checks in rows.filter(rule=rule).group_by(["first", "second"], maintain_order=True):
                 step = {"rule": rule, "pair": f"{task_name(first)}→{task_name(second)}", "tolerances": tolerances}
@@ -584,7 +628,7 @@ def _task_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> dic
     return out
 
 
-def difference_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> pl.DataFrame:
+def difference_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None, how: str = "one layer") -> pl.DataFrame:
     """Each model's step between two data sets per rule at the book's own seed, with the margin it is
     judged against: ``model, rule, pair, point, low, high, margin, counted`` (the difficulty chart)."""
     rows = [
@@ -598,7 +642,7 @@ def difference_steps(between: pl.DataFrame | None, paper: pl.DataFrame | None) -
             "margin": s["tolerances"][s["rule"]],
             "counted": not s["excluded"],
         }
-        for model, steps in _task_steps(between, paper).items()
+        for model, steps in _task_steps(between, paper, how).items()
         for s in steps
     ]
     schema = {"model": pl.String, "rule": pl.String, "pair": pl.String, "point": pl.Float64, "low": pl.Float64,
@@ -635,10 +679,11 @@ def _overall(per_model: Sequence[str]) -> str:
     return SMALL if set(per_model) <= {"agree", SMALL} else "cannot tell"
 
 
-def difficulty_verdict(between: pl.DataFrame | None, paper: pl.DataFrame | None) -> str:
+def difficulty_verdict(between: pl.DataFrame | None, paper: pl.DataFrame | None, how: str = "one layer") -> str:
     """The one verdict of the difficulty question over every model (the intro's table)."""
     per_model = [
-        _combine([s["verdict"] for s in steps if not s["excluded"]]) for steps in _task_steps(between, paper).values()
+        _combine([s["verdict"] for s in steps if not s["excluded"]])
+        for steps in _task_steps(between, paper, how).values()
     ]
     return _overall(per_model)
 

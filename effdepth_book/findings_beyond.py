@@ -240,21 +240,35 @@ def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
     return f"{question} {verdict}. " + "; ".join(cells) + " (95 % intervals over prompts)."
 
 
+def _share_class(low: float, high: float) -> str:
+    """What one share's interval says: yes above ⅔ of the layers, no below ⅓, else nothing."""
+    return "yes" if low >= 2 / 3 else ("no" if high <= 1 / 3 else "cannot tell")
+
+
 def _map_verdict(statistic: Mapping) -> str:
-    """The map's verdict from its column-centred share (the raw share can be carried by one big layer
-    that is easy to predict from any small layer), before the seed check."""
+    """The map's verdict by the documented rule (docs/method.md §7b): the raw share and the
+    column-centred share (a big layer easy to predict from any small layer must not make the
+    diagonal) must decide alike, else cannot tell; before the seed check."""
     low, high = statistic["centred_low"], statistic["centred_high"]
     if statistic["self_max"] >= 1e-3:  # float64 normal equations: the identity to many digits
         return "**we cannot tell**: mapped onto itself the small model does not give the identity"
     if statistic["beats_baseline"] < 0.5:
         return "**we cannot tell**: the maps are no better than maps fitted on shuffled token pairs"
-    if low >= 2 / 3:
-        return "**yes**: the best layers follow equal relative depth, column bias removed"
-    if high <= 1 / 3:
-        return "**no**: with column bias removed the best layers do not follow equal relative depth"
+    centred = _share_class(low, high)
+    raw = _share_class(statistic["low"], statistic["high"])
+    if centred != raw:
+        return (
+            f"**we cannot tell**: the two shares decide differently — raw {statistic['share']:.0%} "
+            f"[{statistic['low']:.0%}, {statistic['high']:.0%}] says {raw}, column bias removed "
+            f"{statistic['centred_share']:.0%} [{low:.0%}, {high:.0%}] says {centred} (method.md §7b: cannot tell)"
+        )
+    if centred == "yes":
+        return "**yes**: the best layers follow equal relative depth, raw and with column bias removed"
+    if centred == "no":
+        return "**no**: the best layers do not follow equal relative depth, raw or with column bias removed"
     return (
-        f"**we cannot tell**: the column-centred share's interval [{low:.0%}, {high:.0%}] lies neither above ⅔ "
-        "of the layers (yes) nor below ⅓ (no)"
+        f"**we cannot tell**: both shares' intervals (raw [{statistic['low']:.0%}, {statistic['high']:.0%}], "
+        f"column bias removed [{low:.0%}, {high:.0%}]) lie neither above ⅔ of the layers (yes) nor below ⅓ (no)"
     )
 
 
@@ -451,7 +465,8 @@ def beyond_headlines(pages: Sequence[Mapping]) -> list[dict]:
         effect = (
             f"share of {pair['small']}'s layers whose best {pair['big']} layer lies within {statistic['slack']:.1f} "
             f"layers of equal relative depth, column bias removed: {statistic['centred_share']:.0%} "
-            f"[{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}] (raw {statistic['share']:.0%})"
+            f"[{statistic['centred_low']:.0%}, {statistic['centred_high']:.0%}]; raw {statistic['share']:.0%} "
+            f"[{statistic['low']:.0%}, {statistic['high']:.0%}]"
             if statistic
             else ""
         )
@@ -462,8 +477,8 @@ def beyond_headlines(pages: Sequence[Mapping]) -> list[dict]:
                 [_answer(text)],
                 f"one pair, {statistic['test_prompts']:.0f} test prompts" if statistic else "not computed",
                 effect,
-                "yes above ⅔ of the layers, no below ⅓",
-                "one pair of one family",
+                "yes above ⅔ of the layers, no below ⅓, both shares alike",
+                "one pair of one family; the raw and the centred shares must agree",
             )
         )
     return rows

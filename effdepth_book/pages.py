@@ -16,6 +16,7 @@ from effdepth_core import registry
 from . import params_schema, plots, reference, sections, tables
 from .spec import StudyPlan
 from .spec import defaults as shared_defaults
+from .specification import Analysis, summarize
 from .study import Study, run_study
 
 
@@ -95,6 +96,37 @@ class Page:
         """The seed of the findings' bootstrap intervals (a book parameter; the robustness rule also
         checks the next two)."""
         return int(self.p.get("bootstrap_seed") or 0)
+
+    @property
+    def analysis(self) -> Analysis:
+        """The pre-registered primary analysis (``params/common.yml``: ``analysis``)."""
+        return Analysis.from_params(self.p.get("analysis"))
+
+    def specification_curve(self) -> pl.DataFrame | None:
+        """Every comparison of the page under every specification (``specification``); a section
+        whose page decides a question overrides it."""
+        return None
+
+    @cached_property
+    def specifications(self) -> pl.DataFrame | None:
+        curve = self.specification_curve()
+        return curve if curve is not None and curve.height else None
+
+    @cached_property
+    def specification_summary(self) -> pl.DataFrame | None:
+        return None if self.specifications is None else summarize(self.specifications, self.analysis)
+
+    def specification_table(self):
+        """Per comparison: the primary verdict, its interval and equivalence bound, the share of the
+        other specifications that agree, and robust or the choice that decides it."""
+        if self.specification_summary is None:
+            return plots.note("No comparison on this page has cells that count (n ≥ 20, not degenerate).")
+        return tables.specification_table(self.specification_summary, self.analysis)
+
+    def specification_chart(self):
+        if self.specifications is None:
+            return None
+        return plots.show(plots.specification_curve(self.specifications, self.analysis.margin))
 
     def findings_markdown(self):
         return markdown(self.findings())

@@ -26,7 +26,7 @@ MAX_SEED = 2**63 - 1
 PROFILES = ("quick", "full")
 # page parameters every section's template has that params/ never set (effdepth book fills them)
 FILLED = frozenset({"profile", "tasks_by_model", "causal_by_model"})
-COMMON_KEYS = frozenset({"tasks", "precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir"})
+COMMON_KEYS = frozenset({"tasks", "precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "analysis"})
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAP_KEYS = frozenset(
     {"small", "big", "task", "n", "n_validation", "tokens_per_width", "seed", "digits", "max_tokens", "ridge"}
@@ -128,7 +128,9 @@ def _expanded_size(node: yaml.Node, seen: dict[int, int]) -> int:
 # The page parameters every section's notebook declares (its ``parameters`` cell), less those
 # ``effdepth book`` fills in; a section's spec adds its own (``SectionSpec.keys``). A test reads the
 # templates and checks these agree, so the schema and the notebooks cannot drift apart.
-PAGE_KEYS = frozenset({"precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "title", "tasks"})
+PAGE_KEYS = frozenset(
+    {"precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "title", "tasks", "analysis"}
+)
 
 
 def section_keys(section: str) -> frozenset[str]:
@@ -243,7 +245,7 @@ def check_task_spec(value: Any, where: str) -> None:
 def check_precision(value: Any, where: str) -> None:
     if value is None or isinstance(value, bool):
         return
-    rule = _mapping(value, where, frozenset({"halfwidth", "n_min", "n_max", "step"}))
+    rule = _mapping(value, where, frozenset({"halfwidth", "n_min", "n_max", "step", "n_at_least"}))
     for key, item in rule.items():
         (_number if key == "halfwidth" else _whole)(item, f"{where}.{key}")
 
@@ -321,6 +323,16 @@ def _dtype(value: Any, where: str) -> None:
         raise _fail(where, f"must be one of {', '.join(DTYPES)}, got {value!r}")
 
 
+def _analysis(value: Any, where: str) -> None:
+    """The pre-registered primary analysis (``specification.Analysis``)."""
+    from .specification import Analysis
+
+    try:
+        Analysis.from_params(_mapping(value, where, None))
+    except (TypeError, ValueError) as error:
+        raise _fail(where, str(error)) from None
+
+
 def _flag(value: Any, where: str) -> None:
     if not isinstance(value, bool):
         raise _fail(where, f"must be true or false, got {value!r}")
@@ -346,6 +358,7 @@ CHECKS: dict[str, Callable[[Any, str], None]] = {
     "pair": _pair,
     "download": _flag,
     "title": _text,
+    "analysis": _analysis,
 }
 
 

@@ -30,6 +30,7 @@ from .charts_across import (
     ed_by_task,
     paper_vs_ours,
     relative_depth_curves,
+    specification_curve,
     threshold_sensitivity,
 )
 from .charts_beyond import early_exit_curves, lens_ed_comparison, lens_fit_curves, map_heatmap, pruning_curves
@@ -102,6 +103,7 @@ __all__ = [
     "save",
     "show",
     "skip_heatmap",
+    "specification_curve",
     "themed_spec",
     "threshold_sensitivity",
     "vegalite_mime",

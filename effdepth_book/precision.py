@@ -30,12 +30,20 @@ from effdepth_core.settings import RunSettings, default_out_dir
 class Precision:
     """The rule: every primary statistic's interval width ``depth_high − depth_low`` (layers) at most
     ``2 × halfwidth``, counted from ``n_min`` prompts; at most ``n_max`` prompts; steps of at least
-    ``step`` prompts."""
+    ``step`` prompts; never settled below ``n_at_least`` prompts (a pre-registered cell size: the
+    walk doubles towards it, each step a finished run, so a killed walk resumes at its last step;
+    ``None``: ``n_min``)."""
 
     halfwidth: float = 0.5
     n_min: int = 20
     n_max: int = 100
     step: int = 10
+    n_at_least: int | None = None
+
+    @property
+    def floor(self) -> int:
+        """The fewest prompts the walk settles on (when the data set has them)."""
+        return max(self.n_min, self.n_at_least or 0)
 
     @classmethod
     def from_spec(cls, value: Mapping | bool | None) -> Precision | None:
@@ -44,13 +52,19 @@ class Precision:
         if value is True:
             return cls()
         if not isinstance(value, Mapping):
-            raise EffdepthError(f"precision must be a mapping (halfwidth, n_min, n_max, step) or true, got {value!r}")
+            raise EffdepthError(
+                f"precision must be a mapping (halfwidth, n_min, n_max, step, n_at_least) or true, got {value!r}"
+            )
         unknown = sorted(set(value) - set(asdict(cls())))
         if unknown:
-            raise EffdepthError(f"unknown precision key(s) {', '.join(unknown)}; use halfwidth, n_min, n_max, step")
+            raise EffdepthError(
+                f"unknown precision key(s) {', '.join(unknown)}; use halfwidth, n_min, n_max, step, n_at_least"
+            )
         rule = cls(**value)
-        if not (rule.halfwidth > 0 and 1 <= rule.n_min <= rule.n_max and rule.step >= 1):
-            raise EffdepthError(f"precision {value} is not a rule: halfwidth > 0, 1 <= n_min <= n_max, step >= 1")
+        if not (rule.halfwidth > 0 and 1 <= rule.n_min <= rule.n_max and rule.step >= 1 and rule.floor <= rule.n_max):
+            raise EffdepthError(
+                f"precision {value} is not a rule: halfwidth > 0, 1 <= n_min <= n_max, step >= 1, n_at_least <= n_max"
+            )
         return rule
 
     def widths(self, result: RunResult) -> dict[str, float]:
@@ -63,13 +77,15 @@ class Precision:
 
     def met(self, result: RunResult) -> bool:
         n = int(result.summary["n_examples"])
-        return n >= self.n_min and all(w <= 2 * self.halfwidth for w in self.widths(result).values())
+        return n >= self.floor and all(w <= 2 * self.halfwidth for w in self.widths(result).values())
 
     def next_n(self, n: int, widths: Mapping[str, float]) -> int:
         """The next step: the n at which the widest interval would meet the rule if it shrinks as
-        1/√n, at least ``step`` more, at most twice ``n``, rounded up to a multiple of ``step``."""
+        1/√n (or ``floor``, if larger), at least ``step`` more, at most twice ``n``, rounded up to a
+        multiple of ``step``."""
         widest = max(widths.values(), default=0)
         wanted = n * (widest / (2 * self.halfwidth)) ** 2 if widest else n + self.step
+        wanted = max(wanted, self.floor)
         grown = min(2 * n, max(n + self.step, wanted))
         return min(self.n_max, int(math.ceil(grown / self.step) * self.step))
 
@@ -188,7 +204,7 @@ def walk_plan(settings: RunSettings, probes: Sequence[str], rule: Precision, res
             return WalkPlan(steps, n)
         count, widths = cached
         steps.append(n)
-        met = count >= rule.n_min and all(w <= 2 * rule.halfwidth for w in widths.values())
+        met = count >= rule.floor and all(w <= 2 * rule.halfwidth for w in widths.values())
         if count < n or met or n >= rule.n_max:
             return WalkPlan(steps, None)
         n = rule.next_n(n, widths)

@@ -259,3 +259,36 @@ def pruning_rules(comparison: pl.DataFrame) -> Table:
         columns=[c for c in wide.columns if c not in ("run", "k")],
     )
     return Table(_compact(gt), wide)
+
+
+def specification_table(summary: pl.DataFrame, analysis) -> Table:
+    """The specification curve's summary (``specification.summarize``): per comparison and rule the
+    primary verdict with its 95 % interval, the equivalence bound (in the comparison's unit and in
+    layers), the share of the other specifications that agree, and robust or the deciding choice."""
+
+    def interval(r: Mapping) -> str:
+        if r["low"] is None:
+            return "—"
+        return f"{r['point']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]"
+
+    rows = [
+        {
+            "comparison": r["comparison"],
+            "rule": r["rule"],
+            "primary verdict": r["verdict"],
+            "difference [95 %]": interval(r),
+            "margin": "—" if r["margin"] is None else f"±{r['margin']:.3f}",
+            "equivalent within": "—" if r["bound"] is None else f"±{r['bound']:.3f} ({r['bound_layers']:.1f} layers)",
+            "others agreeing": f"{r['share_agreeing']:.0%} of {r['specifications'] - 1}",
+            "robust?": "robust" if r["robust"] else f"depends on the {r['decided_by']}",
+        }
+        for r in summary.iter_rows(named=True)
+    ]
+    frame = pl.DataFrame(rows)
+    caption = (
+        f"Primary analysis (params/common.yml): {analysis.statistic} statistic, {analysis.window}, overlap anchored "
+        f"at the {analysis.anchor}, {analysis.zero_levels} cosine zero levels, the {analysis.cell} cell, margin "
+        f"{analysis.margin}, seed {analysis.seed}; robust when ≥ {analysis.robust_share:.0%} of the other "
+        "specifications agree"
+    )
+    return frame_table(frame, caption)

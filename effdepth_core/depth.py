@@ -390,7 +390,7 @@ def margin(paper_spread: float, n_layers: int) -> float:
 class Comparison:
     """The two tests of one difference, stated separately (method.md §12): ``different`` (its
     interval excludes 0) and ``equivalent`` (its interval lies within ±margin), and the verdict:
-    ``agree`` (equivalent, no difference shown), ``a small difference within the paper's margin``
+    ``agree`` (equivalent, no difference shown), ``a small difference within the margin``
     (both), ``disagree`` (the whole interval beyond the margin on one side), else ``cannot tell``,
     with ``reason`` naming the test that failed."""
 
@@ -425,7 +425,7 @@ def compare(low: float | None, high: float | None, margin: float) -> Comparison:
     different = low > 0 or high < 0
     equivalent = -margin <= low and high <= margin
     if equivalent:
-        verdict = "a small difference within the paper's margin" if different else "agree"
+        verdict = "a small difference within the margin" if different else "agree"
         return Comparison(low, high, margin, different, equivalent, verdict, None)
     if low > margin or high < -margin:
         return Comparison(low, high, margin, different, equivalent, "disagree", None)

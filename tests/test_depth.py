@@ -197,7 +197,7 @@ def test_the_two_tests_of_a_comparison_by_hand():
     assert margin(0.02, 28) == 1 / 28 and margin(0.1, 28) == 0.1  # never under one layer of the deeper model
     assert compare(-0.01, 0.02, 0.05).verdict == "agree"
     small = compare(0.01, 0.03, 0.05)
-    assert small.different and small.equivalent and small.verdict == "a small difference within the paper's margin"
+    assert small.different and small.equivalent and small.verdict == "a small difference within the margin"
     assert compare(0.06, 0.10, 0.05).verdict == compare(-0.3, -0.06, 0.05).verdict == "disagree"
     unsettled = compare(0.02, 0.08, 0.05)
     assert unsettled.verdict == "cannot tell" and "excludes 0" in unsettled.reason

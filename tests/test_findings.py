@@ -131,7 +131,7 @@ def test_the_robustness_rule_turns_a_verdict_into_cannot_tell_at_another_check()
     text = findings.difficulty_finding(summary, paper=paper, between=moved)
     assert "m, from HellaSwag→GSM8K alone: **we cannot tell**." in text
     assert (
-        "cannot tell: disagree at the book's settings, a small difference within the paper's margin under "
+        "cannot tell: disagree at the book's settings, a small difference within the margin under "
         "bootstrap seed 2" in text
     )
     held = _checked((0.27, 0.20, 0.27), "under bootstrap seed 2", (0.30, 0.25, 0.35))
@@ -150,22 +150,30 @@ def test_the_robustness_rule_turns_a_verdict_into_cannot_tell_under_another_seed
 
 
 def test_two_tests_per_comparison_and_a_margin_of_at_least_one_layer():
-    """A difference inside the margin that excludes 0 is "a small difference within the paper's
-    margin" (both tests pass); the margin is the paper's spread, floored at one layer of the model
-    (lens overlap: spread 0.05 < 1/18, so an 18-layer model's ±0.053 interval agrees)."""
+    """A difference inside the margin that excludes 0 is "a small difference within the margin"
+    (both tests pass); the margin is one layer of the model, pre-registered (lens overlap at 18
+    layers: ±1/18, so a ±0.053 interval agrees), or a paper spread floored at one layer."""
     paper = reference.paper_table1()
     summary = _difficulty_summary()
     small = findings.difficulty_finding(
         summary, paper=paper, between=_between([("hellaswag", "gsm8k", 0.03, 0.01, 0.05)])
     )
-    assert "m, from HellaSwag→GSM8K alone: **we agree: a small difference within the paper's margin**." in small
+    assert "m, from HellaSwag→GSM8K alone: **we agree: a small difference within the margin**." in small
     spread = findings.paper_spread(paper, "lens overlap", "task")
     assert spread < 1 / 18
     overlap = _between([("hellaswag", "gsm8k", 0.0, -0.053, 0.053)]).with_columns(rule=pl.lit("lens overlap"))
     shallow = findings.difficulty_finding(summary, paper=paper, between=overlap.with_columns(n_layers=pl.lit(18)))
     deep = findings.difficulty_finding(summary, paper=paper, between=overlap.with_columns(n_layers=pl.lit(30)))
     assert "alone: **we agree**." in shallow and f"±{1 / 18:.2f}" in shallow
-    assert "alone: **we cannot tell**." in deep  # 1/30 < the spread: the paper's spread is the margin
+    assert "alone: **we cannot tell**." in deep  # 1/30 < 0.053: one layer is too narrow for the interval
+    # the pre-registered margin is one layer (1/30); the paper's largest spread (cosine ~0.18) is an
+    # alternative, which calls the same step a small difference
+    step = _between([("hellaswag", "gsm8k", 0.10, 0.08, 0.12)]).with_columns(n_layers=pl.lit(30))
+    one_layer = findings.difficulty_finding(summary, paper=paper, between=step)
+    paper_max = findings.difficulty_finding(summary, paper=paper, between=step, how="paper max")
+    assert "alone: **we disagree**." in one_layer and "±0.03: one layer of the model, pre-registered" in one_layer
+    assert "alone: **we agree: a small difference within the margin**." in paper_max
+    assert "the paper max spread, at least one layer" in paper_max
 
 
 def test_the_robustness_rule_judges_the_papers_cells_and_ours_by_one_artefact_test():
@@ -585,12 +593,16 @@ def test_the_map_verdict_names_its_interval_and_holds_under_other_seeds():
 
     stretched = _map([0, 2, 4, 6, 8])
     statistic = map_statistic(stretched)
-    middle = {**statistic, "low": 0.22, "high": 0.26, "centred_low": 0.52, "centred_high": 0.70}
+    middle = {**statistic, "low": 0.40, "high": 0.60, "centred_low": 0.52, "centred_high": 0.70}
     said = findings_beyond.map_finding(stretched, "small", "big", middle)
     assert (
-        "**we cannot tell**: the column-centred share's interval [52%, 70%] lies neither above ⅔ of the layers "
-        "(yes) nor below ⅓" in said
+        "**we cannot tell**: both shares' intervals (raw [40%, 60%], column bias removed [52%, 70%]) lie neither "
+        "above ⅔ of the layers (yes) nor below ⅓ (no)" in said
     )
+    # the documented rule (method.md §7b): the raw share says no, the centred one nothing — cannot tell
+    split = {**middle, "share": 0.24, "low": 0.22, "high": 0.26}
+    said = findings_beyond.map_finding(stretched, "small", "big", split)
+    assert "**we cannot tell**: the two shares decide differently — raw 24% [22%, 26%] says no" in said
     assert "**yes**" in findings_beyond.map_finding(stretched, "small", "big", statistic, [statistic, statistic])
     other = {**statistic, "centred_low": 0.6}
     said = findings_beyond.map_finding(stretched, "small", "big", statistic, [statistic, other])
@@ -600,8 +612,9 @@ def test_the_map_verdict_names_its_interval_and_holds_under_other_seeds():
 def test_a_column_bias_alone_cannot_decide_the_map():
     """The diagonal is there (a slope of 0.01 per layer away from 2m), but the last big layers are
     easier to predict from any small layer (0.06 per layer lower): every raw best layer is the last
-    one ("no"); removing each big layer's mean error finds the diagonal: the column-centred share,
-    the verdict's statistic, says yes and the raw share is reported beside it."""
+    one ("no"); removing each big layer's mean error finds the diagonal ("yes"). The two shares
+    decide differently, so by the documented rule (method.md §7b) the verdict is cannot tell, each
+    share named."""
     from effdepth_book.evidence_beyond import map_statistic
 
     biased = _map([0, 2, 4, 6, 8], error=lambda m, b: 0.6 + abs(b - 2 * m) / 100 - 0.06 * b)
@@ -609,7 +622,8 @@ def test_a_column_bias_alone_cannot_decide_the_map():
     assert statistic["share"] == 0.0 and statistic["centred_share"] == 1.0  # raw: all at 8, 2 from m=3's 6
     assert statistic["easiest_big_layer"] == 8
     said = findings_beyond.map_finding(biased, "small", "big", statistic)
-    assert "**yes**: the best layers follow equal relative depth, column bias removed" in said
+    assert "**we cannot tell**: the two shares decide differently — raw 0% [0%, 0%] says no, column bias " in said
+    assert "removed 100% [100%, 100%] says yes (method.md §7b: cannot tell)" in said
     assert "Without that correction the share is 0% [0%, 0%]" in said
 
 

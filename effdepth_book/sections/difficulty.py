@@ -8,7 +8,7 @@ from functools import cached_property
 
 import polars as pl
 
-from .. import evidence, findings, plots, reference, tables
+from .. import evidence, findings, plots, reference, specification, tables
 from ..pages import Page
 from ..spec import SectionSpec, StudyPlan, models_of
 from ..study import Study, difficulty_specs, task_label
@@ -118,16 +118,32 @@ class DifficultyPage(Page):
             trends=self.trends(),
             scores=evidence.depth_score_intervals(self.by_level, seed=self.bootstrap_seed),
             lengths=self.lengths,
+            how=self.analysis.margin,
         )
 
     def headline(self) -> dict:
-        return findings.difficulty_headline(self.by_task.summary(), self.between, self.paper)
+        row = findings.difficulty_headline(self.by_task.summary(), self.between, self.paper, self.analysis.margin)
+        return {**row, **findings.specification_columns(self.specification_summary)}
+
+    def specification_curve(self) -> pl.DataFrame | None:
+        """Each model's steps between the data sets, under every specification."""
+        rules = tuple(reference.RULE_LABELS.values())
+        parts = [
+            specification.difficulty_curve(self.by_task, m, self.task_order, self.paper, self.analysis, rules)
+            for m in self.p.get("models") or []
+        ]
+        parts = [p for p in parts if p.height]
+        return pl.concat(parts) if parts else None
 
     def chart(self, name: str):
         if name == "tasks":
             return plots.show(plots.ed_by_task(self.by_task.summary(), self.task_order))
         if name == "differences":
-            return plots.show(plots.differences_against_margin(findings.difference_steps(self.between, self.paper)))
+            return plots.show(
+                plots.differences_against_margin(
+                    findings.difference_steps(self.between, self.paper, self.analysis.margin)
+                )
+            )
         if name == "levels":
             return plots.show(plots.ed_by_task(self.by_level.summary(), self.level_order))
         if name == "sensitivity":

@@ -10,7 +10,7 @@ import polars as pl
 
 from effdepth_core.depth import curve_bands
 
-from .. import evidence, findings, plots, reference, tables
+from .. import evidence, findings, plots, reference, specification, tables
 from ..pages import Page
 from ..spec import SectionSpec, StudyPlan, models_of
 from ..study import Study
@@ -60,10 +60,21 @@ class ScalePage(Page):
     def findings(self) -> str:
         n_models = self.summary["model"].n_unique()
         across = evidence.across_models(self.summary) if n_models > 1 else None
-        return findings.scale_finding(self.summary, self.paper, self.within, across)
+        return findings.scale_finding(self.summary, self.paper, self.within, across, self.analysis.margin)
 
     def headline(self) -> dict:
-        return findings.scale_headline(self.summary, self.paper, self.within)
+        row = findings.scale_headline(self.summary, self.paper, self.within, self.analysis.margin)
+        return {**row, **findings.specification_columns(self.specification_summary)}
+
+    def specification_curve(self) -> pl.DataFrame | None:
+        """The within-family pair's ratio difference per data set, under every specification."""
+        pair = self._pair()
+        if not pair:
+            return None
+        tasks = [t["task"] for t in self.p.get("tasks") or [] if t.get("task") in findings.TASK_ORDER]
+        rules = tuple(reference.RULE_LABELS.values())
+        curve = specification.scale_curve(self.runs, *pair, tasks, self.paper, self.analysis, rules)
+        return curve if curve.height else None
 
     def table1(self):
         return tables.table1(self.summary, self.paper)
