@@ -206,6 +206,50 @@ def degenerate_sentence(summary: pl.DataFrame) -> str | None:
     return " ".join(sentences) or None
 
 
+def _with_details(head: Sequence[str], rest: Sequence[str]) -> str:
+    """A finding a reader reads: the verdict sentences, then every number behind them folded in a
+    details block (open it for the full account)."""
+    if not rest:
+        return " ".join(head)
+    return (
+        " ".join(head)
+        + "\n\n<details><summary>The full account: every number behind the verdict</summary>\n\n"
+        + (" ".join(rest) + "\n\n</details>")
+    )
+
+
+def opposite_directions(rows: Sequence[Mapping], name: Callable[[Mapping], str]) -> tuple[list[str], list[str]]:
+    """The comparisons where the paper's integer ED and the primary statistic part ways: opposite
+    signs (both moving), and an integer ED that does not move where the statistic's interval excludes
+    0 (each named by ``name``)."""
+    opposite, still = [], []
+    for r in rows:
+        point, ed = r.get("point"), r.get("ed_point")
+        if point is None or ed is None:
+            continue
+        if point * ed < 0:
+            opposite.append(f"{name(r)} (statistic {signed(point, 3)}, integer ED {signed(ed, 3)})")
+        elif ed == 0 and r.get("low") is not None and (r["low"] > 0 or r["high"] < 0):
+            still.append(f"{name(r)} (statistic {signed(point, 3)})")
+    return opposite, still
+
+
+def opposite_sentence(opposite: Sequence[str], still: Sequence[str]) -> str | None:
+    """Where the integer ED and the statistic part ways, and why (method.md §12)."""
+    parts = []
+    if opposite:
+        parts.append(f"move in opposite directions in {'; '.join(opposite)}")
+    if still:
+        parts.append(f"the integer ED does not move where the statistic does in {'; '.join(still)}")
+    if not parts:
+        return None
+    return (
+        f"The paper's integer ED and the primary statistic {', and '.join(parts)}: the integer ED reads one "
+        "threshold at whole layers (its step can land on either side of a small shift), the statistic reads the "
+        "whole curve between layers (method.md §12); the verdicts read the statistic."
+    )
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
 
@@ -289,6 +333,7 @@ def scale_finding(
     separate statements; one model on its own page is placed against the paper's range."""
     rows = _usable(summary).filter(pl.col("task").is_in(TASK_ORDER))
     text = [f"**Model scale.** The paper finds that {CLAIMS['scale']}."]
+    head = {0}  # the sentences that carry a verdict; the rest is folded beneath them
     models = rows.select("model").unique()
     if models.height == 0:
         return text[0] + " We have no usable ED to compare: **we cannot tell**."
@@ -304,12 +349,19 @@ def scale_finding(
         over = f", pooled over {' and '.join(f'{task_name(t)} (n = {sizes[t]})' for t in pooled)}" if pooled else ""
         if left:
             over += f" ({', '.join(task_name(t) for t in left)} not counted: too few prompts or degenerate)"
+        head.add(len(text))
         text.append(
             f"Within one family, {small} → {big} on the same prompts{over}: **{WORDS[verdict]}**."
             if evidence
             else f"Within one family, {small} → {big}: no usable pair of EDs, **we cannot tell**."
         )
         text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
+        steps = own_cells(within).filter(pl.col("task") != "all", pl.col("measure") == "ratio")
+        parted = opposite_sentence(
+            *opposite_directions(list(steps.iter_rows(named=True)), lambda r: f"{r['rule']} {task_name(r['task'])}")
+        )
+        if parted:
+            text.append(parted)
         depth = summary.filter(pl.col("model") == big)["n_layers"]
         quantized = _quantization(small, big)
         if depth.len() and paper is not None:
@@ -328,6 +380,7 @@ def scale_finding(
             if not testable
             else ("agree" if all(r["p"] <= ALPHA and r["rho"] > 0 for r in testable) else "cannot tell")
         )
+        head.add(len(text))
         text.append(f"Across all {n_models} models: **{WORDS[verdict]}**.")
         for against in ("parameters", "layers"):
             rows_of = across.filter(pl.col("against") == against) if "against" in across.columns else across
@@ -376,6 +429,7 @@ def scale_finding(
                 else ("outside" if high < p_low or low > p_high else "partly inside")
             )
             parts.append(f"{rule} {_range(low, high)}, {where} the paper's {_range(p_low, p_high)}")
+        head.add(len(text))
         text.append(f"One model cannot show a trend: **we cannot tell** from {model} alone.")
         text.append(f"Its ratios (integer ED, cells of at least 20 prompts): {'; '.join(parts)}.")
         twin = COMPARABLE.get(model)
@@ -392,7 +446,7 @@ def scale_finding(
     qualification = degenerate_sentence(summary.filter(pl.col("task").is_in(TASK_ORDER)))
     if qualification:
         text.append(qualification)
-    return " ".join(text)
+    return _with_details([t for i, t in enumerate(text) if i in head], [t for i, t in enumerate(text) if i not in head])
 
 
 def difficulty_finding(
@@ -412,6 +466,8 @@ def difficulty_finding(
     ``evidence.between_tasks``, every check of the robustness rule) against the margin ``how``
     (pre-registered: one layer)."""
     text = [f"**Task difficulty.** The paper finds that {CLAIMS['difficulty']}."]
+    head = {0}  # the sentences that carry a verdict; the rest is folded beneath them
+    parted: tuple[list[str], list[str]] = ([], [])
     rows = _usable(summary)
     if rows.filter(pl.col("task").is_in(list(order))).is_empty():
         return text[0] + " We have no usable ED on these data sets: **we cannot tell**."
@@ -440,12 +496,16 @@ def difficulty_finding(
                 own = step["own"]
                 n = f" (n = {own['n_first']}/{own['n_second']})" if own.get("n_first") is not None else ""
                 steps.append(f"{step['pair']} {interval_text(own)}{n}{ed_panel(own)}{why}")
+                found = opposite_directions([own], lambda r, m=model, u=rule, s=step: f"{m} {u} {s['pair']}")
+                parted[0].extend(found[0])
+                parted[1].extend(found[1])
             if steps:
                 evidence.append(f"{rule} ratio {'; '.join(steps)} {_spread(decided[0]['tolerances'][rule], how)}")
         verdict = _combine(verdicts)
         per_model.append(verdict)
         counted = list(dict.fromkeys(s["pair"] for s in decided if not s["excluded"]))
         scope = f", from {' and '.join(counted)} alone" if counted and len(counted) < len(order) - 1 else ""
+        head.add(len(text))
         text.append(f"{model}{scope}: **{WORDS[verdict]}**.")
         text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
         if excluded:
@@ -460,11 +520,19 @@ def difficulty_finding(
         if len(set(per_model)) > 1:
             tally = ", ".join(f"{per_model.count(v)} {v}" for v in dict.fromkeys(per_model))
             why = f" (the models' verdicts differ: {tally})"
+        head.add(len(text))
         text.append(f"Over the {len(per_model)} models: **{WORDS[overall]}**{why}.")
+    sentence = opposite_sentence(*parted)
+    if sentence:
+        head.add(len(text))
+        counts = [f"{len(parted[0])} step(s) in opposite directions"] if parted[0] else []
+        counts += [f"{len(parted[1])} where only the statistic moves"] if parted[1] else []
+        text.append(f"The paper's integer ED parts from the statistic in {' and '.join(counts)} (named below).")
+        text.append(sentence)
     qualification = degenerate_sentence(summary)
     if qualification:
         text.append(qualification)
-    return " ".join(text)
+    return _with_details([t for i, t in enumerate(text) if i in head], [t for i, t in enumerate(text) if i not in head])
 
 
 def _models_and_n(summary: pl.DataFrame) -> str:

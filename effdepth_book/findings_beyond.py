@@ -175,8 +175,13 @@ def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
         )
         if kept.height:
             cell += f", kept off the final layer ({kept['removed'][0]}) {multiple(kept.row(0, named=True))}"
+        if not after.height:  # every budget's block was moved back to end at the final layer
+            cell += " — no budget's block lies after ED here: this one is moved back and starts at or before ED"
         cells.append(cell + _rank(largest) + f", n = {largest['n']}")
-    text.append(f"At the largest budget whose block lies after ED: {'; '.join(cells)} (95 % intervals over prompts).")
+    text.append(
+        f"At the largest budget whose block lies after ED (else the largest, said so): {'; '.join(cells)} "
+        "(95 % intervals over prompts)."
+    )
     plain = counted.filter(variant="")
     holding = plain.filter("holds_final").height
     if holding:
@@ -406,8 +411,9 @@ def beyond_headlines(pages: Sequence[Mapping]) -> list[dict]:
             top = (after if after.height else counted).sort("k", descending=True).row(0, named=True)
             if top["ratio"] is not None:
                 spread = f" [{top['ratio_low']:.1f}, {top['ratio_high']:.1f}]" if top["ratio_low"] is not None else ""
+                moved = "" if after.height else " (moved back: not after ED)"
                 prune_effects.append(
-                    f"{model} {task_name(top['task'])} k = {top['k']}: {top['ratio']:.1f}×{spread}{_rank(top)}"
+                    f"{model} {task_name(top['task'])} k = {top['k']}{moved}: {top['ratio']:.1f}×{spread}{_rank(top)}"
                 )
             prune_n += counted["n"].to_list()
         exits = page.get("exits")

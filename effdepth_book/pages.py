@@ -162,6 +162,7 @@ def open_page(section: str, namespace: Mapping, cached_only: bool = False, root:
     """The page of ``section``, its parameters picked by name from ``namespace`` (a template's
     ``globals()``, or a parameter set): it reads the cache and computes what is missing. The page
     knows its section from here; a section's page class names none."""
+    cached_only = cached_only or bool(namespace.get("cached_only"))  # `effdepth book --cached-only`
     page = sections.get(section).page(parameters(section, namespace), cached_only=cached_only, root=root)
     page.section = section
     return page

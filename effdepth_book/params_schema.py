@@ -25,7 +25,7 @@ MAX_N = 100_000  # what `effdepth run --n` allows on generated tasks
 MAX_SEED = 2**63 - 1
 PROFILES = ("quick", "full")
 # page parameters every section's template has that params/ never set (effdepth book fills them)
-FILLED = frozenset({"profile", "tasks_by_model", "causal_by_model"})
+FILLED = frozenset({"profile", "tasks_by_model", "causal_by_model", "cached_only"})
 COMMON_KEYS = frozenset({"tasks", "precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "analysis"})
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAP_KEYS = frozenset(

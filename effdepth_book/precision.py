@@ -96,7 +96,7 @@ class PreciseRun:
 
     result: RunResult | None
     steps: list[int]
-    stopped: str  # "met", "cap", "data", "not computed"
+    stopped: str  # "met", "cap", "data", "pending" (cached only: a step still to compute), "not computed"
     widths: dict[str, float]
 
     @property
@@ -111,6 +111,8 @@ class PreciseRun:
             return f"the cap of {rule.n_max} prompts reached; widest interval {_layers(widest)}"
         if self.stopped == "data":
             return f"the data set has only {self.n} prompts here; widest interval {_layers(widest)}"
+        if self.stopped == "pending":
+            return f"pending: n = {self.n} so far, the walk's next step not yet computed (`effdepth grid full`)"
         return "not computed yet"
 
 
@@ -141,7 +143,7 @@ def precise_run(
         out = default_out_dir(step, results_dir, hashed=False)
         if not is_complete(out, step.key(), probes):
             if cached_only:
-                return PreciseRun(result, steps, "not computed", widths)
+                return PreciseRun(result, steps, "pending" if result is not None else "not computed", widths)
             if loaded is None and load is not None:
                 loaded = load()
         result = run(

@@ -457,7 +457,7 @@ def deciding_choice(group: pl.DataFrame, family: str) -> str:
         spread = float(shares["s"].max() - shares["s"].min())
         if spread > best + 1e-12:
             values = ", ".join(f"{v} {s:.0%}" for v, s in shares.iter_rows())
-            best, text = spread, f"{name} ({values} agree with the primary verdict)"
+            best, text = spread, f"{name} ({values} agree)"
     return text
 
 

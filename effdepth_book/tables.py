@@ -150,6 +150,10 @@ def ed_summary(summary: pl.DataFrame) -> Table:
             cell = format_ed(r["ed"], r["ratio"], r["ci_low"], r["ci_high"])
             if r.get("width") is not None and r["ed"] is not None:
                 cell += f" ±{r['width'] / 2:g}"
+            if r.get("depth") is not None:  # the statistic the verdicts read first, the paper's ED beside it
+                low, high = r.get("depth_low"), r.get("depth_high")
+                interval = f" [{low:.1f}–{high:.1f}]" if low is not None and high is not None else ""
+                cell = f"{r['depth']:.1f}{interval} · ED {cell}"
             if r.get("interval_counts") is False and r["ed"] is not None:
                 cell += "*"
                 flags["*"] += 1
@@ -175,7 +179,8 @@ def ed_summary(summary: pl.DataFrame) -> Table:
     # word joiners keep "[12–17]" whole: a cell may wrap at its spaces, never inside its interval
     shown = frame.with_columns(pl.col("task").replace(TASK_NAMES), pl.col(columns).str.replace("–", "\u2060–\u2060"))
     gt = GT(shown, rowname_col="task", groupname_col="model").sub_missing(missing_text="—")
-    gt = gt.tab_spanner(label="effective depth", columns=columns).cols_label(n="prompts")
+    label = "primary depth statistic [95 %] · the paper's integer ED (ratio) [95 %]"
+    gt = gt.tab_spanner(label=label, columns=columns).cols_label(n="prompts")
     gt = gt.cols_hide("note")  # a wide, mostly empty column: its rows become notes under the table
     notes = [CELL_LEGEND + "; ± half the interval's width"]
     for r in shown.filter(pl.col("note").str.len_chars() > 0).iter_rows(named=True):
@@ -184,7 +189,11 @@ def ed_summary(summary: pl.DataFrame) -> Table:
         notes.append("* fewer than 20 prompts: the interval does not count (a bootstrap over so few looks precise)")
     if flags["†"]:
         notes.append("† degenerate (see the methods page): left out of every verdict")
-    notes.append("n set by: met (every interval within ±1 layer), cap (the cap reached), data (the data set ran out)")
+    notes.append(
+        "n set by: met (every primary statistic's interval within ±0.5 layer, at no fewer than the "
+        "pre-registered n), cap (the cap reached), data (the data set ran out), pending (its next step not yet "
+        "computed: the largest n committed is shown)"
+    )
     for text in notes:
         gt = gt.tab_source_note(text)
     return Table(_compact(gt), frame)
@@ -291,4 +300,5 @@ def specification_table(summary: pl.DataFrame, analysis) -> Table:
         f"{analysis.margin}, seed {analysis.seed}; robust when ≥ {analysis.robust_share:.0%} of the other "
         "specifications agree"
     )
-    return frame_table(frame, caption)
+    table = frame_table(frame, caption)
+    return Table(_compact(table.gt), frame)

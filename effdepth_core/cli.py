@@ -322,7 +322,9 @@ def _cmd_book(args: argparse.Namespace) -> int:
     print(f"effdepth book: wrote {toc.relative_to(root)}")
     if args.toc_only:
         return 0
-    timings = execute(root, sets, progress=not args.no_progress)
+    timings = execute(
+        root, sets, progress=not args.no_progress, extra={"cached_only": True} if args.cached_only else None
+    )
     for item, seconds in timings:
         print(f"  {item.page}.ipynb  {seconds:.0f} s")
     print(f"effdepth book: wrote {write_findings(root, args.profile).relative_to(root)} (the intro's findings)")

@@ -172,6 +172,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     book.add_argument("--profile", default="full", choices=["quick", "full"], help="quick: CI's smoke run")
     book.add_argument("--only", help="only the parameter set with this name")
     book.add_argument("--root", type=_path, default=Path("."), help="the effdepth checkout")
+    book.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="execute the pages from the results already in results_dir, computing nothing: a cell whose "
+        "sample-size walk is still under way shows its largest finished step, marked pending",
+    )
     what = book.add_mutually_exclusive_group()  # the book's modes: one at a time, never silently one of two
     what.add_argument("--toc-only", action="store_true", help="only regenerate _toc.yml from params/")
     what.add_argument(

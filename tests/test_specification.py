@@ -164,7 +164,7 @@ def test_a_verdict_is_robust_only_when_enough_others_agree_else_the_deciding_cho
     summary = specification.summarize(split, primary)
     row = summary.row(0, named=True)
     assert row["verdict"] == "cannot tell" and row["share_agreeing"] == pytest.approx(3 / 5)
-    assert not row["robust"] and row["decided_by"].startswith("margin (one layer 100%, paper median 100%, paper max 0%")
+    assert not row["robust"] and row["decided_by"] == "margin (one layer 100%, paper median 100%, paper max 0% agree)"
     assert row["bound"] == pytest.approx(0.09) and row["bound_layers"] == pytest.approx(0.09 / 0.04)
     same = _curve({(m, w): "a small difference within the margin" for m in margins for w in windows})
     same = same.with_columns(
@@ -197,3 +197,28 @@ def test_the_walk_settles_on_no_fewer_than_its_pre_registered_floor():
     assert Precision().floor == 20 and Precision().next_n(20, narrow) == 30
     with pytest.raises(Exception, match="n_at_least <= n_max"):
         Precision.from_spec({"n_max": 50, "n_at_least": 100})
+
+
+def test_where_the_integer_ed_and_the_statistic_part_ways_is_named():
+    """Opposite signs are named with both numbers; an integer ED of 0 beside a statistic whose
+    interval excludes 0 is named as 'only the statistic moves'; agreeing steps are not named."""
+    rows = [
+        {"name": "a", "point": 0.045, "low": 0.03, "high": 0.06, "ed_point": -0.033},
+        {"name": "b", "point": 0.02, "low": 0.01, "high": 0.03, "ed_point": 0.0},
+        {"name": "c", "point": 0.02, "low": -0.01, "high": 0.05, "ed_point": 0.0},  # statistic's interval has 0
+        {"name": "d", "point": -0.02, "low": -0.03, "high": -0.01, "ed_point": -0.04},
+    ]
+    opposite, still = findings.opposite_directions(rows, lambda r: r["name"])
+    assert opposite == ["a (statistic +0.045, integer ED −0.033)"]
+    assert still == ["b (statistic +0.020)"]
+    said = findings.opposite_sentence(opposite, still)
+    assert said.startswith("The paper's integer ED and the primary statistic move in opposite directions in a ")
+    assert findings.opposite_sentence([], []) is None
+
+
+def test_a_finding_folds_its_numbers_beneath_the_verdict():
+    folded = findings._with_details(["**Q.** Verdict: **we agree**."], ["Number 1.", "Number 2."])
+    head, rest = folded.split("<details>", 1)
+    assert head.strip() == "**Q.** Verdict: **we agree**."
+    assert "Number 1. Number 2." in rest and rest.rstrip().endswith("</details>")
+    assert findings._with_details(["Only."], []) == "Only."

@@ -132,6 +132,10 @@ class DifficultyPage(Page):
             specification.difficulty_curve(self.by_task, m, self.task_order, self.paper, self.analysis, rules)
             for m in self.p.get("models") or []
         ]
+        for order in self.sensitivity_orders:  # only the step into the sensitivity task is new
+            for m in self.p.get("sensitivity_models") or self.p.get("models") or []:
+                curve = specification.difficulty_curve(self.by_task, m, order[-2:], self.paper, self.analysis, rules)
+                parts.append(curve)
         parts = [p for p in parts if p.height]
         return pl.concat(parts) if parts else None
 
