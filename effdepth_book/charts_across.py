@@ -302,7 +302,7 @@ def specification_curve(curve: pl.DataFrame, margin: str) -> alt.Chart:
     panels = frame["panel"].unique(maintain_order=True).to_list()
     pick = alt.param(name="comparison", value=panels[0], bind=alt.binding_select(options=panels, name="comparison: "))
     x = alt.X("rank:O", title=None, axis=alt.Axis(labels=False, ticks=False))
-    width = CONTENT_WIDTH - 220
+    width = CONTENT_WIDTH - 260  # the choices' labels (at most 200 px) beside the matrix fit the column
     base = alt.Chart(frame).transform_filter(alt.datum.panel == pick)
     band = base.mark_rect(color="#eee").encode(y="margin_low:Q", y2="margin_value:Q")
     zero = base.mark_rule(color="#888").encode(y="zero:Q")

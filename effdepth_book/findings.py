@@ -612,7 +612,8 @@ def difficulty_headline(
             f"{interval_text(s['own'])} ({s['own']['model']} {s['rule']} {s['pair']})" for s in ends
         )
         per_model = {m: _combine([s["verdict"] for s in ss if not s["excluded"]]) for m, ss in steps.items()}
-        tally = "; ".join(f"{m}: {WORDS[v].removeprefix('we ')}" for m, v in per_model.items())
+        families = [v.split(":")[0] for v in per_model.values()]
+        tally = ", ".join(f"{families.count(v)} {v}" for v in dict.fromkeys(families)) + " of the models"
         margins: dict[str, list[float]] = {}
         for model_steps in steps.values():
             for rule, m in (model_steps[0]["tolerances"] if model_steps else {}).items():
@@ -621,26 +622,29 @@ def difficulty_headline(
     return {
         "question": "Task difficulty",
         "claim": "ED stays consistent from HellaSwag to GSM8K to AIME24",
-        "verdict": WORDS[difficulty_verdict(between, paper, how)],
+        "verdict": WORDS[difficulty_verdict(between, paper, how)] + (f" ({tally})" if tally else ""),
         "models": _models_and_n(summary),
         "effect": effect,
         "tolerance": tolerance,
-        "caveat": (f"per model: {tally}; " if tally else "")
-        + "AIME24 at ≤ 400 tokens has 3–4 prompts (shown, not counted); its ≤ 1000-token cells count",
+        "caveat": "AIME24 at ≤ 400 tokens has 3–4 prompts (shown, not counted); its ≤ 1000-token cells count",
     }
 
 
 HEADLINE_COLUMNS = {
     "question": "question",
-    "claim": "the paper's claim",
-    "verdict": "our verdict",
+    "verdict": "our verdict (primary analysis)",
+    "bound": "equivalent within",
+    "specifications": "other analyses agreeing",
     "models": "models and n",
-    "effect": "effect, primary statistic [95 % interval]",
-    "tolerance": "margin",
-    "bound": "equivalent within (largest bound)",
-    "specifications": "other specifications agreeing",
-    "caveat": "main caveat",
+    "caveat": "the caveat that decides",
 }
+HEADLINE_NOTE = (
+    "Each verdict under the pre-registered primary analysis (the methods page: each rule's primary statistic, "
+    "the largest n, a margin of one layer); *equivalent within*: the smallest margin at which every comparison "
+    "of the question would be called equivalent (apply any margin you prefer); *other analyses agreeing*: the "
+    "share of the specification curve's other specifications that give each comparison's primary verdict. The "
+    "effects with their intervals open each finding below."
+)
 
 
 def specification_columns(summary: pl.DataFrame | None) -> dict[str, str]:
@@ -655,14 +659,25 @@ def specification_columns(summary: pl.DataFrame | None) -> dict[str, str]:
     share = float((summary["share_agreeing"] * others).sum() / max(int(others.sum()), 1))
     robust = int(summary["robust"].sum())
     return {
-        "bound": f"±{worst['bound']:.3f} ({worst['bound_layers']:.1f} layers; {worst['comparison']}, {worst['rule']})",
+        "bound": f"±{worst['bound']:.3f} of the ratio ({worst['bound_layers']:.1f} layers)",
         "specifications": f"{share:.0%}; robust in {robust} of {summary.height} comparisons",
+        **({"caveat": _deciding(summary)} if robust < summary.height else {}),
     }
+
+
+def _deciding(summary: pl.DataFrame) -> str:
+    """The caveat of a question whose comparisons are not all robust: how many depend on the
+    analysis, and the choice that decides most of them."""
+    fragile = summary.filter(~pl.col("robust"))
+    choices = [str(c).split(" (", 1)[0] for c in fragile["decided_by"].drop_nulls().to_list()]
+    most = max(set(choices), key=choices.count) if choices else "analysis"
+    return f"{fragile.height} of {summary.height} comparisons depend on the analysis, most on the {most}"
 
 
 def headline_table(rows: Sequence[Mapping]) -> str:
     """The intro's one-screen summary: one Markdown row per question."""
-    lines = ["| " + " | ".join(HEADLINE_COLUMNS.values()) + " |", "|" + "---|" * len(HEADLINE_COLUMNS)]
+    header = "| " + " | ".join(HEADLINE_COLUMNS.values()) + " |"
+    lines = [HEADLINE_NOTE, "", header, "|" + "---|" * len(HEADLINE_COLUMNS)]
     for row in rows:
         lines.append("| " + " | ".join(str(row.get(k, "—")).replace("|", "/") for k in HEADLINE_COLUMNS) + " |")
     return "\n".join(lines)

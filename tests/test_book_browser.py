@@ -167,11 +167,12 @@ CHECK_JS = """
       result.widths.push(["table " + (table.closest("div[id]") || {}).id, table.getBoundingClientRect().width,
                           area.getBoundingClientRect().width]);
     }
+    result.page = [document.documentElement.scrollWidth, window.innerWidth];  // a horizontal scroll bar?
     report(result);
   }
   function wait(tries) {
     const charts = Array.from(document.querySelectorAll(".effdepth-chart"));
-    if (charts.length && charts.every(function (c) { return c.getAttribute("data-effdepth-rendered") === "1"; })) {
+    if (charts.every(function (c) { return c.getAttribute("data-effdepth-rendered") === "1"; })) {
       check();
     } else if (tries > 0) {
       setTimeout(function () { wait(tries - 1); }, 250);
@@ -187,10 +188,11 @@ CHECK_JS = """
 def _checked(site: Path, page: str, tmp_path: Path) -> dict:
     import json
 
-    original = site / "executed" / f"{page}.html"
+    original = site / f"{page}.html" if page == "intro" else site / "executed" / f"{page}.html"
     copy = original.with_name(f"{original.stem}-checked.html")
     (site / "_static" / "effdepth-check.js").write_text(CHECK_JS)
-    html = original.read_text().replace("</body>", '<script src="../../_static/effdepth-check.js"></script></body>')
+    static = "_static" if page == "intro" else "../../_static"
+    html = original.read_text().replace("</body>", f'<script src="{static}/effdepth-check.js"></script></body>')
     copy.write_text(html)
     done = subprocess.run(
         [
@@ -234,6 +236,14 @@ def test_charts_fit_the_column_dropdowns_filter_and_answer_tokens_are_outlined(
         assert "error" not in checked, checked
         for chart, drawn, area in checked["widths"]:
             assert drawn <= area + 1, f"{page}: {chart} is {drawn:.0f} px wide in a {area:.0f} px column"
+    # no page scrolls sideways at 1,400 px: the intro's table of verdicts, the specification tables
+    for page in ("intro", "difficulty/across-models", "scale/comparison"):
+        checked = _checked(site, page, tmp_path)
+        assert "error" not in checked, checked
+        scrolled, window = checked["page"]
+        assert scrolled <= window, f"{page}: {scrolled} px of content in a {window} px window (it scrolls sideways)"
+        for what, drawn, area in checked["widths"]:
+            assert drawn <= area + 1, f"{page}: {what} is {drawn:.0f} px wide in a {area:.0f} px column"
     # the erasure heatmap shows the first prompt: each answer token is outlined once per layer 0..L
     erasure = pl.read_parquet(ROOT / "book/results/smollm2-135m/addition-n2-seed0-digits6/erasure_by_example.parquet")
     first = erasure.filter(example=0)
