@@ -647,7 +647,7 @@ HEADLINE_NOTE = (
 )
 
 
-def specification_columns(summary: pl.DataFrame | None) -> dict[str, str]:
+def specification_columns(summary: pl.DataFrame | None, unit: str = "ratio") -> dict[str, str]:
     """The intro table's specification-curve cells of one question (``specification.summarize``):
     the largest equivalence bound over its comparisons (the margin at which every one would be
     called equivalent), and the share of the other specifications agreeing with their primary
@@ -659,7 +659,9 @@ def specification_columns(summary: pl.DataFrame | None) -> dict[str, str]:
     share = float((summary["share_agreeing"] * others).sum() / max(int(others.sum()), 1))
     robust = int(summary["robust"].sum())
     return {
-        "bound": f"±{worst['bound']:.3f} of the ratio ({worst['bound_layers']:.1f} layers)",
+        "bound": f"±{worst['bound']:.3f} of the ratio ({worst['bound_layers']:.1f} layers)"
+        if unit == "ratio"
+        else f"±{worst['bound']:.1f} layers",
         "specifications": f"{share:.0%}; robust in {robust} of {summary.height} comparisons",
         **({"caveat": _deciding(summary)} if robust < summary.height else {}),
     }

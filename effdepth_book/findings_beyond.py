@@ -12,7 +12,18 @@ import polars as pl
 
 from effdepth_core.probes.prune import FINAL_KEPT
 
-from .findings import MINUS, SMALL, count_of, decide, ed_panel, interval_text, judge, own_cells, task_name
+from .findings import (
+    MINUS,
+    SMALL,
+    count_of,
+    decide,
+    ed_panel,
+    interval_text,
+    judge,
+    own_cells,
+    specification_columns,
+    task_name,
+)
 
 
 def lens_finding(summary: pl.DataFrame, fit: pl.DataFrame | None = None, lenses: pl.DataFrame | None = None) -> str:
@@ -426,16 +437,20 @@ def beyond_headlines(pages: Sequence[Mapping]) -> list[dict]:
                 f"[{_nats(low['cost_low'])}, {_nats(low['cost_high'])}] nats"
             )
             exit_n += counted["n"].to_list()
+    summaries = [page["specifications"] for page in pages if page.get("specifications") is not None]
     rows.append(
-        _row(
-            "Lens artefact (beyond)",
-            "(ours) the tuned lens moves the lens depths by more than a layer",
-            lens_verdicts,
-            f"{count_of(len(lens_verdicts), 'model')}, {_n_range(lens_n)}" if lens_n else "no tuned lens run",
-            "tuned − logit depth, the largest per model: " + "; ".join(lens_effects) if lens_effects else "",
-            "±1 layer",
-            "a tuned lens trained here on a CPU budget; the other models have none",
-        )
+        {
+            **_row(
+                "Lens artefact (beyond)",
+                "(ours) the tuned lens moves the lens depths by more than a layer",
+                lens_verdicts,
+                f"{count_of(len(lens_verdicts), 'model')}, {_n_range(lens_n)}" if lens_n else "no tuned lens run",
+                "tuned − logit depth, the largest per model: " + "; ".join(lens_effects) if lens_effects else "",
+                "±1 layer",
+                "a tuned lens trained here on a CPU budget; the other models have none",
+            ),
+            **specification_columns(pl.concat(summaries) if summaries else None, unit="layers"),
+        }
     )
     rows.append(
         _row(

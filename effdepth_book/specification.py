@@ -524,3 +524,28 @@ def scale_curve(
             margins = paper_margins(paper, label, "model")
             parts.append(comparison_curve(name, label, b, s, rb.settings, True, True, margins, primary, n_bootstrap))
     return pl.concat(parts) if parts else pl.DataFrame(schema=_SCHEMA)
+
+
+def lens_curve(study, primary: Analysis, n_bootstrap: int = N_BOOTSTRAP) -> pl.DataFrame:
+    """Tuned − logit lens per run that measured both, per lens rule (the same prompts: paired, in
+    layers), under every specification; margin one layer (the paper asks no such question, so its
+    spreads give none). ``disagree``: the tuned lens moves the depth by more than the margin."""
+    from .evidence import LENS_PAIRS, _excluded, _rule
+
+    summary, parts = study.summary(), []
+    for r in study.finished:
+        if not {"tuned_lens", "logit_lens"} <= set(r.probes):
+            continue
+        n_layers = int(r.result.summary["n_layers"])
+        for logit_label, tuned_label in LENS_PAIRS.values():
+            if _excluded(summary, [(r.model, r.label)], logit_label) or _excluded(
+                summary, [(r.model, r.label)], tuned_label
+            ):
+                continue
+            tuned = Side(_rule(tuned_label)[1], r.result.per_example["tuned_lens"], n_layers)
+            logit = Side(_rule(logit_label)[1], r.result.per_example["logit_lens"], n_layers)
+            name = f"{r.model} {r.label}: tuned − logit"
+            none = {"paper median": None, "paper max": None}
+            parts.append(comparison_curve(name, logit_label, tuned, logit, r.settings, True, False, none, primary,
+                                          n_bootstrap))  # fmt: skip
+    return pl.concat(parts) if parts else pl.DataFrame(schema=_SCHEMA)

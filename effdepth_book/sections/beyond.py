@@ -8,7 +8,7 @@ from functools import cached_property
 
 import polars as pl
 
-from .. import evidence, evidence_beyond, findings_beyond, plots, tables
+from .. import evidence, evidence_beyond, findings_beyond, plots, specification, tables
 from ..pages import Page, markdown
 from ..spec import SectionSpec, StudyPlan, models_of
 from ..study import map_study, pruning_comparison
@@ -45,6 +45,7 @@ class BeyondPage(Page):
             "pair": self.p.get("pair"),
             "statistic": statistics[0] if statistics else None,
             "seed_checks": statistics[1:],
+            "specifications": self.specification_summary,
         }
 
     def findings(self) -> str:
@@ -85,6 +86,11 @@ class BeyondPage(Page):
     def ed_table(self):
         return tables.ed_summary(self.summary)
 
+    def specification_curve(self) -> pl.DataFrame | None:
+        """Tuned − logit lens per run and lens rule, under every specification."""
+        curve = specification.lens_curve(self.runs, self.analysis)
+        return curve if curve.height else None
+
     def part(self, name: str) -> None:
         """One of the page's parts: its heading and explanation, its chart, its table; nothing where
         the page's parameters leave the part without data (no models, no map pair)."""
@@ -98,6 +104,8 @@ class BeyondPage(Page):
         display(markdown(heading), self.chart(name))
         if name == "lens":
             display(self.ed_table())
+            if self.specifications is not None:
+                display(markdown(LENS_CURVE), self.specification_table(), self.specification_chart())
         if name == "pruning":
             display(self.pruning_table())
 
@@ -107,6 +115,13 @@ class BeyondPage(Page):
             tables.pruning_rules(comparison) if comparison.height else plots.note("The pruning probe was not run here.")
         )
 
+
+LENS_CURVE = (
+    "### The lens question across the reasonable analyses\n\nTuned − logit lens depth (layers, paired over "
+    "the run's prompts) under every specification (docs/method.md §13; the margin is one layer): *disagree* "
+    "means the tuned lens moves the depth by more than a layer, *agree* that it stays within one. The table gives "
+    "the primary verdict, its equivalence bound and the share of the other specifications that agree."
+)
 
 BEYOND_PARTS = {
     "lens": "## Logit lens beside tuned lens\n\nED by each lens rule (KL below half its maximum; top-5 overlap "
