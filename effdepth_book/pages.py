@@ -100,7 +100,7 @@ class Page:
     @property
     def analysis(self) -> Analysis:
         """The pre-registered primary analysis (``params/common.yml``: ``analysis``)."""
-        return Analysis.from_params(self.p.get("analysis"))
+        return Analysis.from_params({**(self.p.get("analysis") or {}), "seed": self.bootstrap_seed})
 
     def specification_curve(self) -> pl.DataFrame | None:
         """Every comparison of the page under every specification (``specification``); a section

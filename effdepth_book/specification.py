@@ -16,7 +16,7 @@ The choices (``CHOICES``), each with the primary value first:
 - ``cell``: the largest n committed, or its first 20 prompts (the walk's first step);
 - ``margin``: one layer of the (deeper) model — claim-independent, the resolution of a layer
   statistic — or the paper's median or largest spread of the same rule (its Table 1, artefacts out);
-- ``seed``: the bootstrap's seed 0–3.
+- ``seed``: the bootstrap's seed: the book's (``bootstrap_seed``) and the next three.
 
 The primary specification is fixed in ``params/common.yml`` (``analysis``) before any number; a
 verdict is **robust** when at least ``robust_share`` of the other specifications give the primary
@@ -57,7 +57,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "zero levels": (7, 31),
     "cell": ("largest n", "first 20"),
     "margin": ("one layer", "paper median", "paper max"),
-    "seed": (0, 1, 2, 3),
+    "seed": (0, 1, 2, 3),  # the book's bootstrap seed plus these (``Analysis.choices``)
 }
 FIRST_CELL = 20  # the precision walk's first step: the smallest n whose interval counts
 
@@ -86,7 +86,9 @@ class Analysis:
         if unknown:
             raise ValueError(f"unknown analysis key(s) {', '.join(unknown)}; use {', '.join(sorted(names))}")
         chosen = cls(**{names.get(k, k): v for k, v in value.items()})
-        for name, values in CHOICES.items():
+        if not isinstance(chosen.seed, int) or isinstance(chosen.seed, bool) or chosen.seed < 0:
+            raise ValueError(f"analysis seed must be a whole number >= 0, got {chosen.seed!r}")
+        for name, values in chosen.choices().items():
             if chosen.choice(name) not in values:
                 raise ValueError(f"analysis {name}: {chosen.choice(name)!r} is not one of {list(values)}")
         if not 0 < chosen.robust_share <= 1:
@@ -95,6 +97,10 @@ class Analysis:
 
     def choice(self, name: str) -> Any:
         return getattr(self, name.replace(" ", "_"))
+
+    def choices(self) -> dict[str, tuple[Any, ...]]:
+        """``CHOICES`` with the seeds counted from this analysis's own (the book's bootstrap seed)."""
+        return {**CHOICES, "seed": tuple(self.seed + k for k in CHOICES["seed"])}
 
 
 # --- a rule read under a specification ---------------------------------------------------------
@@ -190,9 +196,9 @@ def specifications(rule, primary: Analysis) -> list[dict[str, Any]]:
     """Every distinct specification of one rule's comparison, the primary first. A choice that
     cannot matter to a statistic (the anchor for the integer ED, the zero levels for a centroid)
     stays at its primary value there, so no specification is counted twice."""
-    names = list(CHOICES)
+    names, choices = list(CHOICES), primary.choices()
     values = [
-        [primary.choice(n), *[v for v in CHOICES[n] if v != primary.choice(n) and applies(rule, n, v, primary)]]
+        [primary.choice(n), *[v for v in choices[n] if v != primary.choice(n) and applies(rule, n, v, primary)]]
         for n in names
     ]
     out, seen = [], set()

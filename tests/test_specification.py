@@ -222,3 +222,13 @@ def test_a_finding_folds_its_numbers_beneath_the_verdict():
     assert head.strip() == "**Q.** Verdict: **we agree**."
     assert "Number 1. Number 2." in rest and rest.rstrip().endswith("</details>")
     assert findings._with_details(["Only."], []) == "Only."
+
+
+def test_the_seeds_count_from_the_books_bootstrap_seed():
+    """`effdepth book --findings --bootstrap-seed 4` moves the primary seed and its three neighbours."""
+    moved = specification.Analysis.from_params({"seed": 4})
+    assert moved.choices()["seed"] == (4, 5, 6, 7)
+    specs = specification.specifications(_rule("cosine"), moved)
+    assert specs[0]["seed"] == 4 and {s["seed"] for s in specs} == {4, 5, 6, 7}
+    with pytest.raises(ValueError, match="seed must be a whole number"):
+        specification.Analysis.from_params({"seed": -1})
