@@ -19,11 +19,11 @@ from . import registry
 from .cache import atomic_write_bytes, make_dirs
 from .display import RunResult
 from .errors import EffdepthError, nearest_name
-from .models import LoadedModel, as_the_caller_had, resolve_dtype, with_tokenizer, wrap_model
+from .models import LoadedModel, as_the_caller_had, check_tokenizer, resolve_dtype, with_tokenizer, wrap_model
 from .paths import exists, names_path, user_path
 from .results import run, run_in_memory
 from .settings import RunSettings
-from .tasks import TASKS, Example, _encodable
+from .tasks import TASKS, Example, _encodable, looks_like_task_file, missing_task_file
 from .trace import show_progress
 from .zoo import cache_dir
 
@@ -35,6 +35,8 @@ def _prompts_task(prompts: Any) -> tuple[str, int | None]:
         prompts in TASKS or (names_path(prompts) is not None and exists(user_path(prompts), "file"))
     ):
         return prompts, None
+    if isinstance(prompts, str) and looks_like_task_file(prompts):  # a task path with a typo is no prompt
+        raise missing_task_file(prompts)
     if isinstance(prompts, Mapping) or hasattr(prompts, "columns") or isinstance(prompts, Set | bytes):
         kind = "a data frame" if hasattr(prompts, "columns") else type(prompts).__name__
         raise EffdepthError(
@@ -131,11 +133,8 @@ def measure(
         raise EffdepthError("out= keeps the result in a folder and cache=False keeps none; drop one")
     by_name = isinstance(model, str)
     keep = out is not None or (cache is not False if by_name else bool(cache))  # a name: kept unless told not
-    if isinstance(tokenizer, str | Path):
-        raise EffdepthError(
-            f"tokenizer= takes a tokenizer object, not its name {str(tokenizer)!r}: pass "
-            f"AutoTokenizer.from_pretrained({str(tokenizer)!r})"
-        )
+    if isinstance(tokenizer, str | Path):  # before the prompts; any other non-tokenizer after the model's check
+        check_tokenizer(tokenizer)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise EffdepthError(f"name= labels the model in the result: give a non-empty text, got {name!r}")
     task, n = _prompts_task(prompts)

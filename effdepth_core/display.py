@@ -313,6 +313,12 @@ class RunResult:
         """
         from .errors import EffdepthError, nearest_name
 
+        for what, given in (("probe", probe), ("metric", metric)):
+            if not isinstance(given, str):
+                raise EffdepthError(
+                    f"curve() takes a {what} name as text, got {type(given).__name__} {given!r:.40}; e.g. "
+                    f"result.curve('logit_lens', 'kl'); this result's probes: {', '.join(self.curves)}"
+                )
         if probe not in self.curves:
             close = nearest_name(probe, list(self.curves))
             hint = f" (did you mean {close!r}?)" if close else ""

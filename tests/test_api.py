@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -504,3 +505,109 @@ def test_the_in_memory_road_finds_every_mistake_before_a_model_loads(monkeypatch
         task = settings.pop("task", "gsm8k")
         with pytest.raises(EffdepthError, match=said):
             measure("smollm2-135m", task, cache=False, progress=False, **settings)
+
+
+def test_a_task_path_that_does_not_exist_is_refused_with_the_nearest_file_not_measured(cache, capsys):
+    """A typo in a task file's path was measured as the one prompt "tasks/my_tasks.jsonl": now a
+    one-word text ending in .jsonl/.json that names no file is refused, naming the file meant,
+    from Python (TaskError) and from the command line (one line, exit 2); a prompt that merely
+    mentions a file (it has spaces) is still a prompt."""
+    from effdepth_core.cli import main
+    from effdepth_core.errors import TaskError
+
+    (cache / "tasks").mkdir()
+    (cache / "tasks" / "my_task.jsonl").write_text('{"prompt": "the cat sat"}\n')
+    tiny = make_tiny("llama")
+    with pytest.raises(
+        TaskError, match=re.escape("'tasks/my_tasks.jsonl' does not exist (did you mean 'tasks/my_task")
+    ):
+        measure(tiny.model, "tasks/my_tasks.jsonl", tokenizer=char_tokenizer(), progress=False)
+    with pytest.raises(
+        TaskError, match=re.escape("'elsewhere/x.json' does not exist (nor does its folder 'elsewhere')")
+    ):
+        measure(tiny.model, "elsewhere/x.json", tokenizer=char_tokenizer(), progress=False)
+    capsys.readouterr()
+    code = main(["run", "--model", "smollm2-135m", "--task", "tasks/my_tasks.jsonl", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "did you mean 'tasks/my_task.jsonl'?" in err[0], err
+    kept = measure(tiny.model, "open config.json", tokenizer=char_tokenizer(), progress=False)
+    assert kept.summary["n_examples"] == 1 and kept.task_label == "1 prompt"
+
+
+def _bad_inputs():
+    """Each wrong input to the one-prompt functions, the table and curve(): (id, call, what the one line says)."""
+    from effdepth_core.probes import lens_by_token, logit_lens, prediction_table
+
+    tiny = make_tiny("llama")
+    tiny.tokenizer = char_tokenizer()
+    rows = lens_by_token(tiny, PROMPTS[0], top_k=3)
+    two = torch.tensor([[5, 6, 7], [8, 9, 10]])  # two 3-token prompts, once read as one 6-token prompt
+    return {
+        name: (call, said)
+        for name, call, said in [
+            ("2-D batch of two prompts", lambda: lens_by_token(tiny, two), "reads one prompt.*shape \\[2, 3\\]"),
+            ("a list of prompts", lambda: lens_by_token(tiny, PROMPTS), "reads one prompt.*a list of 2"),
+            ("top_k=2.5", lambda: lens_by_token(tiny, PROMPTS[0], top_k=2.5), "whole number of at least 1, got 2.5"),
+            ("top_k=nan", lambda: lens_by_token(tiny, PROMPTS[0], top_k=float("nan")), "whole number.*got nan"),
+            ("lens='tuned'", lambda: lens_by_token(tiny, PROMPTS[0], lens="tuned"), "lens= takes a TunedLens.*'tuned'"),
+            ("a lone surrogate", lambda: lens_by_token(tiny, "ab\ud800c"), "lone surrogate"),
+            (
+                "measure(tokenizer=123)",
+                lambda: measure(make_tiny("llama").model, PROMPTS, tokenizer=123, progress=False),
+                "tokenizer= takes the model's tokenizer object.*got int 123",
+            ),
+            ("prediction_table(None)", lambda: prediction_table(None), "polars frame for one prompt, got NoneType"),
+            ("prediction_table(list)", lambda: prediction_table([rows]), "got list"),
+            ("prediction_table(pandas)", lambda: prediction_table(rows.to_pandas()), "pl.from_pandas"),
+            (
+                "prediction_table(two prompts)",
+                lambda: prediction_table(pl_concat(rows, tiny)),
+                "rows of several prompts",
+            ),
+            ("prediction_table(logit_lens)", lambda: prediction_table(logit_lens(tiny, PROMPTS)), "has no position"),
+        ]
+    }
+
+
+BAD_INPUTS = ["2-D batch of two prompts", "a list of prompts", "top_k=2.5", "top_k=nan", "lens='tuned'",
+              "a lone surrogate", "measure(tokenizer=123)", "prediction_table(None)", "prediction_table(list)",
+              "prediction_table(pandas)", "prediction_table(two prompts)", "prediction_table(logit_lens)"]  # fmt: skip
+
+
+def pl_concat(rows, tiny):
+    """Two prompts' lens_by_token rows in one frame."""
+    import polars as pl
+
+    from effdepth_core.probes import lens_by_token
+
+    return pl.concat([rows, lens_by_token(tiny, PROMPTS[1], top_k=3)])
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_each_bad_input_to_the_newer_functions_is_one_line(cache, case):
+    """Issue 47's list: each was a raw TypeError, AttributeError or polars error (or a wrong result:
+    a 2-D batch read as one prompt); each is now an EffdepthError naming the fix."""
+    cases = _bad_inputs()
+    assert sorted(cases) == sorted(BAD_INPUTS)
+    call, said = cases[case]
+    with pytest.raises(EffdepthError, match=said) as info:
+        call()
+    assert "\n" not in str(info.value), case
+
+
+@pytest.mark.parametrize("given", [None, float("nan"), ["kl"], {}])
+def test_curve_names_a_non_text_probe_or_metric_in_one_line(cache, given):
+    result = measure(make_tiny("llama").model, PROMPTS, tokenizer=char_tokenizer(), progress=False)
+    with pytest.raises(EffdepthError, match="curve\\(\\) takes a metric name as text"):
+        result.curve("logit_lens", given)
+    with pytest.raises(EffdepthError, match="curve\\(\\) takes a probe name as text"):
+        result.curve(given, "kl")
+
+
+def test_one_prompt_as_a_1_by_n_tensor_is_that_prompt():
+    """A ``[1, token]`` tensor (a tokenizer's ``return_tensors="pt"``) is one prompt: the same rows as its 1-D ids."""
+    from effdepth_core.probes import lens_by_token
+
+    tiny = make_tiny("llama")
+    ids = torch.tensor([5, 6, 7, 8])
+    assert lens_by_token(tiny, ids[None], top_k=2).equals(lens_by_token(tiny, ids, top_k=2))
