@@ -1,4 +1,4 @@
-"""The ``effdepth`` command line: run | models | table | plot | map | book | grid. It parses and
+"""The ``effdepth`` command line: run | probes | models | table | plot | map | book | grid. It parses and
 prints; the work is the library's (``results``, ``display``, ``zoo``, ``book``). Each probe's flags
 come from its spec (``registry.py``) and load only for the command that needs them, so
 ``effdepth --help`` starts without torch."""
@@ -113,6 +113,28 @@ def _check_used(args: argparse.Namespace, settings, probes: list[str]) -> None:
             f"{option.cli_flag} applies to {', '.join(owners)}, which --probes {args.probes} does not run; "
             f"add one of them to --probes or drop {option.cli_flag}"
         )
+
+
+def _cmd_probes(args: argparse.Namespace) -> int:
+    """Every registered probe (built-in and plugins): its name, what it measures, its ED rules and
+    its options, one block each; `effdepth run --probes` takes the names."""
+    from . import registry
+    from .cli_args import _option_users
+
+    users = _option_users()
+    for name, spec in registry.specs().items():
+        default = " (run by default)" if name in registry.DEFAULT else ""
+        print(f"{name}{default}: {spec.description or spec.title}")
+        if spec.rules:
+            rules = ", ".join(f"{rule.key} ({rule.label})" for rule in spec.rules)
+            print(f"  ED rules: {rules}")
+        flags = [option.cli_flag for option in registry.options().values() if name in users[option.name]]
+        if flags:
+            print(f"  options: {' '.join(flags)}")
+        if spec.needs_answers:
+            print("  needs examples with an answer (a data set, or a .jsonl line with 'answer')")
+    print("\nrun them with: effdepth run --probes NAME,NAME (effdepth run --help: every option)")
+    return 0
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -488,6 +510,7 @@ def _main(argv: list[str], command: str | None) -> int:
     handlers = {
         "run": _cmd_run,
         "models": _cmd_models,
+        "probes": _cmd_probes,
         "table": _cmd_table,
         "book": _cmd_book,
         "plot": _cmd_plot,

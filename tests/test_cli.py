@@ -225,3 +225,75 @@ def test_every_free_text_option_refuses_an_empty_value(capsys, tmp_path, monkeyp
             assert err.count("\n") == 1 and err.startswith(f"effdepth: error: argument {action.option_strings[0]}"), err
             checked += 1
     assert checked > 40  # the probes' options (--prune-sizes, …) included
+
+
+def _run_help(capsys) -> str:
+    import contextlib
+
+    from effdepth_core.cli_args import build_parser
+
+    capsys.readouterr()
+    with contextlib.suppress(SystemExit):
+        build_parser("run").parse_args(["run", "--help"])
+    return capsys.readouterr().out
+
+
+def test_run_help_describes_every_probe_and_every_option(capsys):
+    """Issue 47: cosine and erasure had no description in ``run --help``, --dtype, --seed and
+    --batch-size no help, and --device left out mps. Now every registered probe has its line
+    (its spec's description) and every option of ``run`` has help text."""
+    import argparse
+
+    from effdepth_core import registry
+    from effdepth_core.cli_args import build_parser
+
+    text = _run_help(capsys)
+    probes = text.split("probes (--probes", 1)[1].split("\n\n", 1)[0]  # the heading and its block
+    flat = " ".join(probes.split())
+    for name, spec in registry.specs().items():
+        assert f"{name} {' '.join(spec.description.split())}" in flat, name  # the name, then its description
+    parser = build_parser("run")
+    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    unexplained = [a.option_strings[0] for a in run._actions if a.option_strings and not (a.help or "").strip()]
+    assert not unexplained, unexplained
+    assert "mps" in " ".join(text.split("\n  --device DEVICE", 1)[1].split("--device-map", 1)[0].split())
+
+
+def test_options_sit_under_every_probe_they_affect(capsys):
+    """--lens chooses logit_lens's lens as well as early_exit's: it sits under a group naming
+    both (it sat under early_exit alone); an option two probes declare sits under both names."""
+    from effdepth_core import registry
+
+    text = _run_help(capsys)
+    groups: dict[str, str] = {}  # each heading (a line at column 0 ending in ':') and what follows it
+    title = ""
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            title = line.removesuffix(":").removesuffix(" options")
+            groups[title] = ""
+        elif title:
+            groups[title] += line + "\n"
+    lens_group = next(title for title, block in groups.items() if "--lens {" in block)
+    assert lens_group == "logit_lens and early_exit", lens_group
+    top_k_group = next(title for title, block in groups.items() if "--top-k" in block)
+    assert top_k_group == "logit_lens and tuned_lens"
+    for option in registry.options().values():  # each flag exactly once, under every probe that declares it
+        titles = [title for title, block in groups.items() if f"{option.cli_flag} " in block]
+        assert len(titles) == 1, option.cli_flag
+        declared = [n for n, spec in registry.specs().items() if option in spec.options]
+        assert all(name in titles[0].replace(",", " ").split() for name in declared), (option.cli_flag, titles)
+
+
+def test_effdepth_probes_lists_every_probe(capsys):
+    """``effdepth probes`` (named by measure()'s docstring and the API page) exists: each probe with
+    its description, its ED rules and its options."""
+    from effdepth_core import registry
+
+    code, stdout, err = _run(capsys, "probes")
+    assert code == 0 and not err
+    for name, spec in registry.specs().items():
+        line = next(line for line in stdout.splitlines() if line.startswith(f"{name}"))
+        assert spec.description in line, name
+    assert "logit_lens_kl (lens KL)" in stdout
+    block = stdout.split("logit_lens (run by default)", 1)[1].split("\nskip", 1)[0]
+    assert "--lens" in block and "--top-k" in block
