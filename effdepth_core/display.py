@@ -54,6 +54,52 @@ def _cell_columns(summaries: Sequence[dict]) -> dict[str, str]:
     }
 
 
+FLAG = "†"  # a rule artefact or a degenerate interval, as the book marks it (docs/method.md §10)
+FLAG_LEGEND = f"{FLAG} a rule artefact or a degenerate interval (docs/method.md §10): shown, not to be read as a depth"
+
+
+class EdTable(pl.DataFrame):
+    """``result.eds``: a polars frame shown whole — every column, every rule, full reasons — where
+    polars would cut a 14-column frame to the terminal's or notebook's width."""
+
+    def __str__(self) -> str:
+        with pl.Config(tbl_cols=-1, tbl_rows=-1, tbl_width_chars=10_000, fmt_str_lengths=200):
+            return super().__str__()
+
+    def _repr_html_(self, **kwargs) -> str:
+        with pl.Config(tbl_cols=-1, tbl_rows=-1, fmt_str_lengths=200):
+            return super()._repr_html_(**kwargs)
+
+
+def degenerate_reason(entry: dict | None, n_layers: int, statistic: bool = False) -> str | None:
+    """Why a rule's ED (or, with ``statistic``, its continuous depth) is degenerate, by the book's
+    one rule (``depth.degenerate``: an artefact in the first layers, or an interval over L/2); None
+    when it is sound or undefined."""
+    from .depth import degenerate
+
+    if not entry:
+        return None
+    if statistic:
+        return degenerate(entry.get("depth"), entry.get("depth_low"), entry.get("depth_high"), n_layers)
+    return degenerate(entry.get("ed"), entry.get("ci_low"), entry.get("ci_high"), n_layers)
+
+
+def _flagged(text: str, reason: str | None) -> str:
+    return f"{text} {FLAG}" if reason else text
+
+
+def flag_notes(summaries: Sequence[dict]) -> list[str]:
+    """One line per flagged cell: the run, the column and why (``depth.degenerate``'s reason)."""
+    notes = []
+    for s in summaries:
+        for rule, label in _rule_columns(summaries).items():
+            for statistic, column in ((False, label), (True, f"{label} depth")):
+                reason = degenerate_reason(s.get(rule), int(s["n_layers"]), statistic)
+                if reason:
+                    notes.append(f"  {s['model']} / {s['task']} / {column}: {reason}")
+    return notes
+
+
 def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the Table-1-style view: one row per run, ED (ratio) [interval] per rule,
     the rules' continuous statistics, then one cell per probe without rules."""
@@ -68,8 +114,8 @@ def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
             str(s["n_layers"]),
             str(s["n_examples"]),
             str(s.get("n_asked", s["n_examples"])),
-            *(format_rule(s.get(rule)) for rule in rules),
-            *(format_depth(s.get(rule)) for rule in depths),
+            *(_flagged(format_rule(s.get(rule)), degenerate_reason(s.get(rule), s["n_layers"])) for rule in rules),
+            *(_flagged(format_depth(s.get(r)), degenerate_reason(s.get(r), s["n_layers"], True)) for r in depths),
             *(_cell(s, probe) for probe in cells),
         ]
         for s in summaries
@@ -92,6 +138,8 @@ def table_records(summaries: Sequence[dict]) -> list[dict]:
         for rule in rules:
             entry = s.get(rule) or {}
             record[rule] = {field: entry.get(field) for field in (*RULE_FIELDS, "reason")}
+            record[rule]["degenerate"] = degenerate_reason(entry, s["n_layers"])  # why, or null (method.md §10)
+            record[rule]["depth_degenerate"] = degenerate_reason(entry, s["n_layers"], statistic=True)
         record.update({probe: None if (text := _cell(s, probe)) == "—" else text for probe in cells})
         records.append(record)
     return records
@@ -121,6 +169,9 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
     if style == "markdown":
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+        flagged = flag_notes(summaries)
+        if flagged:
+            lines += ["", FLAG_LEGEND + ":", "", *(f"- {note.strip()}".replace("|", "\\|") for note in flagged)]
         return "\n".join(lines)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
@@ -137,6 +188,9 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
     ]
     if notes:
         lines += ["undefined ED:", *notes]
+    flagged = flag_notes(summaries)
+    if flagged:
+        lines += [FLAG_LEGEND + ":", *flagged]
     return "\n".join(lines)
 
 
@@ -353,9 +407,11 @@ class RunResult:
         s = self.summary
         model, task = self._labels()
         cells = "; ".join(f"{label} {cell}" for label, cell in self._cells())
+        flagged = [" ".join(note.split(" / ", 2)[-1].split()) for note in flag_notes([s])]
+        why = f" {FLAG} (docs/method.md §10, not a depth): {'; '.join(flagged)}." if flagged else ""
         return (
             f"<{type(self).__name__}: {model} on {task} ({s.get('n_layers')} layers, n = {s.get('n_examples')}). "
-            f"ED {cells}. Probes: {', '.join(self.per_example)}. {self._where()}>"
+            f"ED {cells}.{why} Probes: {', '.join(self.per_example)}. {self._where()}>"
         )
 
     def _where(self) -> str:
@@ -365,10 +421,22 @@ class RunResult:
 
     @property
     def eds(self) -> pl.DataFrame:
-        """The ED of every rule the run's probes have, as a frame (``rule, ed, ratio, ci_low, ci_high, reason``)."""
+        """The ED of every rule the run's probes have, as a frame (``rule, ed, ratio, ci_low, ci_high,
+        reason``, ``degenerate``: why the ED is a rule artefact or its interval degenerate, by
+        docs/method.md §10, else null; then the continuous statistic's columns and its own
+        ``depth_degenerate``)."""
         from .depth import depth_table
 
-        return depth_table(self.depth)
+        table = depth_table(self.depth)
+        n_layers = int(self.summary["n_layers"])
+        entries = [self.summary.get(rule) for rule in table["rule"]]
+        flags = [degenerate_reason(entry, n_layers) for entry in entries]
+        depth_flags = [degenerate_reason(entry, n_layers, statistic=True) for entry in entries]
+        table = table.with_columns(
+            pl.Series("degenerate", flags, dtype=pl.String), pl.Series("depth_degenerate", depth_flags, dtype=pl.String)
+        )
+        order = [*table.columns[:6], "degenerate", *table.columns[6:-2], "depth_degenerate"]
+        return EdTable(table.select(order))
 
     def _repr_html_(self) -> str:
         s = self.summary
@@ -379,4 +447,9 @@ class RunResult:
             f"L = {s.get('n_layers')}, n = {s.get('n_examples')}; probes {', '.join(self.per_example)}; "
             f"{html.escape(self._where())}</p>"
             f"<table><tr>{head}</tr><tr>{cells}</tr></table><p><small>{html.escape(CELL_LEGEND)}</small></p>"
+            + "".join(f"<p><small>{html.escape(line)}</small></p>" for line in self._flag_lines())
         )
+
+    def _flag_lines(self) -> list[str]:
+        notes = flag_notes([self.summary])
+        return [FLAG_LEGEND + ":", *(note.split(" / ", 2)[-1].strip() for note in notes)] if notes else []

@@ -611,3 +611,23 @@ def test_one_prompt_as_a_1_by_n_tensor_is_that_prompt():
     tiny = make_tiny("llama")
     ids = torch.tensor([5, 6, 7, 8])
     assert lens_by_token(tiny, ids[None], top_k=2).equals(lens_by_token(tiny, ids, top_k=2))
+
+
+def test_the_result_marks_its_degenerate_eds_and_shows_every_column(cache):
+    """A 3-layer model's EDs all lie in its first layers (ED ≤ max(2, ⌈0.3⌉) = 2): each is a rule
+    artefact by docs/method.md §10. The repr marks each cell † and says why in one line; ``eds``
+    names the reason per rule; printed, the frame keeps all its columns and full reasons (polars
+    would cut it to 100 characters: issue 47's "result.eds is truncated")."""
+    result = measure(make_tiny("llama").model, PROMPTS, tokenizer=char_tokenizer(), progress=False)
+    eds = result.eds
+    for rule, ed in zip(eds["rule"], eds["ed"], strict=True):
+        assert 0 <= ed <= 2, rule
+        expected = f"it fires at layer {ed}, in the first layers (0–2 of 3)"
+        assert eds.filter(rule=rule)["degenerate"].item() == expected
+    text = repr(result)
+    assert text.count("†") == 2 * eds.height + 1  # each ED and depth cell, and the legend
+    assert "(docs/method.md §10, not a depth): cosine: it fires at layer" in text and "\n" not in text
+    printed = str(eds)
+    assert "…" not in printed and all(column in printed for column in eds.columns)
+    assert "in the first layers (0–2 of 3)" in printed and "degenerate" in result._repr_html_()
+    assert eds.filter(rule="cosine")["ed"].item() == result.summary["cosine"]["ed"]  # still a polars frame
