@@ -92,8 +92,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
         results_root="results",  # the command line's documented default: ./results/<model>/<run>
     )
     print(format_table([result.summary]))
+    measured = _measured_text(result.out_dir)
+    if measured:
+        print(measured)
     print(f"\nresults in {result.out_dir}/")
     return 0
+
+
+def _measured_text(out_dir: Path) -> str | None:
+    """The line that says what text the run measured (from its ``examples.jsonl``): prompt + answer,
+    as ``measure(..., with_answer=True)`` does, or the prompts alone where no example has an answer."""
+    import json
+
+    try:
+        rows = [json.loads(line) for line in (out_dir / "examples.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    answered = sum(1 for row in rows if isinstance(row, dict) and row.get("answer"))
+    if not answered:
+        return "measured text: each example's prompt (none has an answer)"
+    return (
+        f"measured text: each example's prompt + answer ({answered} of {len(rows)} with an answer; as "
+        "measure(..., with_answer=True); with_answer=False measures the prompts alone)"
+    )
 
 
 def _check_used(args: argparse.Namespace, settings, probes: list[str]) -> None:

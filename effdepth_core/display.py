@@ -411,8 +411,13 @@ class RunResult:
         why = f" {FLAG} (docs/method.md §10, not a depth): {'; '.join(flagged)}." if flagged else ""
         return (
             f"<{type(self).__name__}: {model} on {task} ({s.get('n_layers')} layers, n = {s.get('n_examples')}). "
-            f"ED {cells}.{why} Probes: {', '.join(self.per_example)}. {self._where()}>"
+            f"ED {cells}.{why}{self._text()} Probes: {', '.join(self.per_example)}. {self._where()}>"
         )
+
+    def _text(self) -> str:
+        """What text was measured, where the result knows (a ``Measurement``)."""
+        text = getattr(self, "text", "")
+        return f" Measured: {text}." if text else ""
 
     def _where(self) -> str:
         if self.out_dir is None:
@@ -444,7 +449,8 @@ class RunResult:
         cells = "".join(f"<td>{html.escape(cell)}</td>" for _, cell in self._cells())
         return (
             f"<p><b>{html.escape(self._labels()[0])}</b> on <b>{html.escape(self._labels()[1])}</b>: "
-            f"L = {s.get('n_layers')}, n = {s.get('n_examples')}; probes {', '.join(self.per_example)}; "
+            f"L = {s.get('n_layers')}, n = {s.get('n_examples')}; probes {', '.join(self.per_example)};"
+            f"{html.escape(self._text())} "
             f"{html.escape(self._where())}</p>"
             f"<table><tr>{head}</tr><tr>{cells}</tr></table><p><small>{html.escape(CELL_LEGEND)}</small></p>"
             + "".join(f"<p><small>{html.escape(line)}</small></p>" for line in self._flag_lines())

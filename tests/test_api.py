@@ -631,3 +631,43 @@ def test_the_result_marks_its_degenerate_eds_and_shows_every_column(cache):
     assert "…" not in printed and all(column in printed for column in eds.columns)
     assert "in the first layers (0–2 of 3)" in printed and "degenerate" in result._repr_html_()
     assert eds.filter(rule="cosine")["ed"].item() == result.summary["cosine"]["ed"]  # still a polars frame
+
+
+def test_one_text_one_measurement_by_either_route(cache, tiny_dir, capsys):
+    """Issue 47: README's task file measured prompt + answer and its list of prompts the prompts
+    alone, so the "same two prompts" gave other EDs. A line's text is prompt + answer on both
+    routes: the command line on the file, measure() on the file, and measure() on the joined texts
+    give the same numbers; with_answer=False (named, and said in the result) measures the prompts
+    alone, which equal measure() of those prompts — and differ from the texts with answers."""
+    import polars as pl
+
+    from effdepth_core.api import TEXT_AS_GIVEN, TEXT_PROMPT_ONLY, TEXT_WITH_ANSWER
+    from effdepth_core.cli import main
+
+    lines = [("the cat sat on", " the mat"), ("two plus", " two is four")]
+    task = cache / "mine.jsonl"
+    task.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in lines))
+    capsys.readouterr()
+    assert (
+        main(["run", "--model", str(tiny_dir), "--task", str(task), "--out", str(cache / "cli"), "--no-progress"]) == 0
+    )
+    assert "measured text: each example's prompt + answer (2 of 2 with an answer" in capsys.readouterr().out
+    cli = {name: pl.read_parquet(cache / "cli" / f"{name}_by_example.parquet") for name in ("cosine", "logit_lens")}
+    model = str(tiny_dir)
+    joined = measure(model, [p + a for p, a in lines], cache=False, progress=False)
+    on_file = measure(model, str(task), cache=False, progress=False)
+    for name, frame in cli.items():
+        assert joined.per_example[name].equals(frame), name  # same text, same batches: bit-identical
+        assert on_file.per_example[name].equals(frame), name
+    assert joined.summary["logit_lens_kl"] == on_file.summary["logit_lens_kl"]
+    assert (on_file.text, joined.text) == (TEXT_WITH_ANSWER, TEXT_AS_GIVEN) and "prompt + answer" in repr(on_file)
+    alone = measure(model, str(task), cache=False, progress=False, with_answer=False)
+    prompts = measure(model, [p for p, _ in lines], cache=False, progress=False)
+    assert alone.text == TEXT_PROMPT_ONLY and "with_answer=False" in repr(alone)
+    for name in cli:
+        assert alone.per_example[name].equals(prompts.per_example[name]), name
+        assert not alone.per_example[name].equals(on_file.per_example[name]), name  # other text, other numbers
+    with pytest.raises(EffdepthError, match="with_answer=False takes a task file or a list"):
+        measure(model, "gsm8k", with_answer=False, cache=False)
+    with pytest.raises(EffdepthError, match="with_answer= takes True or False"):
+        measure(model, str(task), with_answer="no", cache=False)
