@@ -91,7 +91,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         reuse_from=args.reuse_from,
         results_root="results",  # the command line's documented default: ./results/<model>/<run>
     )
-    print(format_table([result.summary]))
+    print(format_table([result.summary], wide=args.wide))
+    cached = [name for name in result.summary_probes() if name not in result.computed]
+    if cached and not result.computed:
+        print(f"read from the cache: every probe ({', '.join(cached)}) was computed before in this run directory")
+    elif cached:
+        print(f"read from the cache: {', '.join(cached)}; computed now: {', '.join(result.computed)}")
     measured = _measured_text(result.out_dir)
     if measured:
         print(measured)
@@ -112,8 +117,8 @@ def _measured_text(out_dir: Path) -> str | None:
     if not answered:
         return "measured text: each example's prompt (none has an answer)"
     return (
-        f"measured text: each example's prompt + answer ({answered} of {len(rows)} with an answer; as "
-        "measure(..., with_answer=True); with_answer=False measures the prompts alone)"
+        f"measured text: each example's prompt + answer ({answered} of {len(rows)} have one; "
+        "measure(..., with_answer=False): the prompts alone)"
     )
 
 
@@ -450,7 +455,7 @@ def _cmd_table(args: argparse.Namespace) -> int:
     summaries = [s for s in (read_summary(path, _warn) for path in files) if s is not None]
     if not summaries:
         raise EffdepthError("none of the effective_depth.json files found could be read (see the warnings above)")
-    print(format_table(summaries, args.format))
+    print(format_table(summaries, args.format, wide=args.wide))
     return 0
 
 

@@ -214,6 +214,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     run.add_argument("--slow", action="store_true", help="one forward pass per intervention (the oracle; same numbers)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    run.add_argument(
+        "--wide", action="store_true", help="every column of the table (each rule's continuous depth statistic too)"
+    )
     if command == "run":
         _add_probe_options(run)
 
@@ -345,6 +348,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
     table.add_argument("dirs", nargs="+", type=_path, help="run directories or folders of them")
     table.add_argument("--format", default="text", choices=TABLE_FORMATS, help="output format")
+    table.add_argument(
+        "--wide",
+        action="store_true",
+        help="text and markdown: every column (each rule's continuous depth statistic too; csv and json have all)",
+    )
     _no_empty_text(parser)
     return parser
 

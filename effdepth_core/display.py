@@ -54,6 +54,7 @@ def _cell_columns(summaries: Sequence[dict]) -> dict[str, str]:
     }
 
 
+NARROW_LEGEND = "--wide adds each rule's continuous depth statistic (method.md §12) and every column"
 FLAG = "†"  # a rule artefact or a degenerate interval, as the book marks it (docs/method.md §10)
 FLAG_LEGEND = f"{FLAG} a rule artefact or a degenerate interval (docs/method.md §10): shown, not to be read as a depth"
 
@@ -88,22 +89,27 @@ def _flagged(text: str, reason: str | None) -> str:
     return f"{text} {FLAG}" if reason else text
 
 
-def flag_notes(summaries: Sequence[dict]) -> list[str]:
-    """One line per flagged cell: the run, the column and why (``depth.degenerate``'s reason)."""
+def flag_notes(summaries: Sequence[dict], wide: bool = True) -> list[str]:
+    """One line per flagged cell: the run, the column and why (``depth.degenerate``'s reason); not
+    ``wide``: the ED cells only (the narrow table shows no depth column)."""
     notes = []
     for s in summaries:
         for rule, label in _rule_columns(summaries).items():
-            for statistic, column in ((False, label), (True, f"{label} depth")):
+            for statistic, column in ((False, label), (True, f"{label} depth"))[: 2 if wide else 1]:
                 reason = degenerate_reason(s.get(rule), int(s["n_layers"]), statistic)
                 if reason:
                     notes.append(f"  {s['model']} / {s['task']} / {column}: {reason}")
     return notes
 
 
-def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
+def table_rows(summaries: Sequence[dict], wide: bool = True) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the Table-1-style view: one row per run, ED (ratio) [interval] per rule,
-    the rules' continuous statistics, then one cell per probe without rules."""
+    the rules' continuous statistics, then one cell per probe without rules. Not ``wide``: without
+    the continuous statistics, and without the level, digits and asked columns where no run has
+    anything to say in them (a narrow table for a terminal)."""
     rules, depths, cells = _rule_columns(summaries), _depth_columns(summaries), _cell_columns(summaries)
+    if not wide:
+        depths = {}
     header = ["model", "task", "level", "digits", "L", "n", "asked", *rules.values(), *depths.values(), *cells.values()]
     rows = [
         [
@@ -120,7 +126,20 @@ def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
         ]
         for s in summaries
     ]
+    if not wide:  # drop level, digits and asked where every run leaves them empty or equal to n
+        keep = [i for i, name in enumerate(header) if not _uninformative(name, i, rows)]
+        header, rows = [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
     return header, [[printable(cell) for cell in row] for row in rows]
+
+
+def _uninformative(name: str, index: int, rows: list[list[str]]) -> bool:
+    """Whether a narrow table may leave out this column: level or digits empty in every run, or
+    the prompts asked equal to those kept (n) in every run."""
+    if name in ("level", "digits"):
+        return all(not row[index] for row in rows)
+    if name == "asked":
+        return all(row[index] == row[index - 1] for row in rows)
+    return False
 
 
 RULE_FIELDS = ("ed", "ratio", "ci_low", "ci_high", "statistic", "depth", "depth_ratio", "depth_low", "depth_high")
@@ -145,10 +164,11 @@ def table_records(summaries: Sequence[dict]) -> list[dict]:
     return records
 
 
-def format_table(summaries: Sequence[dict], style: str = "text") -> str:
+def format_table(summaries: Sequence[dict], style: str = "text", wide: bool = True) -> str:
     """The runs' ED table as aligned text (with a legend line and notes) or Markdown for people;
     JSON (``table_records``) or CSV (the same records flattened: ``<rule>_<field>`` columns) with
-    numeric fields for programs."""
+    numeric fields for programs. Not ``wide`` (the command line's default): text and Markdown
+    without the continuous statistics and the empty columns (``table_rows``)."""
     if style == "json":
         return json.dumps(table_records(summaries), indent=2, ensure_ascii=False, allow_nan=False)
     if style == "csv":
@@ -165,11 +185,11 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
         writer.writeheader()
         writer.writerows(flat)
         return buffer.getvalue().rstrip("\n")
-    header, rows = table_rows(summaries)
+    header, rows = table_rows(summaries, wide)
     if style == "markdown":
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-        flagged = flag_notes(summaries)
+        flagged = flag_notes(summaries, wide)
         if flagged:
             lines += ["", FLAG_LEGEND + ":", "", *(f"- {note.strip()}".replace("|", "\\|") for note in flagged)]
         return "\n".join(lines)
@@ -179,7 +199,7 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
     if _rule_columns(summaries):
         lines += ["", f"{CELL_LEGEND}; n = prompts kept of those asked"]
     if _depth_columns(summaries):
-        lines.append(DEPTH_LEGEND)
+        lines.append(DEPTH_LEGEND if wide else NARROW_LEGEND)
     notes = [
         f"  {s['model']} / {s['task']} / {label}: {s[rule]['reason']}"
         for s in summaries
@@ -188,7 +208,7 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
     ]
     if notes:
         lines += ["undefined ED:", *notes]
-    flagged = flag_notes(summaries)
+    flagged = flag_notes(summaries, wide)
     if flagged:
         lines += [FLAG_LEGEND + ":", *flagged]
     return "\n".join(lines)
@@ -353,6 +373,7 @@ class RunResult:
     depth: dict[str, DepthResult]
     summary: dict = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)
+    computed: tuple[str, ...] = ()  # the probes this call computed; the others were read from the run's cache
 
     def curve(self, probe: str, metric: str):
         """One curve as a numpy array over its layers (``result.curve("logit_lens", "kl")``).
@@ -390,6 +411,10 @@ class RunResult:
                 f"{probe}'s {metric} has several rows per layer (by {', '.join(others)}); filter curves[{probe!r}]"
             )
         return rows["value"].to_numpy()
+
+    def summary_probes(self) -> list[str]:
+        """The probes this result holds, in the table's (the registry's) order."""
+        return [name for name in registry.names() if name in self.per_example]
 
     def _cells(self) -> list[tuple[str, str]]:
         header, rows = table_rows([self.summary])

@@ -651,7 +651,7 @@ def test_one_text_one_measurement_by_either_route(cache, tiny_dir, capsys):
     assert (
         main(["run", "--model", str(tiny_dir), "--task", str(task), "--out", str(cache / "cli"), "--no-progress"]) == 0
     )
-    assert "measured text: each example's prompt + answer (2 of 2 with an answer" in capsys.readouterr().out
+    assert "measured text: each example's prompt + answer (2 of 2 have one" in capsys.readouterr().out
     cli = {name: pl.read_parquet(cache / "cli" / f"{name}_by_example.parquet") for name in ("cosine", "logit_lens")}
     model = str(tiny_dir)
     joined = measure(model, [p + a for p, a in lines], cache=False, progress=False)

@@ -297,3 +297,62 @@ def test_effdepth_probes_lists_every_probe(capsys):
     assert "logit_lens_kl (lens KL)" in stdout
     block = stdout.split("logit_lens (run by default)", 1)[1].split("\nskip", 1)[0]
     assert "--lens" in block and "--top-k" in block
+
+
+def test_a_cached_rerun_says_so_and_the_default_table_is_narrow(tiny_dir, tmp_path, capsys):
+    """Issue 47: a cached rerun printed the same table with no note, and the table was ~230
+    columns wide. The rerun now says it read every probe from the cache (a run that adds a probe
+    names both kinds); the default table leaves out the continuous statistics and the empty
+    columns, --wide shows them."""
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"prompt": "the cat sat on", "answer": " the mat"}\n{"prompt": "two plus two"}\n')
+    argv = ["run", "--model", str(tiny_dir), "--task", str(task), "--out", str(tmp_path / "o"), "--no-progress"]
+    code, first, _ = _run(capsys, *argv)
+    assert code == 0 and "read from the cache" not in first
+    assert "measured text: each example's prompt + answer (1 of 2 have one" in first
+    header = first.splitlines()[0].split()
+    assert header == ["model", "task", "L", "n", "cosine", "lens", "KL", "lens", "overlap"]  # no level, digits, asked
+    assert "depth" not in first.splitlines()[0] and "--wide adds" in first
+    code, again, _ = _run(capsys, *argv)
+    assert code == 0 and "read from the cache: every probe (cosine, logit_lens) was computed before" in again
+    assert again.split("read from the cache")[0] == first.split("measured text")[0]  # the same table
+    code, more, _ = _run(capsys, *argv, "--probes", "norm,cosine,logit_lens", "--wide")
+    assert "read from the cache: cosine, logit_lens; computed now: norm" in more
+    assert "cosine depth" in more.splitlines()[0] and "asked" in more.splitlines()[0]
+
+
+def test_probes_run_in_the_tables_order(tiny_dir, tmp_path):
+    """--probes logit_lens,cosine computed the lens first while the table shows cosine first: the
+    probes now run in the table's (the registry's) order, on disk and in memory."""
+    from effdepth_core import registry
+    from effdepth_core.results import RunSettings, run, run_in_memory
+
+    settings = RunSettings(str(tiny_dir), "addition", n=1, digits=2, progress=False)
+    kept = run(settings, "norm,logit_lens,cosine", tmp_path / "o")
+    order = [name for name in registry.names() if name in ("cosine", "logit_lens", "norm")]
+    assert list(kept.computed) == order == ["cosine", "logit_lens", "norm"]
+    assert list(run_in_memory(settings, "norm,logit_lens,cosine").computed) == order
+    assert run(settings, "norm,logit_lens,cosine", tmp_path / "o").computed == ()  # all cached
+
+
+def test_the_run_prints_an_overall_line_with_an_estimate_of_the_time_left(tiny_dir, tmp_path, capsys):
+    """Issue 47: a run had a bar per probe and no overall estimate. With progress on, each probe's
+    start prints "probe k/N" and, from the second, the time so far and the time left: each probe's
+    operations (its spec's work) at the rate of those before it — 10 s for 1 unit, then 3 units
+    left, is 30 s."""
+    import time
+
+    from effdepth_core.results import Overall, RunSettings, run
+
+    settings = RunSettings(str(tiny_dir), "addition", n=1, digits=2, progress=True)
+    capsys.readouterr()
+    run(settings, "cosine,logit_lens", tmp_path / "o")
+    err = capsys.readouterr().err
+    assert "effdepth: probe 1/2, residual cosine\n" in err and "effdepth: probe 2/2, logit lens; " in err
+    assert "left (estimated from each probe's operations)" in err
+    overall = Overall.__new__(Overall)
+    overall.names, overall.work, overall.started = ["cosine", "logit_lens"], [1.0, 3.0], time.perf_counter() - 10
+    overall.starting(1)
+    assert "probe 2/2, logit lens; 10 s so far, about 30 s left" in capsys.readouterr().err
+    run(settings.replace(progress=False), "cosine,logit_lens,norm", tmp_path / "p")
+    assert "effdepth: probe" not in capsys.readouterr().err  # --no-progress: no line

@@ -403,3 +403,25 @@ def test_tables_mark_a_rule_artefact_and_a_degenerate_interval_and_say_why():
                  "depth_high": 3.0}  # fmt: skip  # a sound ED beside a statistic in the first layers
     text = format_table([{**runs[0], "cosine": statistic}])
     assert "2.4 (0.11) [1.0–3.0] †" in text and "a / gsm8k / cosine depth: it fires at layer 2.4" in text
+
+
+def test_the_narrow_table_fits_a_terminal_and_wide_keeps_every_column():
+    """README's run (smollm2-135m, gsm8k, three rules with their statistics) printed a ~230-column
+    table; the default (narrow) one fits 100 columns, and ``wide`` keeps every column as before."""
+    from effdepth_core.display import format_table
+
+    def entry(ed, low, high, depth):
+        statistic = {"statistic": "centroid", "depth": depth, "depth_ratio": (depth + 1) / 30}
+        interval = {"depth_low": depth - 0.7, "depth_high": depth + 0.7}
+        return {"ed": ed, "ratio": (ed + 1) / 30, "ci_low": low, "ci_high": high, **statistic, **interval}
+
+    summary = {"model": "smollm2-135m", "task": "gsm8k", "n_layers": 30, "n_examples": 10, "n_asked": 10,
+               "cosine": entry(20, 20, 20, 19.2), "logit_lens_kl": entry(19, 16, 20, 13.3),
+               "logit_lens_overlap": entry(23, 23, 23, 23.0)}  # fmt: skip
+    narrow = format_table([summary], wide=False).split("\n\n")[0].splitlines()
+    wide = format_table([summary]).split("\n\n")[0].splitlines()
+    assert max(map(len, narrow)) <= 100 < max(map(len, wide))
+    assert narrow[0].split() == ["model", "task", "L", "n", "cosine", "lens", "KL", "lens", "overlap"]
+    assert "lens KL depth" in wide[0] and "asked" in wide[0] and "19 (0.67) [16–20]" in narrow[2]
+    asked = format_table([{**summary, "n_asked": 12}], wide=False).splitlines()[0]
+    assert "asked" in asked  # shown where it says something: prompts were dropped
