@@ -244,11 +244,11 @@ def test_measure_refuses_a_mapping_or_a_data_frame_and_rechecks_its_prompts_file
     for given in ({"prompt": "a cat"}, pl.DataFrame({"prompt": ["a cat"]}), {"a cat"}):
         with pytest.raises(EffdepthError, match="measure takes a task name, one prompt or a list of prompts"):
             _prompts_task(given)
-    path, n = _prompts_task(["a cat"])
+    path, n, _ = _prompts_task(["a cat"])
     assert n == 1 and '"a cat"' in open(path).read()
     with open(path, "w") as handle:
         handle.write('{"prompt": "a dog"}\n')  # the file edited behind effdepth's back
-    again, _ = _prompts_task(["a cat"])
+    again, _, _ = _prompts_task(["a cat"])
     assert again == path and '"a cat"' in open(path).read() and "dog" not in open(path).read()
 
 
@@ -291,7 +291,7 @@ def test_measure_names_a_wrong_argument_in_one_line(tmp_path, monkeypatch):
             measure(model, prompts, tokenizer=char_tokenizer())
     with pytest.raises(EffdepthError, match=r"tokenizer= takes a tokenizer object.*AutoTokenizer"):
         measure(model, ["a"], tokenizer="gpt2")
-    path, n = _prompts_task("a" * 256)  # one long prompt, not a file name the file system refuses
+    path, n, _ = _prompts_task("a" * 256)  # one long prompt, not a file name the file system refuses
     assert n == 1 and ("a" * 256) in open(path).read()
     with pytest.raises(EffdepthError, match=r"cannot expand '~nosuchuser0/x'"):
         user_path("~nosuchuser0/x")
