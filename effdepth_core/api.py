@@ -210,7 +210,8 @@ def _check_settings(settings: dict[str, Any]) -> None:
     from .settings import CORE_DEFAULTS
 
     known = [name for name in (*CORE_DEFAULTS, *registry.options()) if name not in ("model", "task", "progress")]
-    arguments = ("probes", "tokenizer", "out", "progress", "cache", "name")  # measure's own, a misspelling may mean
+    # measure's own arguments, which a misspelling may mean
+    arguments = ("probes", "tokenizer", "out", "progress", "cache", "name", "with_answer")
     for name in settings:
         if name not in known:
             close = nearest_name(name, [*known, *arguments])

@@ -105,4 +105,4 @@ def test_requires_python_is_what_the_lock_can_install():
     assert lowest == 11, sorted(floors.items(), key=lambda item: -item[1])[:5]  # README names 3.11
     assert claimed.contains(f"3.{lowest}.0") and not claimed.contains(f"3.{lowest - 1}.99"), claimed
     readme = (root / "README.md").read_text()
-    assert f"Python 3.{lowest}" in readme and "3.10" not in readme
+    assert f"Python 3.{lowest}" in readme and f"Python 3.{lowest - 1}" not in readme
