@@ -19,22 +19,33 @@ from . import registry
 from .cache import atomic_write_bytes, make_dirs
 from .display import RunResult
 from .errors import EffdepthError, nearest_name
-from .models import LoadedModel, as_the_caller_had, resolve_dtype, with_tokenizer, wrap_model
+from .models import LoadedModel, as_the_caller_had, check_tokenizer, resolve_dtype, with_tokenizer, wrap_model
 from .paths import exists, names_path, user_path
 from .results import run, run_in_memory
 from .settings import RunSettings
-from .tasks import TASKS, Example, _encodable
+from .tasks import TASKS, Example, _encodable, looks_like_task_file, missing_task_file, task_pool
 from .trace import show_progress
 from .zoo import cache_dir
 
 
-def _prompts_task(prompts: Any) -> tuple[str, int | None]:
+def _prompts_task(prompts: Any, with_answer: bool = True) -> tuple[str, int | None, str]:
     """A task name or file as it is; prompts (text or ``Example``s) written once to a task file in
-    effdepth's cache named by their content, so that the run is keyed by their text."""
+    effdepth's cache named by their content, so that the run is keyed by their text. With
+    ``with_answer=False`` a task file's lines and ``Example``s give their prompt (question) alone.
+    Also returns what text is measured (``TEXT_*``), for the result to say."""
     if isinstance(prompts, str) and (
         prompts in TASKS or (names_path(prompts) is not None and exists(user_path(prompts), "file"))
     ):
-        return prompts, None
+        if with_answer:
+            return prompts, None, TEXT_WITH_ANSWER
+        if prompts in TASKS:
+            raise EffdepthError(
+                f"with_answer=False takes a task file or a list of prompts, not the data set {prompts!r} (its "
+                "examples are drawn by n and seed): pass [e.question for e in load_task(...)]"
+            )
+        prompts = [Example(e.question) for e in task_pool(prompts)]
+    if isinstance(prompts, str) and looks_like_task_file(prompts):  # a task path with a typo is no prompt
+        raise missing_task_file(prompts)
     if isinstance(prompts, Mapping) or hasattr(prompts, "columns") or isinstance(prompts, Set | bytes):
         kind = "a data frame" if hasattr(prompts, "columns") else type(prompts).__name__
         raise EffdepthError(
@@ -58,7 +69,8 @@ def _prompts_task(prompts: Any) -> tuple[str, int | None]:
             raise EffdepthError(f"prompt {index} holds a lone surrogate (an unpaired \\ud800-\\udfff), no text a "
                                 "tokenizer can read; fix the string")  # fmt: skip
         if isinstance(item, Example):
-            rows.append({"prompt": item.question, **({"answer": item.answer} if item.answer else {})})
+            answer = item.answer if with_answer else None
+            rows.append({"prompt": item.question, **({"answer": answer} if answer else {})})
         elif isinstance(item, str) and item:
             rows.append({"prompt": item})
         else:
@@ -71,7 +83,20 @@ def _prompts_task(prompts: Any) -> tuple[str, int | None]:
     if not _holds(path, text):  # named by its content: checked against it on every use, rewritten if not
         make_dirs(path.parent, 0o700)
         atomic_write_bytes(path, text)
-    return str(path), len(rows)
+    answered = any("answer" in row for row in rows)
+    return (
+        str(path),
+        len(rows),
+        TEXT_WITH_ANSWER if answered else TEXT_PROMPT_ONLY if not with_answer else TEXT_AS_GIVEN,
+    )
+
+
+# What a result says it measured (its repr, ``Measurement.text``): one text, one measurement — a task
+# file's line and ``Example(question, answer)`` are measured as question + answer, as `effdepth run`
+# measures them; a text as given; ``with_answer=False`` the question alone.
+TEXT_WITH_ANSWER = "each example's prompt + answer (with_answer=True)"
+TEXT_AS_GIVEN = "each text as given"
+TEXT_PROMPT_ONLY = "each example's prompt alone (with_answer=False)"
 
 
 def _holds(path: Path, text: bytes) -> bool:
@@ -93,6 +118,7 @@ def measure(
     progress: bool | None = None,
     name: str | None = None,
     cache: bool | None = None,
+    with_answer: bool = True,
     **settings: Any,
 ) -> Measurement:
     """Run ``probes`` on ``model`` over ``prompts`` and return the result.
@@ -110,9 +136,17 @@ def measure(
     unless ``cache=True`` or ``out`` is given. Results are kept in ``out`` or under effdepth's cache
     (``$EFFDEPTH_CACHE/runs``), never the working directory.
 
+    One text, one measurement: a text is measured as given; a task file's line and an
+    ``Example(question, answer)`` as question + answer, as ``effdepth run --task FILE`` measures them
+    (so ``measure(model, ["The capital of France is Paris"])`` and a line ``{"prompt": "The capital
+    of France is", "answer": " Paris"}`` give the same numbers). ``with_answer=False`` measures a
+    task file's or Examples' prompts alone. The result says which (``Measurement.text``).
+
     Args:
         model, prompts, name, cache: as above.
         probes: probe names (``effdepth probes`` lists them).
+        with_answer: measure a task file's lines and Examples as prompt + answer (True, as the
+            command line does) or their prompts alone (False; the answer probes then have no answer).
         tokenizer: the tokenizer of a transformers model.
         out: the run directory to keep the result in.
         progress: show progress bars (None: when attached to a terminal or notebook).
@@ -131,28 +165,29 @@ def measure(
         raise EffdepthError("out= keeps the result in a folder and cache=False keeps none; drop one")
     by_name = isinstance(model, str)
     keep = out is not None or (cache is not False if by_name else bool(cache))  # a name: kept unless told not
-    if isinstance(tokenizer, str | Path):
-        raise EffdepthError(
-            f"tokenizer= takes a tokenizer object, not its name {str(tokenizer)!r}: pass "
-            f"AutoTokenizer.from_pretrained({str(tokenizer)!r})"
-        )
+    if isinstance(tokenizer, str | Path):  # before the prompts; any other non-tokenizer after the model's check
+        check_tokenizer(tokenizer)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise EffdepthError(f"name= labels the model in the result: give a non-empty text, got {name!r}")
-    task, n = _prompts_task(prompts)
+    if not isinstance(with_answer, bool):
+        raise EffdepthError(f"with_answer= takes True or False, got {with_answer!r}")
+    task, n, text = _prompts_task(prompts, with_answer)
     if n is not None:
         settings.setdefault("n", n)
     task_label = task if n is None else f"{n} prompt{'s' if n != 1 else ''}"
+    if n is not None and not with_answer and isinstance(prompts, str):
+        task_label = f"{prompts}, prompts alone"
     progress = show_progress(progress)
     if isinstance(model, str):
         run_settings = RunSettings(model, task, progress=progress, **settings)
         result = run(run_settings, probes, out) if keep else run_in_memory(run_settings, probes)
-        return _measurement(result, name or model, task_label)
+        return _measurement(result, name or model, task_label, text)
     if isinstance(model, LoadedModel):
         if tokenizer is not None:
             model = with_tokenizer(model, tokenizer, "measure")
         _as_the_model_is(model, settings)
         result = _run(RunSettings(model.name, task, progress=progress, **settings), probes, out, model, keep)
-        return _measurement(result, name or model.name, task_label)
+        return _measurement(result, name or model.name, task_label, text)
     if not hasattr(model, "config"):
         raise EffdepthError(f"model must be a name, a LoadedModel or a transformers model, got {type(model).__name__}")
     with as_the_caller_had(model):
@@ -161,7 +196,7 @@ def measure(
             raise EffdepthError("measuring text needs the model's tokenizer: pass tokenizer=")
         _as_the_model_is(loaded, settings)
         result = _run(RunSettings(loaded.name, task, progress=progress, **settings), probes, out, loaded, keep)
-        return _measurement(result, loaded.name, task_label)
+        return _measurement(result, loaded.name, task_label, text)
 
 
 def _run(settings: RunSettings, probes, out, loaded: LoadedModel, keep: bool) -> RunResult:
@@ -175,7 +210,8 @@ def _check_settings(settings: dict[str, Any]) -> None:
     from .settings import CORE_DEFAULTS
 
     known = [name for name in (*CORE_DEFAULTS, *registry.options()) if name not in ("model", "task", "progress")]
-    arguments = ("probes", "tokenizer", "out", "progress", "cache", "name")  # measure's own, a misspelling may mean
+    # measure's own arguments, which a misspelling may mean
+    arguments = ("probes", "tokenizer", "out", "progress", "cache", "name", "with_answer")
     for name in settings:
         if name not in known:
             close = nearest_name(name, [*known, *arguments])
@@ -251,12 +287,13 @@ class Measurement(RunResult):
 
     model_label: str = ""
     task_label: str = ""
+    text: str = ""  # what was measured: ``TEXT_WITH_ANSWER``, ``TEXT_AS_GIVEN`` or ``TEXT_PROMPT_ONLY``
 
     def plot(self, chart: str | None = None):
         """Every chart of the probes that ran (or the one named), drawn offline as a cell's output."""
         return plot(self, chart)
 
 
-def _measurement(result: RunResult, model_label: str = "", task_label: str = "") -> Measurement:
+def _measurement(result: RunResult, model_label: str = "", task_label: str = "", text: str = "") -> Measurement:
     values = {f.name: getattr(result, f.name) for f in fields(result)}
-    return Measurement(**values, model_label=model_label, task_label=task_label)
+    return Measurement(**values, model_label=model_label, task_label=task_label, text=text)

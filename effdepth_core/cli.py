@@ -1,4 +1,4 @@
-"""The ``effdepth`` command line: run | models | table | plot | map | book | grid. It parses and
+"""The ``effdepth`` command line: run | probes | models | table | plot | map | book | grid. It parses and
 prints; the work is the library's (``results``, ``display``, ``zoo``, ``book``). Each probe's flags
 come from its spec (``registry.py``) and load only for the command that needs them, so
 ``effdepth --help`` starts without torch."""
@@ -91,9 +91,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
         reuse_from=args.reuse_from,
         results_root="results",  # the command line's documented default: ./results/<model>/<run>
     )
-    print(format_table([result.summary]))
+    print(format_table([result.summary], wide=args.wide))
+    cached = [name for name in result.summary_probes() if name not in result.computed]
+    if cached and not result.computed:
+        print(f"read from the cache: every probe ({', '.join(cached)}) was computed before in this run directory")
+    elif cached:
+        print(f"read from the cache: {', '.join(cached)}; computed now: {', '.join(result.computed)}")
+    measured = _measured_text(result.out_dir)
+    if measured:
+        print(measured)
     print(f"\nresults in {result.out_dir}/")
     return 0
+
+
+def _measured_text(out_dir: Path) -> str | None:
+    """The line that says what text the run measured (from its ``examples.jsonl``): prompt + answer,
+    as ``measure(..., with_answer=True)`` does, or the prompts alone where no example has an answer."""
+    import json
+
+    try:
+        rows = [json.loads(line) for line in (out_dir / "examples.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    answered = sum(1 for row in rows if isinstance(row, dict) and row.get("answer"))
+    if not answered:
+        return "measured text: each example's prompt (none has an answer)"
+    return (
+        f"measured text: each example's prompt + answer ({answered} of {len(rows)} have one; "
+        "measure(..., with_answer=False): the prompts alone)"
+    )
 
 
 def _check_used(args: argparse.Namespace, settings, probes: list[str]) -> None:
@@ -113,6 +139,28 @@ def _check_used(args: argparse.Namespace, settings, probes: list[str]) -> None:
             f"{option.cli_flag} applies to {', '.join(owners)}, which --probes {args.probes} does not run; "
             f"add one of them to --probes or drop {option.cli_flag}"
         )
+
+
+def _cmd_probes(args: argparse.Namespace) -> int:
+    """Every registered probe (built-in and plugins): its name, what it measures, its ED rules and
+    its options, one block each; `effdepth run --probes` takes the names."""
+    from . import registry
+    from .cli_args import _option_users
+
+    users = _option_users()
+    for name, spec in registry.specs().items():
+        default = " (run by default)" if name in registry.DEFAULT else ""
+        print(f"{name}{default}: {spec.description or spec.title}")
+        if spec.rules:
+            rules = ", ".join(f"{rule.key} ({rule.label})" for rule in spec.rules)
+            print(f"  ED rules: {rules}")
+        flags = [option.cli_flag for option in registry.options().values() if name in users[option.name]]
+        if flags:
+            print(f"  options: {' '.join(flags)}")
+        if spec.needs_answers:
+            print("  needs examples with an answer (a data set, or a .jsonl line with 'answer')")
+    print("\nrun them with: effdepth run --probes NAME,NAME (effdepth run --help: every option)")
+    return 0
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -409,7 +457,7 @@ def _cmd_table(args: argparse.Namespace) -> int:
     summaries = [s for s in (read_summary(path, _warn) for path in files) if s is not None]
     if not summaries:
         raise EffdepthError("none of the effective_depth.json files found could be read (see the warnings above)")
-    print(format_table(summaries, args.format))
+    print(format_table(summaries, args.format, wide=args.wide))
     return 0
 
 
@@ -490,6 +538,7 @@ def _main(argv: list[str], command: str | None) -> int:
     handlers = {
         "run": _cmd_run,
         "models": _cmd_models,
+        "probes": _cmd_probes,
         "table": _cmd_table,
         "book": _cmd_book,
         "plot": _cmd_plot,

@@ -71,7 +71,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default (where it has one worth showing)."""
+    """Shows each option's default (where it has one worth showing); a description's lines stay
+    lines (the probe list of ``run --help``), each filled to the width on its own."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        lines = text.splitlines() or [""]
+        return "\n".join(
+            textwrap.fill(line.strip(), width, initial_indent=indent, subsequent_indent=indent + " " * _hang(line))
+            for line in lines
+        )
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default in (None, False, "", argparse.SUPPRESS) or "%(default)" in (action.help or ""):
@@ -79,18 +89,60 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _hang(line: str) -> int:
+    """How far a probe line's continuation is indented: past its name column."""
+    return PROBE_COLUMN if line.startswith("  ") else 0
+
+
+PROBE_COLUMN = 12  # the width of the probe list's name column in run --help
+
+
+def _option_users() -> dict[str, list[str]]:
+    """Each probe option's probes, in registry order: the probes that declare it, and those whose
+    choice of what runs (``expand``) it changes (``--lens`` selects logit_lens's lens)."""
+    from . import registry
+    from .settings import RunSettings
+
+    users: dict[str, list[str]] = {}
+    for name, spec in registry.specs().items():
+        for option in spec.options:
+            users.setdefault(option.name, []).append(name)
+    base = RunSettings("smollm2-135m", "gsm8k")  # any settings: only the option varied matters
+    for name, spec in registry.specs().items():
+        if spec.expand is None:
+            continue
+        for option_name, option in registry.options().items():
+            if option.choices and name not in users[option_name]:
+                try:
+                    varied = {spec.expand(base.replace(**{option_name: choice})) for choice in option.choices}
+                except Exception:  # a plugin's expand that refuses a value: it is then no user of the option
+                    continue
+                if len(varied) > 1:
+                    users[option_name].append(name)
+    order = list(registry.specs())
+    return {option: sorted(probes, key=order.index) for option, probes in users.items()}
+
+
 def _add_probe_options(parser: argparse.ArgumentParser) -> None:
-    """One argument group per probe with options, generated from the specs."""
+    """The probes, one line each, then one argument group per set of probes an option affects
+    (``logit_lens and tuned_lens options``), generated from the specs."""
     from . import registry
 
-    seen: set[str] = set()
-    for name, spec in registry.specs().items():
-        options = [o for o in spec.options if o.name not in seen]
-        if not options:
-            continue
-        group = parser.add_argument_group(f"{name} options", spec.description or None)
+    specs = registry.specs()
+    lines = [f"  {name:<{PROBE_COLUMN}}{spec.description or spec.title}" for name, spec in specs.items()]
+    parser.add_argument_group(
+        "probes (--probes, a comma list; each probe's options below)", "\n".join(lines).replace("%", "%%")
+    )
+    by_users: dict[tuple[str, ...], list] = {}
+    users = _option_users()
+    for option in registry.options().values():
+        by_users.setdefault(tuple(users[option.name]), []).append(option)
+    order = list(specs)
+    for probes, options in sorted(by_users.items(), key=lambda item: [order.index(p) for p in item[0]]):
+        title = f"{' and '.join(probes) if len(probes) <= 2 else ', '.join(probes)} options"
+        description = specs[probes[0]].description if len(probes) == 1 else None
+        group = parser.add_argument_group(title, description)
         for option in options:
-            seen.add(option.name)
             kwargs = {"default": option.default, "help": option.help.replace("%", "%%")}
             if option.choices is not None:
                 kwargs["choices"] = option.choices
@@ -119,7 +171,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     run.add_argument("--model", default=DEFAULT_MODEL, help="offline alias, local dir, .gguf file or hub id")
     run.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file (prompt, answer)")
     run.add_argument("--n", type=_positive, help="number of examples (default 10; a .jsonl file: all its lines)")
-    run.add_argument("--probes", default=",".join(DEFAULT), help=f"comma list of {', '.join(names())}")
+    run.add_argument(
+        "--probes",
+        default=",".join(DEFAULT),
+        help=f"comma list of {', '.join(names())} (each described below; `effdepth probes` lists them)",
+    )
     run.add_argument(
         "--out", type=_path, help="result directory (default results/<model>/<task>-n<N>-seed<S>-<settings hash>)"
     )
@@ -135,20 +191,36 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="runs, folders of runs or results roots whose runs may lend their first examples' rows; no other "
         "folder is read for that, unless --out is left to effdepth (then its own earlier runs lend too)",
     )
-    run.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    run.add_argument("--device", default="auto", help="auto | cpu | cuda[:i] | mps (auto: cuda if present, else cpu)")
     run.add_argument("--device-map", default=None, help="'auto' to spread a large model over devices")
-    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="the weights' and activations' type (auto: bfloat16 on CUDA, float32 elsewhere)",
+    )
+    run.add_argument(
+        "--seed", type=int, default=0, help="which examples a data set gives, skip's positions, the bootstrap"
+    )
     run.add_argument("--source", default="local", choices=["local", "hub"], help="vendored data or the HF hub")
     run.add_argument("--level", type=int, help="MATH difficulty level 1..5 (math only)")
     run.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
     run.add_argument("--max-tokens", type=_positive, help="drop prompts longer than this (aime24: 400 by default)")
-    run.add_argument("--batch-size", type=_positive, default=4)
+    run.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=4,
+        help="prompts per forward pass (memory against speed; numbers equal to ~1e-6)",
+    )
     run.add_argument("--slow", action="store_true", help="one forward pass per intervention (the oracle; same numbers)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    run.add_argument(
+        "--wide", action="store_true", help="every column of the table (each rule's continuous depth statistic too)"
+    )
     if command == "run":
         _add_probe_options(run)
 
+    commands.add_parser("probes", help="list the probes: what each measures, its ED rules and its options", **common)
     models = commands.add_parser("models", help="list the offline model aliases and the state of their cache", **common)
     mode = models.add_mutually_exclusive_group()  # one thing at a time: two never silently become one
     mode.add_argument("--verify", action="store_true", help="re-hash every cached model in full")
@@ -282,6 +354,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     table = commands.add_parser("table", help="ED table of result directories (searched recursively)", **common)
     table.add_argument("dirs", nargs="+", type=_path, help="run directories or folders of them")
     table.add_argument("--format", default="text", choices=TABLE_FORMATS, help="output format")
+    table.add_argument(
+        "--wide",
+        action="store_true",
+        help="text and markdown: every column (each rule's continuous depth statistic too; csv and json have all)",
+    )
     _no_empty_text(parser)
     return parser
 

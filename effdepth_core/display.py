@@ -54,10 +54,62 @@ def _cell_columns(summaries: Sequence[dict]) -> dict[str, str]:
     }
 
 
-def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
+NARROW_LEGEND = "--wide adds each rule's continuous depth statistic (method.md §12) and every column"
+FLAG = "†"  # a rule artefact or a degenerate interval, as the book marks it (docs/method.md §10)
+FLAG_LEGEND = f"{FLAG} a rule artefact or a degenerate interval (docs/method.md §10): shown, not to be read as a depth"
+
+
+class EdTable(pl.DataFrame):
+    """``result.eds``: a polars frame shown whole — every column, every rule, full reasons — where
+    polars would cut a 14-column frame to the terminal's or notebook's width."""
+
+    def __str__(self) -> str:
+        with pl.Config(tbl_cols=-1, tbl_rows=-1, tbl_width_chars=10_000, fmt_str_lengths=200):
+            return super().__str__()
+
+    def _repr_html_(self, **kwargs) -> str:
+        with pl.Config(tbl_cols=-1, tbl_rows=-1, fmt_str_lengths=200):
+            return super()._repr_html_(**kwargs)
+
+
+def degenerate_reason(entry: dict | None, n_layers: int, statistic: bool = False) -> str | None:
+    """Why a rule's ED (or, with ``statistic``, its continuous depth) is degenerate, by the book's
+    one rule (``depth.degenerate``: an artefact in the first layers, or an interval over L/2); None
+    when it is sound or undefined."""
+    from .depth import degenerate
+
+    if not entry:
+        return None
+    if statistic:
+        return degenerate(entry.get("depth"), entry.get("depth_low"), entry.get("depth_high"), n_layers)
+    return degenerate(entry.get("ed"), entry.get("ci_low"), entry.get("ci_high"), n_layers)
+
+
+def _flagged(text: str, reason: str | None) -> str:
+    return f"{text} {FLAG}" if reason else text
+
+
+def flag_notes(summaries: Sequence[dict], wide: bool = True) -> list[str]:
+    """One line per flagged cell: the run, the column and why (``depth.degenerate``'s reason); not
+    ``wide``: the ED cells only (the narrow table shows no depth column)."""
+    notes = []
+    for s in summaries:
+        for rule, label in _rule_columns(summaries).items():
+            for statistic, column in ((False, label), (True, f"{label} depth"))[: 2 if wide else 1]:
+                reason = degenerate_reason(s.get(rule), int(s["n_layers"]), statistic)
+                if reason:
+                    notes.append(f"  {s['model']} / {s['task']} / {column}: {reason}")
+    return notes
+
+
+def table_rows(summaries: Sequence[dict], wide: bool = True) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the Table-1-style view: one row per run, ED (ratio) [interval] per rule,
-    the rules' continuous statistics, then one cell per probe without rules."""
+    the rules' continuous statistics, then one cell per probe without rules. Not ``wide``: without
+    the continuous statistics, and without the level, digits and asked columns where no run has
+    anything to say in them (a narrow table for a terminal)."""
     rules, depths, cells = _rule_columns(summaries), _depth_columns(summaries), _cell_columns(summaries)
+    if not wide:
+        depths = {}
     header = ["model", "task", "level", "digits", "L", "n", "asked", *rules.values(), *depths.values(), *cells.values()]
     rows = [
         [
@@ -68,13 +120,26 @@ def table_rows(summaries: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
             str(s["n_layers"]),
             str(s["n_examples"]),
             str(s.get("n_asked", s["n_examples"])),
-            *(format_rule(s.get(rule)) for rule in rules),
-            *(format_depth(s.get(rule)) for rule in depths),
+            *(_flagged(format_rule(s.get(rule)), degenerate_reason(s.get(rule), s["n_layers"])) for rule in rules),
+            *(_flagged(format_depth(s.get(r)), degenerate_reason(s.get(r), s["n_layers"], True)) for r in depths),
             *(_cell(s, probe) for probe in cells),
         ]
         for s in summaries
     ]
+    if not wide:  # drop level, digits and asked where every run leaves them empty or equal to n
+        keep = [i for i, name in enumerate(header) if not _uninformative(name, i, rows)]
+        header, rows = [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
     return header, [[printable(cell) for cell in row] for row in rows]
+
+
+def _uninformative(name: str, index: int, rows: list[list[str]]) -> bool:
+    """Whether a narrow table may leave out this column: level or digits empty in every run, or
+    the prompts asked equal to those kept (n) in every run."""
+    if name in ("level", "digits"):
+        return all(not row[index] for row in rows)
+    if name == "asked":
+        return all(row[index] == row[index - 1] for row in rows)
+    return False
 
 
 RULE_FIELDS = ("ed", "ratio", "ci_low", "ci_high", "statistic", "depth", "depth_ratio", "depth_low", "depth_high")
@@ -92,15 +157,18 @@ def table_records(summaries: Sequence[dict]) -> list[dict]:
         for rule in rules:
             entry = s.get(rule) or {}
             record[rule] = {field: entry.get(field) for field in (*RULE_FIELDS, "reason")}
+            record[rule]["degenerate"] = degenerate_reason(entry, s["n_layers"])  # why, or null (method.md §10)
+            record[rule]["depth_degenerate"] = degenerate_reason(entry, s["n_layers"], statistic=True)
         record.update({probe: None if (text := _cell(s, probe)) == "—" else text for probe in cells})
         records.append(record)
     return records
 
 
-def format_table(summaries: Sequence[dict], style: str = "text") -> str:
+def format_table(summaries: Sequence[dict], style: str = "text", wide: bool = True) -> str:
     """The runs' ED table as aligned text (with a legend line and notes) or Markdown for people;
     JSON (``table_records``) or CSV (the same records flattened: ``<rule>_<field>`` columns) with
-    numeric fields for programs."""
+    numeric fields for programs. Not ``wide`` (the command line's default): text and Markdown
+    without the continuous statistics and the empty columns (``table_rows``)."""
     if style == "json":
         return json.dumps(table_records(summaries), indent=2, ensure_ascii=False, allow_nan=False)
     if style == "csv":
@@ -117,10 +185,13 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
         writer.writeheader()
         writer.writerows(flat)
         return buffer.getvalue().rstrip("\n")
-    header, rows = table_rows(summaries)
+    header, rows = table_rows(summaries, wide)
     if style == "markdown":
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+        flagged = flag_notes(summaries, wide)
+        if flagged:
+            lines += ["", FLAG_LEGEND + ":", "", *(f"- {note.strip()}".replace("|", "\\|") for note in flagged)]
         return "\n".join(lines)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
@@ -128,7 +199,7 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
     if _rule_columns(summaries):
         lines += ["", f"{CELL_LEGEND}; n = prompts kept of those asked"]
     if _depth_columns(summaries):
-        lines.append(DEPTH_LEGEND)
+        lines.append(DEPTH_LEGEND if wide else NARROW_LEGEND)
     notes = [
         f"  {s['model']} / {s['task']} / {label}: {s[rule]['reason']}"
         for s in summaries
@@ -137,6 +208,9 @@ def format_table(summaries: Sequence[dict], style: str = "text") -> str:
     ]
     if notes:
         lines += ["undefined ED:", *notes]
+    flagged = flag_notes(summaries, wide)
+    if flagged:
+        lines += [FLAG_LEGEND + ":", *flagged]
     return "\n".join(lines)
 
 
@@ -299,6 +373,7 @@ class RunResult:
     depth: dict[str, DepthResult]
     summary: dict = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)
+    computed: tuple[str, ...] = ()  # the probes this call computed; the others were read from the run's cache
 
     def curve(self, probe: str, metric: str):
         """One curve as a numpy array over its layers (``result.curve("logit_lens", "kl")``).
@@ -313,6 +388,12 @@ class RunResult:
         """
         from .errors import EffdepthError, nearest_name
 
+        for what, given in (("probe", probe), ("metric", metric)):
+            if not isinstance(given, str):
+                raise EffdepthError(
+                    f"curve() takes a {what} name as text, got {type(given).__name__} {given!r:.40}; e.g. "
+                    f"result.curve('logit_lens', 'kl'); this result's probes: {', '.join(self.curves)}"
+                )
         if probe not in self.curves:
             close = nearest_name(probe, list(self.curves))
             hint = f" (did you mean {close!r}?)" if close else ""
@@ -331,6 +412,10 @@ class RunResult:
             )
         return rows["value"].to_numpy()
 
+    def summary_probes(self) -> list[str]:
+        """The probes this result holds, in the table's (the registry's) order."""
+        return [name for name in registry.names() if name in self.per_example]
+
     def _cells(self) -> list[tuple[str, str]]:
         header, rows = table_rows([self.summary])
         return list(zip(header[7:], rows[0][7:], strict=True))
@@ -347,10 +432,17 @@ class RunResult:
         s = self.summary
         model, task = self._labels()
         cells = "; ".join(f"{label} {cell}" for label, cell in self._cells())
+        flagged = [" ".join(note.split(" / ", 2)[-1].split()) for note in flag_notes([s])]
+        why = f" {FLAG} (docs/method.md §10, not a depth): {'; '.join(flagged)}." if flagged else ""
         return (
             f"<{type(self).__name__}: {model} on {task} ({s.get('n_layers')} layers, n = {s.get('n_examples')}). "
-            f"ED {cells}. Probes: {', '.join(self.per_example)}. {self._where()}>"
+            f"ED {cells}.{why}{self._text()} Probes: {', '.join(self.per_example)}. {self._where()}>"
         )
+
+    def _text(self) -> str:
+        """What text was measured, where the result knows (a ``Measurement``)."""
+        text = getattr(self, "text", "")
+        return f" Measured: {text}." if text else ""
 
     def _where(self) -> str:
         if self.out_dir is None:
@@ -359,10 +451,22 @@ class RunResult:
 
     @property
     def eds(self) -> pl.DataFrame:
-        """The ED of every rule the run's probes have, as a frame (``rule, ed, ratio, ci_low, ci_high, reason``)."""
+        """The ED of every rule the run's probes have, as a frame (``rule, ed, ratio, ci_low, ci_high,
+        reason``, ``degenerate``: why the ED is a rule artefact or its interval degenerate, by
+        docs/method.md §10, else null; then the continuous statistic's columns and its own
+        ``depth_degenerate``)."""
         from .depth import depth_table
 
-        return depth_table(self.depth)
+        table = depth_table(self.depth)
+        n_layers = int(self.summary["n_layers"])
+        entries = [self.summary.get(rule) for rule in table["rule"]]
+        flags = [degenerate_reason(entry, n_layers) for entry in entries]
+        depth_flags = [degenerate_reason(entry, n_layers, statistic=True) for entry in entries]
+        table = table.with_columns(
+            pl.Series("degenerate", flags, dtype=pl.String), pl.Series("depth_degenerate", depth_flags, dtype=pl.String)
+        )
+        order = [*table.columns[:6], "degenerate", *table.columns[6:-2], "depth_degenerate"]
+        return EdTable(table.select(order))
 
     def _repr_html_(self) -> str:
         s = self.summary
@@ -370,7 +474,13 @@ class RunResult:
         cells = "".join(f"<td>{html.escape(cell)}</td>" for _, cell in self._cells())
         return (
             f"<p><b>{html.escape(self._labels()[0])}</b> on <b>{html.escape(self._labels()[1])}</b>: "
-            f"L = {s.get('n_layers')}, n = {s.get('n_examples')}; probes {', '.join(self.per_example)}; "
+            f"L = {s.get('n_layers')}, n = {s.get('n_examples')}; probes {', '.join(self.per_example)};"
+            f"{html.escape(self._text())} "
             f"{html.escape(self._where())}</p>"
             f"<table><tr>{head}</tr><tr>{cells}</tr></table><p><small>{html.escape(CELL_LEGEND)}</small></p>"
+            + "".join(f"<p><small>{html.escape(line)}</small></p>" for line in self._flag_lines())
         )
+
+    def _flag_lines(self) -> list[str]:
+        notes = flag_notes([self.summary])
+        return [FLAG_LEGEND + ":", *(note.split(" / ", 2)[-1].strip() for note in notes)] if notes else []

@@ -814,6 +814,13 @@ class LoadedModel:
                 f"model {self.name!r} has no tokenizer; pass tokenizer= (with a transformers model) or token id "
                 "tensors instead of text"
             )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise EffdepthError(
+                "a prompt holds a lone surrogate (an unpaired \\ud800-\\udfff), no text a tokenizer can read; fix the "
+                "string (text.encode('utf-16', 'surrogatepass').decode('utf-16') joins a split pair)"
+            ) from None
         ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
         return torch.tensor(ids, dtype=torch.long)
 
@@ -872,11 +879,7 @@ def wrap_model(
             f"{type(model).__name__} is a PEFT model: its adapters change the layers effdepth reads; merge them "
             "into the model first (model = model.merge_and_unload()) and measure that"
         )
-    if isinstance(tokenizer, str | Path):
-        raise EffdepthError(
-            f"tokenizer= takes a tokenizer object, not its name {str(tokenizer)!r}: pass "
-            f"AutoTokenizer.from_pretrained({str(tokenizer)!r})"
-        )
+    check_tokenizer(tokenizer)
     config = getattr(model, "config", None)
     if config is None:
         raise UnsupportedModelError(
@@ -1033,9 +1036,25 @@ def _nearest_keyword(exc: TypeError, signature: inspect.Signature) -> str:
     return f" (did you mean {close}?)" if close else ""
 
 
+def check_tokenizer(tokenizer: object) -> None:
+    """One line for a ``tokenizer=`` that is no tokenizer: a name, a number, anything not callable."""
+    if isinstance(tokenizer, str | Path):
+        raise EffdepthError(
+            f"tokenizer= takes a tokenizer object, not its name {str(tokenizer)!r}: pass "
+            f"AutoTokenizer.from_pretrained({str(tokenizer)!r})"
+        )
+    if tokenizer is not None and not callable(tokenizer):
+        raise EffdepthError(
+            f"tokenizer= takes the model's tokenizer object (AutoTokenizer.from_pretrained(...)), got "
+            f"{type(tokenizer).__name__} {tokenizer!r:.40}"
+        )
+
+
 def with_tokenizer(loaded: LoadedModel, tokenizer: object, caller: str) -> LoadedModel:
     """``loaded`` with ``tokenizer`` where it has none; refused where it has another one."""
     import dataclasses
+
+    check_tokenizer(tokenizer)
 
     if loaded.tokenizer is None:
         return dataclasses.replace(loaded, tokenizer=tokenizer)

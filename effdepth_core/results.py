@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import resource
 import socket
 import sys
@@ -495,7 +496,10 @@ def run(
             loaded, examples = _load(settings, plan.names, loaded, plan.examples)
             _check_read_once(settings, plan, examples)
             started = False
-            for name in missing:
+            overall = Overall(missing, loaded, examples, settings) if settings.progress else None
+            for index, name in enumerate(missing):
+                if overall is not None:
+                    overall.starting(index)
                 frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from)
                 if not started:  # only once the first probe succeeded: --overwrite replaces a run here
                     directory.start(_new_metadata(settings, plan.key, loaded, examples, plan.fields), examples)
@@ -503,7 +507,9 @@ def run(
                 directory.save_probe(name, frames, record)
             if not started:  # every probe cached, the examples not yet written
                 directory.start(_new_metadata(settings, plan.key, loaded, examples, plan.fields), examples)
-        return _summarize(settings, directory, n_bootstrap)
+        result = _summarize(settings, directory, n_bootstrap)
+        result.computed = tuple(missing)
+        return result
     except BaseException:
         directory.discard_if_empty()  # a new run that produced nothing leaves nothing
         raise
@@ -559,7 +565,7 @@ def run_in_memory(
     loaded, examples = _load(settings, names, loaded, examples)
     metadata = _new_metadata(settings, "", loaded, examples)
     per_example, saved = {}, {}
-    for name in names:
+    for name in sorted(names, key=registry.names().index):  # the table's order
         spec = registry.get(name)
         started = time.perf_counter()
         frames = _compute(spec, loaded, examples, settings)
@@ -567,7 +573,46 @@ def run_in_memory(
         saved.update(frames)
         metadata["probes"][name] = {"seconds": round(time.perf_counter() - started, 4), "revision": spec.revision}
     summary, depth = summary_of(settings, metadata, per_example, saved, n_bootstrap)
-    return RunResult(None, saved, per_example, depth, summary, metadata)
+    return RunResult(None, saved, per_example, depth, summary, metadata, computed=tuple(per_example))
+
+
+class Overall:
+    """The run's overall progress line (stderr), one per probe: which of how many, the time so far
+    and a rough estimate of the time left — each probe's operations (``ProbeSpec.work``, the book's
+    cost model's measure) at the rate the probes before it ran, so the first probe has no estimate."""
+
+    def __init__(self, names: Sequence[str], loaded: LoadedModel, examples: Sequence[Example], settings: RunSettings):
+        from .probes.spec import Shape
+
+        self.names = list(names)
+        n_params = sum(p.numel() for p in loaded.model.parameters())
+        shape = Shape(loaded.n_layers, loaded.d_model, loaded.vocab_size, n_params)
+        lengths = [max(1, len(getattr(e, "prompt", "")) // 4) for e in examples]  # characters ÷ 4, as the cost model
+        self.work = []
+        for name in self.names:
+            try:
+                self.work.append(max(float(registry.get(name).work(shape, settings, lengths)), 1e-9))
+            except Exception:  # a plugin's work estimate that fails: no estimate, never a failed run
+                self.work.append(float("nan"))
+        self.started = time.perf_counter()
+
+    def starting(self, index: int) -> None:
+        """Print the line for probe ``index`` (0-based) as it starts."""
+        elapsed = time.perf_counter() - self.started
+        done, left = sum(self.work[:index]), sum(self.work[index:])
+        title = registry.get(self.names[index]).title
+        line = f"effdepth: probe {index + 1}/{len(self.names)}, {title}"
+        if index:
+            line += f"; {_seconds(elapsed)} so far"
+            if done > 0 and math.isfinite(done + left):
+                line += f", about {_seconds(elapsed / done * left)} left (estimated from each probe's operations)"
+        print(line, file=sys.stderr, flush=True)
+
+
+def _seconds(value: float) -> str:
+    """A duration as people read it: ``42 s``, ``3 min 5 s``."""
+    value = round(value)
+    return f"{value} s" if value < 60 else f"{value // 60} min {value % 60} s"
 
 
 def _to_compute(
@@ -587,10 +632,11 @@ def _to_compute(
         )
     if damaged:
         directory.forget(p for p in damaged if p != "examples")
-    missing = [p for p in plan.names if not directory.has_probe(p)]
+    order = registry.names()  # the table's order, whatever order --probes named them in
+    missing = sorted((p for p in plan.names if not directory.has_probe(p)), key=order.index)
     behind = _outdated_cached(directory, [p for p in plan.names if p not in missing], settings, not renew_outdated)
     if renew_outdated:
-        missing += behind
+        missing = sorted([*missing, *behind], key=order.index)
     foreign = directory.foreign_files_for(missing)
     if foreign:
         raise OutputDirectoryError(

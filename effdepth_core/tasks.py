@@ -281,6 +281,32 @@ def count_examples(path: str | Path) -> int:
     return len(_jsonl(user_path(path)))
 
 
+def looks_like_task_file(text: str) -> bool:
+    """Whether ``text`` reads as the path of a task file (one word ending in .jsonl or .json), not a prompt."""
+    return isinstance(text, str) and text.lower().endswith((".jsonl", ".json")) and not any(c.isspace() for c in text)
+
+
+def missing_task_file(name: str) -> TaskError:
+    """The one line for a task file that does not exist, naming the nearest file that does."""
+    import difflib
+
+    path = user_path(name)
+    folder = path.parent
+    try:
+        near = sorted(str(p.name) for p in folder.iterdir() if p.suffix.lower() in (".jsonl", ".json"))
+    except OSError:
+        near = []
+    close = difflib.get_close_matches(path.name, near, n=1, cutoff=0.5)
+    if close:
+        hint = f"did you mean {str(folder / close[0]) if str(folder) != '.' else close[0]!r}?"
+    elif not exists(folder, "dir"):
+        hint = f"nor does its folder {str(folder)!r}"
+    else:
+        hint = f"no .jsonl or .json file in {str(folder)!r} has a name like it"
+    return TaskError(f"task file {name!r} does not exist ({hint}); give an existing .jsonl path or a task: "
+                     f"{', '.join(TASKS)}")  # fmt: skip
+
+
 def check_task(name: str) -> None:
     """Fail fast (before a model is loaded) on a task that is neither known nor an existing file."""
     if name in TASKS:
@@ -288,9 +314,9 @@ def check_task(name: str) -> None:
     path = user_path(name)
     if exists(path, "dir"):
         raise TaskError(f"task {name!r} is a directory; pass a .jsonl file or one of {', '.join(TASKS)}")
-    if name.endswith(".jsonl") or exists(path):
+    if looks_like_task_file(name) or exists(path):
         if not exists(path):
-            raise TaskError(f"task file {name!r} does not exist")
+            raise missing_task_file(name)
         if not path.is_file():  # a FIFO or a device would hang or read nothing
             raise TaskError(f"task file {name!r} is not a regular file; pass a .jsonl file")
         return

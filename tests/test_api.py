@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -243,11 +244,11 @@ def test_measure_refuses_a_mapping_or_a_data_frame_and_rechecks_its_prompts_file
     for given in ({"prompt": "a cat"}, pl.DataFrame({"prompt": ["a cat"]}), {"a cat"}):
         with pytest.raises(EffdepthError, match="measure takes a task name, one prompt or a list of prompts"):
             _prompts_task(given)
-    path, n = _prompts_task(["a cat"])
+    path, n, _ = _prompts_task(["a cat"])
     assert n == 1 and '"a cat"' in open(path).read()
     with open(path, "w") as handle:
         handle.write('{"prompt": "a dog"}\n')  # the file edited behind effdepth's back
-    again, _ = _prompts_task(["a cat"])
+    again, _, _ = _prompts_task(["a cat"])
     assert again == path and '"a cat"' in open(path).read() and "dog" not in open(path).read()
 
 
@@ -290,7 +291,7 @@ def test_measure_names_a_wrong_argument_in_one_line(tmp_path, monkeypatch):
             measure(model, prompts, tokenizer=char_tokenizer())
     with pytest.raises(EffdepthError, match=r"tokenizer= takes a tokenizer object.*AutoTokenizer"):
         measure(model, ["a"], tokenizer="gpt2")
-    path, n = _prompts_task("a" * 256)  # one long prompt, not a file name the file system refuses
+    path, n, _ = _prompts_task("a" * 256)  # one long prompt, not a file name the file system refuses
     assert n == 1 and ("a" * 256) in open(path).read()
     with pytest.raises(EffdepthError, match=r"cannot expand '~nosuchuser0/x'"):
         user_path("~nosuchuser0/x")
@@ -504,3 +505,169 @@ def test_the_in_memory_road_finds_every_mistake_before_a_model_loads(monkeypatch
         task = settings.pop("task", "gsm8k")
         with pytest.raises(EffdepthError, match=said):
             measure("smollm2-135m", task, cache=False, progress=False, **settings)
+
+
+def test_a_task_path_that_does_not_exist_is_refused_with_the_nearest_file_not_measured(cache, capsys):
+    """A typo in a task file's path was measured as the one prompt "tasks/my_tasks.jsonl": now a
+    one-word text ending in .jsonl/.json that names no file is refused, naming the file meant,
+    from Python (TaskError) and from the command line (one line, exit 2); a prompt that merely
+    mentions a file (it has spaces) is still a prompt."""
+    from effdepth_core.cli import main
+    from effdepth_core.errors import TaskError
+
+    (cache / "tasks").mkdir()
+    (cache / "tasks" / "my_task.jsonl").write_text('{"prompt": "the cat sat"}\n')
+    tiny = make_tiny("llama")
+    with pytest.raises(
+        TaskError, match=re.escape("'tasks/my_tasks.jsonl' does not exist (did you mean 'tasks/my_task")
+    ):
+        measure(tiny.model, "tasks/my_tasks.jsonl", tokenizer=char_tokenizer(), progress=False)
+    with pytest.raises(
+        TaskError, match=re.escape("'elsewhere/x.json' does not exist (nor does its folder 'elsewhere')")
+    ):
+        measure(tiny.model, "elsewhere/x.json", tokenizer=char_tokenizer(), progress=False)
+    capsys.readouterr()
+    code = main(["run", "--model", "smollm2-135m", "--task", "tasks/my_tasks.jsonl", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "did you mean 'tasks/my_task.jsonl'?" in err[0], err
+    kept = measure(tiny.model, "open config.json", tokenizer=char_tokenizer(), progress=False)
+    assert kept.summary["n_examples"] == 1 and kept.task_label == "1 prompt"
+
+
+def _bad_inputs():
+    """Each wrong input to the one-prompt functions, the table and curve(): (id, call, what the one line says)."""
+    from effdepth_core.probes import lens_by_token, logit_lens, prediction_table
+
+    tiny = make_tiny("llama")
+    tiny.tokenizer = char_tokenizer()
+    rows = lens_by_token(tiny, PROMPTS[0], top_k=3)
+    two = torch.tensor([[5, 6, 7], [8, 9, 10]])  # two 3-token prompts, once read as one 6-token prompt
+    return {
+        name: (call, said)
+        for name, call, said in [
+            ("2-D batch of two prompts", lambda: lens_by_token(tiny, two), "reads one prompt.*shape \\[2, 3\\]"),
+            ("a list of prompts", lambda: lens_by_token(tiny, PROMPTS), "reads one prompt.*a list of 2"),
+            ("top_k=2.5", lambda: lens_by_token(tiny, PROMPTS[0], top_k=2.5), "whole number of at least 1, got 2.5"),
+            ("top_k=nan", lambda: lens_by_token(tiny, PROMPTS[0], top_k=float("nan")), "whole number.*got nan"),
+            ("lens='tuned'", lambda: lens_by_token(tiny, PROMPTS[0], lens="tuned"), "lens= takes a TunedLens.*'tuned'"),
+            ("a lone surrogate", lambda: lens_by_token(tiny, "ab\ud800c"), "lone surrogate"),
+            (
+                "measure(tokenizer=123)",
+                lambda: measure(make_tiny("llama").model, PROMPTS, tokenizer=123, progress=False),
+                "tokenizer= takes the model's tokenizer object.*got int 123",
+            ),
+            ("prediction_table(None)", lambda: prediction_table(None), "polars frame for one prompt, got NoneType"),
+            ("prediction_table(list)", lambda: prediction_table([rows]), "got list"),
+            ("prediction_table(pandas)", lambda: prediction_table(rows.to_pandas()), "pl.from_pandas"),
+            (
+                "prediction_table(two prompts)",
+                lambda: prediction_table(pl_concat(rows, tiny)),
+                "rows of several prompts",
+            ),
+            ("prediction_table(logit_lens)", lambda: prediction_table(logit_lens(tiny, PROMPTS)), "has no position"),
+        ]
+    }
+
+
+BAD_INPUTS = ["2-D batch of two prompts", "a list of prompts", "top_k=2.5", "top_k=nan", "lens='tuned'",
+              "a lone surrogate", "measure(tokenizer=123)", "prediction_table(None)", "prediction_table(list)",
+              "prediction_table(pandas)", "prediction_table(two prompts)", "prediction_table(logit_lens)"]  # fmt: skip
+
+
+def pl_concat(rows, tiny):
+    """Two prompts' lens_by_token rows in one frame."""
+    import polars as pl
+
+    from effdepth_core.probes import lens_by_token
+
+    return pl.concat([rows, lens_by_token(tiny, PROMPTS[1], top_k=3)])
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_each_bad_input_to_the_newer_functions_is_one_line(cache, case):
+    """Issue 47's list: each was a raw TypeError, AttributeError or polars error (or a wrong result:
+    a 2-D batch read as one prompt); each is now an EffdepthError naming the fix."""
+    cases = _bad_inputs()
+    assert sorted(cases) == sorted(BAD_INPUTS)
+    call, said = cases[case]
+    with pytest.raises(EffdepthError, match=said) as info:
+        call()
+    assert "\n" not in str(info.value), case
+
+
+@pytest.mark.parametrize("given", [None, float("nan"), ["kl"], {}])
+def test_curve_names_a_non_text_probe_or_metric_in_one_line(cache, given):
+    result = measure(make_tiny("llama").model, PROMPTS, tokenizer=char_tokenizer(), progress=False)
+    with pytest.raises(EffdepthError, match="curve\\(\\) takes a metric name as text"):
+        result.curve("logit_lens", given)
+    with pytest.raises(EffdepthError, match="curve\\(\\) takes a probe name as text"):
+        result.curve(given, "kl")
+
+
+def test_one_prompt_as_a_1_by_n_tensor_is_that_prompt():
+    """A ``[1, token]`` tensor (a tokenizer's ``return_tensors="pt"``) is one prompt: the same rows as its 1-D ids."""
+    from effdepth_core.probes import lens_by_token
+
+    tiny = make_tiny("llama")
+    ids = torch.tensor([5, 6, 7, 8])
+    assert lens_by_token(tiny, ids[None], top_k=2).equals(lens_by_token(tiny, ids, top_k=2))
+
+
+def test_the_result_marks_its_degenerate_eds_and_shows_every_column(cache):
+    """A 3-layer model's EDs all lie in its first layers (ED ≤ max(2, ⌈0.3⌉) = 2): each is a rule
+    artefact by docs/method.md §10. The repr marks each cell † and says why in one line; ``eds``
+    names the reason per rule; printed, the frame keeps all its columns and full reasons (polars
+    would cut it to 100 characters: issue 47's "result.eds is truncated")."""
+    result = measure(make_tiny("llama").model, PROMPTS, tokenizer=char_tokenizer(), progress=False)
+    eds = result.eds
+    for rule, ed in zip(eds["rule"], eds["ed"], strict=True):
+        assert 0 <= ed <= 2, rule
+        expected = f"it fires at layer {ed}, in the first layers (0–2 of 3)"
+        assert eds.filter(rule=rule)["degenerate"].item() == expected
+    text = repr(result)
+    assert text.count("†") == 2 * eds.height + 1  # each ED and depth cell, and the legend
+    assert "(docs/method.md §10, not a depth): cosine: it fires at layer" in text and "\n" not in text
+    printed = str(eds)
+    assert "…" not in printed and all(column in printed for column in eds.columns)
+    assert "in the first layers (0–2 of 3)" in printed and "degenerate" in result._repr_html_()
+    assert eds.filter(rule="cosine")["ed"].item() == result.summary["cosine"]["ed"]  # still a polars frame
+
+
+def test_one_text_one_measurement_by_either_route(cache, tiny_dir, capsys):
+    """Issue 47: README's task file measured prompt + answer and its list of prompts the prompts
+    alone, so the "same two prompts" gave other EDs. A line's text is prompt + answer on both
+    routes: the command line on the file, measure() on the file, and measure() on the joined texts
+    give the same numbers; with_answer=False (named, and said in the result) measures the prompts
+    alone, which equal measure() of those prompts — and differ from the texts with answers."""
+    import polars as pl
+
+    from effdepth_core.api import TEXT_AS_GIVEN, TEXT_PROMPT_ONLY, TEXT_WITH_ANSWER
+    from effdepth_core.cli import main
+
+    lines = [("the cat sat on", " the mat"), ("two plus", " two is four")]
+    task = cache / "mine.jsonl"
+    task.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in lines))
+    capsys.readouterr()
+    assert (
+        main(["run", "--model", str(tiny_dir), "--task", str(task), "--out", str(cache / "cli"), "--no-progress"]) == 0
+    )
+    assert "measured text: each example's prompt + answer (2 of 2 have one" in capsys.readouterr().out
+    cli = {name: pl.read_parquet(cache / "cli" / f"{name}_by_example.parquet") for name in ("cosine", "logit_lens")}
+    model = str(tiny_dir)
+    joined = measure(model, [p + a for p, a in lines], cache=False, progress=False)
+    on_file = measure(model, str(task), cache=False, progress=False)
+    for name, frame in cli.items():
+        assert joined.per_example[name].equals(frame), name  # same text, same batches: bit-identical
+        assert on_file.per_example[name].equals(frame), name
+    assert joined.summary["logit_lens_kl"] == on_file.summary["logit_lens_kl"]
+    assert (on_file.text, joined.text) == (TEXT_WITH_ANSWER, TEXT_AS_GIVEN) and "prompt + answer" in repr(on_file)
+    alone = measure(model, str(task), cache=False, progress=False, with_answer=False)
+    prompts = measure(model, [p for p, _ in lines], cache=False, progress=False)
+    assert alone.text == TEXT_PROMPT_ONLY and "with_answer=False" in repr(alone)
+    for name in cli:
+        assert alone.per_example[name].equals(prompts.per_example[name]), name
+        assert not alone.per_example[name].equals(on_file.per_example[name]), name  # other text, other numbers
+    with pytest.raises(EffdepthError, match="with_answer=False takes a task file or a list"):
+        measure(model, "gsm8k", with_answer=False, cache=False)
+    with pytest.raises(EffdepthError, match="with_answer= takes True or False"):
+        measure(model, str(task), with_answer="no", cache=False)

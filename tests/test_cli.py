@@ -225,3 +225,134 @@ def test_every_free_text_option_refuses_an_empty_value(capsys, tmp_path, monkeyp
             assert err.count("\n") == 1 and err.startswith(f"effdepth: error: argument {action.option_strings[0]}"), err
             checked += 1
     assert checked > 40  # the probes' options (--prune-sizes, …) included
+
+
+def _run_help(capsys) -> str:
+    import contextlib
+
+    from effdepth_core.cli_args import build_parser
+
+    capsys.readouterr()
+    with contextlib.suppress(SystemExit):
+        build_parser("run").parse_args(["run", "--help"])
+    return capsys.readouterr().out
+
+
+def test_run_help_describes_every_probe_and_every_option(capsys):
+    """Issue 47: cosine and erasure had no description in ``run --help``, --dtype, --seed and
+    --batch-size no help, and --device left out mps. Now every registered probe has its line
+    (its spec's description) and every option of ``run`` has help text."""
+    import argparse
+
+    from effdepth_core import registry
+    from effdepth_core.cli_args import build_parser
+
+    text = _run_help(capsys)
+    probes = text.split("probes (--probes", 1)[1].split("\n\n", 1)[0]  # the heading and its block
+    flat = " ".join(probes.split())
+    for name, spec in registry.specs().items():
+        assert f"{name} {' '.join(spec.description.split())}" in flat, name  # the name, then its description
+    parser = build_parser("run")
+    run = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    unexplained = [a.option_strings[0] for a in run._actions if a.option_strings and not (a.help or "").strip()]
+    assert not unexplained, unexplained
+    assert "mps" in " ".join(text.split("\n  --device DEVICE", 1)[1].split("--device-map", 1)[0].split())
+
+
+def test_options_sit_under_every_probe_they_affect(capsys):
+    """--lens chooses logit_lens's lens as well as early_exit's: it sits under a group naming
+    both (it sat under early_exit alone); an option two probes declare sits under both names."""
+    from effdepth_core import registry
+
+    text = _run_help(capsys)
+    groups: dict[str, str] = {}  # each heading (a line at column 0 ending in ':') and what follows it
+    title = ""
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            title = line.removesuffix(":").removesuffix(" options")
+            groups[title] = ""
+        elif title:
+            groups[title] += line + "\n"
+    lens_group = next(title for title, block in groups.items() if "--lens {" in block)
+    assert lens_group == "logit_lens and early_exit", lens_group
+    top_k_group = next(title for title, block in groups.items() if "--top-k" in block)
+    assert top_k_group == "logit_lens and tuned_lens"
+    for option in registry.options().values():  # each flag exactly once, under every probe that declares it
+        titles = [title for title, block in groups.items() if f"{option.cli_flag} " in block]
+        assert len(titles) == 1, option.cli_flag
+        declared = [n for n, spec in registry.specs().items() if option in spec.options]
+        assert all(name in titles[0].replace(",", " ").split() for name in declared), (option.cli_flag, titles)
+
+
+def test_effdepth_probes_lists_every_probe(capsys):
+    """``effdepth probes`` (named by measure()'s docstring and the API page) exists: each probe with
+    its description, its ED rules and its options."""
+    from effdepth_core import registry
+
+    code, stdout, err = _run(capsys, "probes")
+    assert code == 0 and not err
+    for name, spec in registry.specs().items():
+        line = next(line for line in stdout.splitlines() if line.startswith(f"{name}"))
+        assert spec.description in line, name
+    assert "logit_lens_kl (lens KL)" in stdout
+    block = stdout.split("logit_lens (run by default)", 1)[1].split("\nskip", 1)[0]
+    assert "--lens" in block and "--top-k" in block
+
+
+def test_a_cached_rerun_says_so_and_the_default_table_is_narrow(tiny_dir, tmp_path, capsys):
+    """Issue 47: a cached rerun printed the same table with no note, and the table was ~230
+    columns wide. The rerun now says it read every probe from the cache (a run that adds a probe
+    names both kinds); the default table leaves out the continuous statistics and the empty
+    columns, --wide shows them."""
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"prompt": "the cat sat on", "answer": " the mat"}\n{"prompt": "two plus two"}\n')
+    argv = ["run", "--model", str(tiny_dir), "--task", str(task), "--out", str(tmp_path / "o"), "--no-progress"]
+    code, first, _ = _run(capsys, *argv)
+    assert code == 0 and "read from the cache" not in first
+    assert "measured text: each example's prompt + answer (1 of 2 have one" in first
+    header = first.splitlines()[0].split()
+    assert header == ["model", "task", "L", "n", "cosine", "lens", "KL", "lens", "overlap"]  # no level, digits, asked
+    assert "depth" not in first.splitlines()[0] and "--wide adds" in first
+    code, again, _ = _run(capsys, *argv)
+    assert code == 0 and "read from the cache: every probe (cosine, logit_lens) was computed before" in again
+    assert again.split("read from the cache")[0] == first.split("measured text")[0]  # the same table
+    code, more, _ = _run(capsys, *argv, "--probes", "norm,cosine,logit_lens", "--wide")
+    assert "read from the cache: cosine, logit_lens; computed now: norm" in more
+    assert "cosine depth" in more.splitlines()[0] and "asked" in more.splitlines()[0]
+
+
+def test_probes_run_in_the_tables_order(tiny_dir, tmp_path):
+    """--probes logit_lens,cosine computed the lens first while the table shows cosine first: the
+    probes now run in the table's (the registry's) order, on disk and in memory."""
+    from effdepth_core import registry
+    from effdepth_core.results import RunSettings, run, run_in_memory
+
+    settings = RunSettings(str(tiny_dir), "addition", n=1, digits=2, progress=False)
+    kept = run(settings, "norm,logit_lens,cosine", tmp_path / "o")
+    order = [name for name in registry.names() if name in ("cosine", "logit_lens", "norm")]
+    assert list(kept.computed) == order == ["cosine", "logit_lens", "norm"]
+    assert list(run_in_memory(settings, "norm,logit_lens,cosine").computed) == order
+    assert run(settings, "norm,logit_lens,cosine", tmp_path / "o").computed == ()  # all cached
+
+
+def test_the_run_prints_an_overall_line_with_an_estimate_of_the_time_left(tiny_dir, tmp_path, capsys):
+    """Issue 47: a run had a bar per probe and no overall estimate. With progress on, each probe's
+    start prints "probe k/N" and, from the second, the time so far and the time left: each probe's
+    operations (its spec's work) at the rate of those before it — 10 s for 1 unit, then 3 units
+    left, is 30 s."""
+    import time
+
+    from effdepth_core.results import Overall, RunSettings, run
+
+    settings = RunSettings(str(tiny_dir), "addition", n=1, digits=2, progress=True)
+    capsys.readouterr()
+    run(settings, "cosine,logit_lens", tmp_path / "o")
+    err = capsys.readouterr().err
+    assert "effdepth: probe 1/2, residual cosine\n" in err and "effdepth: probe 2/2, logit lens; " in err
+    assert "left (estimated from each probe's operations)" in err
+    overall = Overall.__new__(Overall)
+    overall.names, overall.work, overall.started = ["cosine", "logit_lens"], [1.0, 3.0], time.perf_counter() - 10
+    overall.starting(1)
+    assert "probe 2/2, logit lens; 10 s so far, about 30 s left" in capsys.readouterr().err
+    run(settings.replace(progress=False), "cosine,logit_lens,norm", tmp_path / "p")
+    assert "effdepth: probe" not in capsys.readouterr().err  # --no-progress: no line

@@ -71,3 +71,38 @@ def test_a_newer_torch_is_never_asked_to_downgrade():
     (torch_req,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "torch"]
     assert all(torch_req.specifier.contains(v) for v in ("2.13.0", "2.14.0", "2.15.1", "3.0.0"))
     assert not torch_req.specifier.contains("2.12.1")  # the floor stays the lowest tested
+
+
+def test_requires_python_is_what_the_lock_can_install():
+    """pyproject.toml claimed Python >= 3.10, but the locked numpy, pandas, polars, transformers and
+    ipython need >= 3.11: README's set-up command could not resolve on 3.10. The floor is now the
+    lowest Python every locked package's own ``Requires-Python`` admits, read from the installed
+    distributions where they are the locked versions (README's set-up venv)."""
+    from importlib import metadata
+    from pathlib import Path
+
+    from packaging.specifiers import SpecifierSet
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's; CI runs 3.11")
+    root = Path(__file__).resolve().parents[1]
+    claimed = SpecifierSet(tomllib.loads((root / "pyproject.toml").read_text())["project"]["requires-python"])
+    floors = {}
+    for line in (root / "constraints" / "locked.txt").read_text().splitlines():
+        if "==" not in line or line.startswith("#"):
+            continue
+        name, version = line.strip().split("==")
+        try:
+            installed = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if installed.version.split("+")[0] != version:  # the newest or lowest versions' run: not the lock
+            continue
+        admits = SpecifierSet(installed.metadata.get("Requires-Python") or "")
+        floors[name] = next(m for m in range(6, 20) if admits.contains(f"3.{m}.0") or admits.contains(f"3.{m}.99"))
+    if len(floors) < 50:
+        pytest.skip("the locked versions are not the installed ones (the newest or lowest versions' run)")
+    lowest = max(floors.values())
+    assert lowest == 11, sorted(floors.items(), key=lambda item: -item[1])[:5]  # README names 3.11
+    assert claimed.contains(f"3.{lowest}.0") and not claimed.contains(f"3.{lowest - 1}.99"), claimed
+    readme = (root / "README.md").read_text()
+    assert f"Python 3.{lowest}" in readme and f"Python 3.{lowest - 1}" not in readme

@@ -362,3 +362,66 @@ def test_the_bootstraps_row_paths_equal_each_rules_own_functions_row_by_row(key,
         slow = np.array([np.nan if v is None else v for v in slow])
         np.testing.assert_array_equal(fast, slow, err_msg=f"{key} {statistic}")
         assert np.isnan(slow).any() and ((~np.isnan(slow)).sum() > 100 or depth == 1), "both branches exercised"
+
+
+def test_tables_mark_a_rule_artefact_and_a_degenerate_interval_and_say_why():
+    """Issue 47: a lens-KL ED of 1 [1–4] of 30 layers (in the first layers: ED ≤ max(2, ⌈0.1·30⌉) = 3)
+    and an ED of 13 [1–20] of 28 layers (its interval, 19 layers, over L/2 = 14) were shown unmarked;
+    docs/method.md §10 calls both degenerate. Each is now marked † in every table with one line why;
+    a sound cell (20 [19–21] of 30) and one whose interval is exactly L/2 wide stay unmarked."""
+    import csv
+    import io
+    import json
+
+    from effdepth_core.display import format_table
+
+    artefact = {"ed": 1, "ratio": 2 / 30, "ci_low": 1, "ci_high": 4}
+    wide = {"ed": 13, "ratio": 14 / 28, "ci_low": 1, "ci_high": 20}
+    sound = {"ed": 20, "ratio": 21 / 30, "ci_low": 19, "ci_high": 21}
+    runs = [
+        {"model": "a", "task": "gsm8k", "n_layers": 30, "n_examples": 10, "logit_lens_kl": artefact, "cosine": sound},
+        {"model": "b", "task": "mine", "n_layers": 28, "n_examples": 2, "logit_lens_kl": wide,
+         "cosine": {"ed": 20, "ratio": 21 / 28, "ci_low": 6, "ci_high": 20}},  # 14 = L/2 of 28: not over it
+    ]  # fmt: skip
+    text = format_table(runs)
+    assert "1 (0.07) [1–4] †" in text and "13 (0.50) [1–20] †" in text
+    assert "20 (0.70) [19–21] †" not in text and "20 (0.75) [6–20] †" not in text and "20 (0.75) [6–20]" in text
+    notes = text.split("docs/method.md §10", 1)[1].splitlines()[1:]
+    assert notes == [
+        "  a / gsm8k / lens KL: it fires at layer 1, in the first layers (0–3 of 30)",
+        "  b / mine / lens KL: its interval [1–20] spans more than half the 28 layers",
+    ]
+    markdown = format_table(runs, "markdown")
+    assert "| 1 (0.07) [1–4] † |" in markdown and "- b / mine / lens KL: its interval [1–20] spans" in markdown
+    records = json.loads(format_table(runs, "json"))
+    assert records[0]["logit_lens_kl"]["degenerate"].startswith("it fires at layer 1")
+    assert records[0]["cosine"]["degenerate"] is None and records[1]["cosine"]["degenerate"] is None
+    assert "spans more than half" in records[1]["logit_lens_kl"]["degenerate"]
+    rows = list(csv.DictReader(io.StringIO(format_table(runs, "csv"))))
+    assert rows[0]["logit_lens_kl_degenerate"].startswith("it fires") and rows[0]["cosine_degenerate"] == ""
+    statistic = {**sound, "statistic": "crossing", "depth": 2.4, "depth_ratio": 3.4 / 30, "depth_low": 1.0,
+                 "depth_high": 3.0}  # fmt: skip  # a sound ED beside a statistic in the first layers
+    text = format_table([{**runs[0], "cosine": statistic}])
+    assert "2.4 (0.11) [1.0–3.0] †" in text and "a / gsm8k / cosine depth: it fires at layer 2.4" in text
+
+
+def test_the_narrow_table_fits_a_terminal_and_wide_keeps_every_column():
+    """README's run (smollm2-135m, gsm8k, three rules with their statistics) printed a ~230-column
+    table; the default (narrow) one fits 100 columns, and ``wide`` keeps every column as before."""
+    from effdepth_core.display import format_table
+
+    def entry(ed, low, high, depth):
+        statistic = {"statistic": "centroid", "depth": depth, "depth_ratio": (depth + 1) / 30}
+        interval = {"depth_low": depth - 0.7, "depth_high": depth + 0.7}
+        return {"ed": ed, "ratio": (ed + 1) / 30, "ci_low": low, "ci_high": high, **statistic, **interval}
+
+    summary = {"model": "smollm2-135m", "task": "gsm8k", "n_layers": 30, "n_examples": 10, "n_asked": 10,
+               "cosine": entry(20, 20, 20, 19.2), "logit_lens_kl": entry(19, 16, 20, 13.3),
+               "logit_lens_overlap": entry(23, 23, 23, 23.0)}  # fmt: skip
+    narrow = format_table([summary], wide=False).split("\n\n")[0].splitlines()
+    wide = format_table([summary]).split("\n\n")[0].splitlines()
+    assert max(map(len, narrow)) <= 100 < max(map(len, wide))
+    assert narrow[0].split() == ["model", "task", "L", "n", "cosine", "lens", "KL", "lens", "overlap"]
+    assert "lens KL depth" in wide[0] and "asked" in wide[0] and "19 (0.67) [16–20]" in narrow[2]
+    asked = format_table([{**summary, "n_asked": 12}], wide=False).splitlines()[0]
+    assert "asked" in asked  # shown where it says something: prompts were dropped

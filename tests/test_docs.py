@@ -164,4 +164,7 @@ def test_the_probe_list_a_reader_is_sent_to_is_the_registrys():
     with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
         build_parser().parse_args(["run", "--help"])
     listed = " ".join(text.getvalue().split("--probes PROBES", 2)[-1].split())
-    assert f"comma list of {', '.join(registry.names())} (default: {','.join(registry.DEFAULT)})" in listed
+    assert (
+        f"comma list of {', '.join(registry.names())} (each described below; `effdepth probes` lists them) " in listed
+    )
+    assert f"(default: {','.join(registry.DEFAULT)})" in listed

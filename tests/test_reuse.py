@@ -23,6 +23,26 @@ def _max_diff(a: pl.DataFrame, b: pl.DataFrame) -> float:
     return float((joined["value"] - joined["value_b"]).abs().max())
 
 
+def _assert_summaries_match(a: object, b: object, where: str = "summary") -> None:
+    """Two summaries agree: every integer ED, interval bound, count and name exactly; every float
+    (a ratio, a continuous depth statistic and its interval, in layers or a fraction of L) within
+    1e-6 of its scale. The per-example values come from other batch shapes (TOLERANCE), and a mean
+    of them over prompts moves ~1e-8 of a depth of order 1–30: bit-identity is not promised here."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert isinstance(a, int | float) and isinstance(b, int | float), where
+        assert abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b)), (where, a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), where
+        for key in a:
+            _assert_summaries_match(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_summaries_match(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
 def _task_file(tmp_path, n: int = 6):
     path = tmp_path / "prompts.jsonl"
     lines = [{"prompt": f"q{i}: what is {i} + {2 * i}? it is", "answer": f" {3 * i}."} for i in range(n)]
@@ -50,7 +70,7 @@ def test_a_larger_run_reuses_the_first_examples_and_equals_a_fresh_one(tiny_dir,
         assert extended.per_example[name]["example"].n_unique() == 5
         assert _max_diff(extended.per_example[name], fresh.per_example[name]) <= TOLERANCE, name
         assert _max_diff(extended.curves[name], fresh.curves[name]) <= TOLERANCE, name
-    assert extended.summary == fresh.summary
+    _assert_summaries_match(extended.summary, fresh.summary)
     beside = run(small.replace(n=4), probes, tmp_path / "runs" / "beside")  # neighbours lend only when named
     assert all("reused" not in record for record in beside.metadata["probes"].values())
     one = run(small.replace(n=4), probes, tmp_path / "one", reuse_from=[tmp_path / "runs" / "small"])  # a run named

@@ -14,7 +14,7 @@ import torch
 from ..errors import EffdepthError
 from ..models import LoadedModel, takes_plain_models
 from ..trace import residual_states, tokenize
-from .shared.lens import Translator, _check_top_k, largest
+from .shared.lens import Translator, _check_top_k, check_lens, largest
 
 TOKEN_CHUNK = 256  # positions decoded at once: [chunk, vocab] float32 is the only vocabulary-sized buffer
 
@@ -39,6 +39,8 @@ def lens_by_token(
         ``top_tokens`` and ``top_probs`` (q_l's top-k, most likely first).
     """
     _check_top_k(top_k, loaded.vocab_size, loaded.name)
+    check_lens(lens)
+    _check_one_prompt(prompt)
     ids = tokenize(loaded, [prompt])[0]  # [token]
     states = torch.cat(list(residual_states(loaded, [ids], batch_size=1)))  # [token, L+1, d_model]
     n_layers = loaded.n_layers
@@ -77,6 +79,24 @@ def lens_by_token(
     return pl.DataFrame({name: columns[name] for name in schema}, schema=schema).sort("layer", "position")
 
 
+def _check_one_prompt(prompt: object) -> None:
+    """One line for what is not one prompt: a list, a 2-D batch, anything but text or 1-D ids."""
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() == 1 or (prompt.dim() == 2 and prompt.shape[0] == 1):
+            return
+        raise EffdepthError(
+            f"lens_by_token reads one prompt: a text or 1-D token ids, got a tensor of shape {list(prompt.shape)}; "
+            "call it once per prompt (for a batch, logit_lens(model, prompts) gives per-prompt means)"
+        )
+    kind = f"a list of {len(prompt)}" if isinstance(prompt, list | tuple) else type(prompt).__name__
+    raise EffdepthError(
+        f"lens_by_token reads one prompt: a text or 1-D token ids, got {kind}; call it once per prompt "
+        "(for many prompts, logit_lens(model, prompts) gives per-prompt means)"
+    )
+
+
 def _decoder(loaded: LoadedModel):
     """``decode(ids)``: each id as the text it stands for (its id in brackets where there is no
     tokenizer), each distinct id decoded once."""
@@ -109,8 +129,25 @@ def prediction_table(rows: pl.DataFrame, rank: int = 0) -> pl.DataFrame:
     """
     from ..errors import OptionError, require_whole
 
+    if not isinstance(rows, pl.DataFrame):
+        kind = "a pandas DataFrame" if hasattr(rows, "columns") else type(rows).__name__
+        fix = "pl.from_pandas(rows) or " if hasattr(rows, "columns") else ""
+        raise EffdepthError(f"prediction_table takes lens_by_token's polars frame for one prompt, got {kind}; "
+                            f"pass {fix}lens_by_token(model, prompt)")  # fmt: skip
+    missing = [c for c in ("position", "token", "layer", "top_tokens") if c not in rows.columns]
+    if missing:
+        raise EffdepthError(
+            f"prediction_table takes lens_by_token's frame for one prompt; this one has no {', '.join(missing)} "
+            "(a logit_lens frame holds per-prompt means, not tokens): pass lens_by_token(model, prompt)"
+        )
     if not rows.height:
         raise EffdepthError("no rows: give lens_by_token's frame for one prompt")
+    repeated = rows.height - rows.select("layer", "position").n_unique()
+    if repeated:
+        raise EffdepthError(
+            f"prediction_table reads one prompt, but {repeated} (layer, position) pairs repeat: rows of several "
+            "prompts; pass one prompt's lens_by_token frame"
+        )
     kept = int(rows["top_tokens"].list.len().min())
     if require_whole("rank", rank, 0) >= kept:
         raise OptionError(f"rank must be below the top_k kept ({kept}), got {rank}")

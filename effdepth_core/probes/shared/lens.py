@@ -172,6 +172,7 @@ def logit_lens(
     # p for a batch costs 4·vocab bytes per token: bound the real tokens per batch by half the budget
     max_tokens = max(1, (budget // 2) // (4 * loaded.vocab_size))
     buffers = tuple(torch.empty(rows, loaded.vocab_size, device=device) for rows in (chunk, block))
+    check_lens(lens)
     if lens is not None and lens.n_layers != loaded.n_layers:
         raise EffdepthError(
             f"the tuned lens has {lens.n_layers} translators but {loaded.name} has {loaded.n_layers} layers"
@@ -379,7 +380,24 @@ OVERLAP_THRESHOLD_OPTION = Option(
 LENS = Option("lens", "logit", "the lens of logit_lens and early_exit: logit, tuned or both", choices=LENSES)
 
 
+def check_lens(lens: object) -> None:
+    """One line for a ``lens=`` that is neither None (the logit lens) nor a tuned lens object."""
+    if lens is not None and not (hasattr(lens, "translate") and isinstance(getattr(lens, "n_layers", None), int)):
+        shown = repr(lens) if isinstance(lens, str | int | float) else type(lens).__name__
+        raise EffdepthError(
+            f"lens= takes a TunedLens (effdepth_core.probes.cached_tuned_lens(name, loaded)) or None for the logit "
+            f"lens, got {shown}; the name 'tuned' is a setting of measure(..., lens='tuned') and effdepth run --lens"
+        )
+
+
 def _check_top_k(top_k: int, vocab: int, model: str) -> None:
+    """One line for a k that is not a whole number of at least 1 within the vocabulary."""
+    import numbers
+
+    from ...errors import OptionError
+
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+        raise OptionError(f"{spelled('top_k')} must be a whole number of at least 1, got {top_k!r}")
     if top_k < 1:
         raise EffdepthError(f"{spelled('top_k')} must be at least 1, got {top_k}")
     if top_k > vocab:
