@@ -10,7 +10,7 @@ import itertools
 import math
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,16 +176,78 @@ def decoder_stack(model: nn.Module, adapter: Adapter) -> nn.Module:
     return _get(model, parent) if parent else model
 
 
-def pads_safely(model: nn.Module, stack: nn.Module, first_layer: nn.Module | None = None) -> bool:
-    """Whether right-padding a batch leaves every prompt's own hidden states as they are alone: two
-    prompts of 5 and 9 tokens, padded together, against each one alone — at ``first_layer``'s output
-    and at the stack's last hidden state (``stack``: the decoder stack run alone; an error running a
-    prompt alone is raised: the lens needs that). A model whose attention reads padded keys (a top-k
-    indexer over all positions) fails, and is then measured one prompt at a time. The 9-token
-    prompt has no padding: its drift is the batch's rounding, which the last state is judged by."""
+# config fields naming how many keys a sparse-attention indexer keeps per query (DeepSeek V3.2's DSA
+# and its relatives): past that many keys, which ones a padded batch keeps can differ from those the
+# prompt alone keeps (ties among the indexer's scores break by the tensor's width), batch by batch,
+# so no one padded batch verifies the rest (issue 45)
+KEY_SELECTION_FIELDS = ("index_topk",)
+
+
+def _configs(model: nn.Module) -> list:
+    """The model's config and each of its sub-configs, once each."""
+    configs, found, visited = [model.config], [], set()
+    while configs:
+        config = configs.pop()
+        if id(config) in visited:
+            continue
+        visited.add(id(config))
+        found.append(config)
+        configs += [getattr(config, key) for key in getattr(config, "sub_configs", {}) if getattr(config, key, None)]
+    return found
+
+
+def attention_key(model: nn.Module) -> tuple:
+    """What the model's attention runs, per config and sub-config: its attention and experts
+    implementations and the kernels transformers' registries hold under those names (an entry of
+    ``ALL_ATTENTION_FUNCTIONS`` or ``ALL_MASK_ATTENTION_FUNCTIONS`` swapped is another attention)."""
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:  # pragma: no cover - transformers always ships them
+        ALL_ATTENTION_FUNCTIONS = ALL_MASK_ATTENTION_FUNCTIONS = {}
+    key = []
+    for config in _configs(model):
+        implementation = getattr(config, "_attn_implementation", None)
+        kernels = (None, None)
+        if isinstance(implementation, str):
+            kernels = tuple(
+                _held(registry.get(implementation))
+                for registry in (ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS)
+            )
+        key.append((implementation, getattr(config, "_experts_implementation", None), kernels))
+    return tuple(key)
+
+
+def key_selection(model: nn.Module) -> int | None:
+    """The fewest keys a sparse-attention indexer of ``model`` keeps per query (``index_topk`` of its
+    config or a sub-config), or None where none selects keys."""
+    sizes = [
+        int(value)
+        for config in _configs(model)
+        for name in KEY_SELECTION_FIELDS
+        if isinstance(value := getattr(config, name, None), int) and value > 0
+    ]
+    return min(sizes) if sizes else None
+
+
+def pads_safely(
+    model: nn.Module,
+    stack: nn.Module,
+    first_layer: nn.Module | None = None,
+    prompts: list[torch.Tensor] | None = None,
+) -> bool:
+    """Whether right-padding a batch leaves every prompt's own hidden states as they are alone:
+    ``prompts`` (default: two of 5 and 9 tokens; a run passes its own longest and shortest), padded
+    together, against each one alone — at ``first_layer``'s output and at the stack's last hidden
+    state (``stack``: the decoder stack run alone; an error running a prompt alone is raised: the
+    lens needs that). A model whose attention reads padded keys fails, and is then measured one
+    prompt at a time. The longest prompt has no padding: its drift is the batch's rounding, which
+    the last state is judged by."""
     vocab = int(getattr(model.config, "vocab_size", 8) or 8)
-    lengths = (5, 9)
-    prompts = [(torch.arange(n) * 7 + 3 * i) % max(vocab - 1, 1) + 1 for i, n in enumerate(lengths)]
+    if prompts is None:
+        prompts = [(torch.arange(n) * 7 + 3 * i) % max(vocab - 1, 1) + 1 for i, n in enumerate((5, 9))]
+    prompts = [p.flatten().cpu() for p in prompts]
+    lengths = [p.numel() for p in prompts]
     device = execution_device(model)
 
     def states(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -710,10 +772,67 @@ class LoadedModel:
     prefix_replays: bool = True  # False: ``replay.check_replay`` found its prefix replay off; whole prompts
     write_scale: float | None = None  # ``Adapter.write_scale`` of this model's config
     logit_scale: float | None = None  # ``Adapter.logit_scale`` of this model's config
+    padding_key: tuple | None = None  # ``attention_key`` when ``pads_safely`` was found (another: not known)
+    # (attention_key, the prompts checked) → whether padding them together kept each prompt's
+    # numbers (``padding_holds``); shared by the copies ``dataclasses.replace`` makes (the same model)
+    padding_verdicts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
-    def rows(self, batch_size: int) -> int:
-        """The prompts a padded batch may hold: ``batch_size``, or 1 where padding changes numbers."""
-        return batch_size if self.pads_safely else 1
+    def rows(self, batch_size: int, token_lists: Sequence[torch.Tensor] | None = None) -> int:
+        """The prompts a padded batch may hold: ``batch_size``, or 1 where padding changes numbers —
+        for ``token_lists`` (a run's prompts) verified at their own lengths (``padding_holds``)."""
+        if batch_size <= 1:
+            return batch_size
+        if token_lists is None:
+            return batch_size if self.pads_safely and self.padding_key in (None, attention_key(self.model)) else 1
+        return batch_size if self.padding_holds(token_lists, batch_size) else 1
+
+    def padding_holds(self, token_lists: Sequence[torch.Tensor], batch_size: int) -> bool:
+        """Whether right-padding these prompts in batches of ``batch_size`` leaves each one's hidden
+        states as they are alone, verified on the run's own prompts: its first batch, with its longest
+        and shortest prompt added, padded together against each prompt alone (``pads_safely``: one
+        forward of that batch and one per prompt, once per attention and set of prompts). False, with
+        a warning once, where the load-time check failed under the same attention, where this check
+        fails, or where a sparse-attention indexer keeps fewer keys than the longest prompt has
+        (``key_selection``: which keys it keeps under padding differs batch by batch, so no batch
+        verifies the others)."""
+        from .errors import EffdepthWarning
+
+        lengths = [int(ids.numel()) for ids in token_lists]
+        if len(set(lengths)) <= 1:
+            return True  # every batch is as wide as each of its prompts: nothing is padded
+        key = attention_key(self.model)
+        if key == self.padding_key and not self.pads_safely:
+            return False  # found at load under this attention, and said then
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        long = lengths[order[-1]]
+        selection = key_selection(self.model)
+        if selection is not None and long > selection:
+            verdict_key: tuple = (key, "selection", selection)
+            why = (
+                f"its sparse attention keeps {selection} keys per query (index_topk) and this run's prompts have "
+                f"up to {long} tokens: which keys a padded batch keeps differs from the prompt alone"
+            )
+            verdict = False
+        else:
+            rows = sorted({*range(min(batch_size, len(lengths))), order[0], order[-1]})
+            prompts = [token_lists[row].flatten().cpu() for row in rows]
+            verdict_key = (key, tuple(tuple(ids.tolist()) for ids in prompts))
+            why = (
+                f"a padded batch of this run's prompts ({min(lengths)} to {long} tokens) changes a shorter one's "
+                "hidden states (its attention reads padded positions)"
+            )
+            verdict = self.padding_verdicts.get(verdict_key)
+            if verdict is None:
+                verdict = pads_safely(self.model, self.base_model(), self.layers[0], prompts)
+        if verdict_key not in self.padding_verdicts:
+            self.padding_verdicts[verdict_key] = verdict
+            if not verdict:
+                warnings.warn(
+                    f"model {self.name!r}: {why}; effdepth measures it one prompt at a time",
+                    EffdepthWarning,
+                    stacklevel=3,
+                )
+        return verdict
 
     def is_as_loaded(self, spec: str, dtype: torch.dtype) -> bool:
         """Whether this is exactly what ``load_model(spec)`` gives in ``dtype``, untouched since: only
@@ -914,6 +1033,7 @@ def wrap_model(
         head_transform=_get(model, adapter.head_transform) if adapter.head_transform else None,
         max_positions=int(max_positions) if max_positions else None,
         pads_safely=padding,
+        padding_key=attention_key(model),
         write_scale=float(adapter.write_scale(config.get_text_config())) if adapter.write_scale else None,
         logit_scale=float(adapter.logit_scale(config.get_text_config())) if adapter.logit_scale else None,
     )
@@ -937,9 +1057,10 @@ def _held(obj: object) -> object:
 
 def _what_checks_see(model: nn.Module, adapter: Adapter | None) -> tuple:
     """What a layout check's outcome depends on, cheaply: the adapter asked for; the config, with
-    the attention and experts implementations of it and of each sub-config (its digest leaves them
-    out); each module's settings, class (the class object and its ``forward``, so a class patched or
-    redefined in place counts), identity, own or compiled ``forward`` and hooks; torch's global
+    the attention and experts implementations of it and of each sub-config and the kernels
+    registered under those names (``attention_key``; its digest leaves them out); each module's
+    settings, class (the class object and its ``forward``, so a class patched or redefined in place
+    counts), identity, own or compiled ``forward`` and hooks; torch's global
     module hooks; every weight's storage, dtype and version counter. Not seen: an edit of a
     module-level function the forward calls (reload the model after one)."""
     from torch.nn.modules import module as torch_module
@@ -950,17 +1071,8 @@ def _what_checks_see(model: nn.Module, adapter: Adapter | None) -> tuple:
         for m in model.modules()
     )  # fmt: skip
     global_hooks = (tuple(torch_module._global_forward_hooks), tuple(torch_module._global_forward_pre_hooks))
-    configs, implementations, visited = [model.config], [], set()
-    while configs:  # the config and its sub-configs, each once
-        config = configs.pop()
-        if id(config) in visited:
-            continue
-        visited.add(id(config))
-        implementations.append(
-            (getattr(config, "_attn_implementation", None), getattr(config, "_experts_implementation", None))
-        )
-        configs += [getattr(config, key) for key in getattr(config, "sub_configs", {}) if getattr(config, key, None)]
-    return (adapter, tuple(implementations), config_digest(model), weights_state(model), modules, global_hooks)
+    implementations = attention_key(model)  # the kernels the registries hold under those names too
+    return (adapter, implementations, config_digest(model), weights_state(model), modules, global_hooks)
 
 
 def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, name: str) -> tuple[Adapter, bool]:

@@ -356,7 +356,7 @@ def residual_states(
     loaded: LoadedModel, token_lists: Sequence[torch.Tensor], batch_size: int = 4
 ) -> Iterator[torch.Tensor]:
     """h_0..h_L of every real token, batch by batch: ``[token, L+1, d_model]`` float32."""
-    for batch in iter_batches(token_lists, loaded.rows(batch_size), loaded.input_device):
+    for batch in iter_batches(token_lists, loaded.rows(batch_size, token_lists), loaded.input_device):
         layers: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
 
         def on_layer(trace: LayerTrace, mask: torch.Tensor = batch.mask, layers: list = layers) -> None:
