@@ -41,7 +41,13 @@ class Adapter:
     arguments a block receives with the batch folded into their first dimension (BLOOM's ``alibi``,
     ``[batch · head, 1, key]``): a replay of several rows repeats them per row. ``head_transform``:
     a module of the model that its head applies between the final norm and the unembedding
-    (ModernBERT-decoder's prediction head, ``lm_head``). Every adapter is verified at load.
+    (ModernBERT-decoder's prediction head, ``lm_head``). ``attn_also`` / ``mlp_also``: further
+    modules of a block whose outputs are writes to the residual, counted with the attention's or
+    with the MLP's (the rest of the block: Gemma 4's per-layer-input write,
+    ``post_per_layer_input_norm``). ``residual_scale``: a buffer, parameter or one-tensor module of
+    a block whose value multiplies the block's output, residual included (Gemma 4's
+    ``layer_scalar``: h_(l+1) = s · (h_l + writes)); each write is then read times s (method.md §1).
+    Every adapter is verified at load.
     """
 
     layers: str = "model.layers"
@@ -53,6 +59,13 @@ class Adapter:
     residual_arg: str | None = None
     folded_kwargs: tuple[str, ...] = ()
     head_transform: str | None = None
+    attn_also: tuple[str, ...] = ()
+    mlp_also: tuple[str, ...] = ()
+    residual_scale: str | None = None
+
+    def write_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The modules of a block whose outputs are its writes: the attention's group, the rest."""
+        return (self.attn_out, *self.attn_also), (self.mlp_out, *self.mlp_also)
 
 
 def _logit_scale(config) -> float:
@@ -127,6 +140,24 @@ ADAPTERS: dict[str, Adapter] = {
         write_scale=lambda config: config.scale_depth / math.sqrt(config.num_hidden_layers),
         logit_scale=_inverse_logits_scaling,
     ),
+    # Gemma 4: a third write where a block has per-layer inputs (their projection, counted with the
+    # MLP's) and each block's output times its layer_scalar buffer
+    **{
+        model_type: Adapter(
+            layers=f"{stack}.layers",
+            final_norm=f"{stack}.norm",
+            attn_out="post_attention_layernorm",
+            mlp_out="post_feedforward_layernorm",
+            mlp_also=("post_per_layer_input_norm",),
+            residual_scale="layer_scalar",
+        )
+        for model_type, stack in (
+            ("gemma4_text", "model"),
+            ("gemma4", "model.language_model"),
+            ("gemma4_unified_text", "model"),
+            ("gemma4_unified", "model.language_model"),
+        )
+    },
     "gpt_neox": Adapter(
         layers="gpt_neox.layers",
         final_norm="gpt_neox.final_layer_norm",
@@ -348,9 +379,10 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
         for index, layer in enumerate(layers):
             handles.append(layer.register_forward_pre_hook(keep(index, "h_in", False), with_kwargs=True))
             handles.append(layer.register_forward_hook(keep(index, "h_out", True), with_kwargs=True))
-            for key in ("attn_out", "mlp_out"):
-                module = _get(layer, getattr(adapter, key))
-                handles.append(module.register_forward_hook(keep(index, key, True), with_kwargs=True))
+            for group, modules in zip(("attn", "mlp"), write_modules(layer, adapter), strict=True):
+                for number, module in enumerate(modules):
+                    key = f"{group}_out" if number == 0 else f"{group}_also{number}"
+                    handles.append(module.register_forward_hook(keep(index, key, True), with_kwargs=True))
         with torch.inference_mode():
             ids = (torch.arange(9) % max(vocab - 1, 1) + 1)[None]  # 9 tokens of ids 1.., whatever they mean
             logits = model(input_ids=ids.to(execution_device(model)), use_cache=False).logits.float()
@@ -369,6 +401,8 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
             handle.remove()
     ordered = all(keys.index("attn_out") < keys.index("mlp_out") for keys in order.values() if "mlp_out" in keys)
     names = {"h_in": f"{adapter.layers}[{{}}]", "attn_out": adapter.attn_out, "mlp_out": adapter.mlp_out}
+    names |= {f"attn_also{i}": n for i, n in enumerate(adapter.attn_also, 1)}
+    names |= {f"mlp_also{i}": n for i, n in enumerate(adapter.mlp_also, 1)}
     repeated = next(
         (
             f"{names[key].format(index)} runs {keys.count(key)} times per forward"
@@ -388,14 +422,19 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     scale = float(adapter.write_scale(model.config.get_text_config())) if adapter.write_scale is not None else 1.0
     gaps, writes_ok = [], True
-    for parts in seen.values():
+    for index, parts in seen.items():
         h_in, h_out = parts["h_in"].float(), parts["h_out"].float()
-        attn, mlp = scale * parts["attn_out"].float(), scale * parts["mlp_out"].float()
-        if attn.shape != h_in.shape or mlp.shape != h_in.shape:  # a write of another size than the residual:
-            gaps.append(1.0)  # it may add up by broadcasting here and still be no per-token write
+        groups = [[v.float() for k, v in parts.items() if k.startswith(g)] for g in ("attn_", "mlp_")]
+        if any(w.shape != h_in.shape for group in groups for w in group):  # a write of another size than the
+            gaps.append(1.0)  # residual: it may add up by broadcasting here and still be no per-token write
             writes_ok = False
             continue
+        rescale = residual_scale(layers[index], adapter)  # h_(l+1) = s · (h_l + writes): writes read times s
+        block_scale = rescale.float().to(h_in.device) if rescale is not None else 1.0
+        attn, mlp = (scale * block_scale * sum(group) for group in groups)
         change = h_out - h_in
+        if rescale is not None:  # the residual's own rescaling, (s − 1) · h_l, is no sublayer's write
+            change = change - (block_scale - 1) * h_in
         missed = float((change - attn - mlp).norm())
         gaps.append(missed / max(float(change.norm()), 1e-12))
         rounding = 2 * eps * float(h_out.norm() + attn.norm() + mlp.norm())
@@ -461,6 +500,8 @@ def _missing_module(model: nn.Module, adapter: Adapter) -> str | None:
         layers = _get(model, adapter.layers)
         _get(model, adapter.final_norm)
         _get(layers[0], adapter.attn_out), _get(layers[0], adapter.mlp_out)
+        if adapter.residual_scale:
+            _get(layers[0], adapter.residual_scale)
         if adapter.head_transform:
             _get(model, adapter.head_transform)
     except (AttributeError, IndexError, TypeError) as exc:
@@ -749,6 +790,38 @@ def _get(root: nn.Module, dotted: str) -> nn.Module:
     return module
 
 
+def write_modules(block: nn.Module, adapter: Adapter) -> tuple[tuple[nn.Module, ...], tuple[nn.Module, ...]]:
+    """The modules of ``block`` whose outputs are its writes, as (the attention's group, the rest):
+    ``attn_out`` and ``mlp_out`` always, each ``attn_also`` / ``mlp_also`` module where the block
+    has it (a Gemma 4 block without per-layer inputs has no third write)."""
+    attn, rest = adapter.write_names()
+    return (
+        (_get(block, attn[0]), *(_get(block, n) for n in attn[1:] if _exists(block, n))),
+        (_get(block, rest[0]), *(_get(block, n) for n in rest[1:] if _exists(block, n))),
+    )
+
+
+def residual_scale(block: nn.Module, adapter: Adapter) -> torch.Tensor | None:
+    """The value ``block``'s output is multiplied by (``Adapter.residual_scale``: a buffer or
+    parameter, or a module holding exactly one tensor), or None where the adapter names none."""
+    if adapter.residual_scale is None:
+        return None
+    value = _get(block, adapter.residual_scale)
+    if isinstance(value, nn.Module):
+        tensors = list(itertools.chain(value.parameters(), value.buffers()))
+        if len(tensors) != 1:
+            raise UnsupportedModelError(
+                f"residual_scale={adapter.residual_scale!r} names a module holding {len(tensors)} tensors; name "
+                "the buffer or parameter the block's output is multiplied by"
+            )
+        value = tensors[0]
+    if not isinstance(value, torch.Tensor):
+        raise UnsupportedModelError(
+            f"residual_scale={adapter.residual_scale!r} names a {type(value).__name__}; name a buffer or parameter"
+        )
+    return value.detach()
+
+
 @dataclass(repr=False)
 class LoadedModel:
     """A causal LM plus everything the probes need to read and decode its residual stream."""
@@ -926,6 +999,14 @@ class LoadedModel:
         block = self.layers[layer]
         return _get(block, self.adapter.attn_out), _get(block, self.adapter.mlp_out)
 
+    def write_modules(self, layer: int) -> tuple[tuple[nn.Module, ...], tuple[nn.Module, ...]]:
+        """Every module whose output ``layer`` adds to the residual: (the attention's group, the rest)."""
+        return write_modules(self.layers[layer], self.adapter)
+
+    def residual_scale(self, layer: int) -> torch.Tensor | None:
+        """What ``layer`` multiplies its output by (``Adapter.residual_scale``), or None."""
+        return residual_scale(self.layers[layer], self.adapter)
+
     def encode(self, text: str) -> torch.Tensor:
         """Token ids of ``text`` as the model's tokenizer (with its special tokens) gives them."""
         if self.tokenizer is None:
@@ -1097,16 +1178,34 @@ def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, 
     return found, padding
 
 
+def _verify_or_diagnose(model: nn.Module, adapter: Adapter, name: str, what: str) -> None:
+    """``verify_adapter``, whose refusal, where the writes miss the blocks' change, also says what
+    the blocks' outputs show the model is (``read_blocks``: post-norm, a third write, several
+    residual streams…), as an inferred layout's refusal does."""
+    try:
+        verify_adapter(model, adapter, name, what)
+    except UnsupportedModelError as exc:
+        if "miss each block's change" not in str(exc):
+            raise
+        try:
+            reading = read_blocks(model, 1.0, execution_device(model))
+        except Exception:  # the diagnosis is extra: the refusal stands without it
+            raise exc from None
+        if reading.reason:
+            raise UnsupportedModelError(f"{exc}; read off its blocks: {reading.reason}") from None
+        raise
+
+
 def _run_checks(model: nn.Module, adapter: Adapter | None, model_type: str, name: str) -> tuple[Adapter, bool, list]:
     """The layout checks and the padding check, run: (layout, pads safely, the warnings they gave)."""
     with warnings.catch_warnings(record=True) as given:
         warnings.simplefilter("always")
         if adapter is not None:
-            verify_adapter(model, adapter, name, "the adapter given")
+            _verify_or_diagnose(model, adapter, name, "the adapter given")
             found = adapter
         elif model_type in ADAPTERS:
             found = ADAPTERS[model_type]
-            verify_adapter(model, found, name, f"the adapter table's row for {model_type!r}")
+            _verify_or_diagnose(model, found, name, f"the adapter table's row for {model_type!r}")
         else:
             found = infer_adapter(model, model_type, name)
         try:  # the lens reads the stack's last hidden state (final norm applied): a stack must give one
