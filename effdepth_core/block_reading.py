@@ -272,7 +272,8 @@ def _read_writes(
             None,
             norms,
             f"each block adds three writes to the residual ({', '.join(triples[0])}), where the "
-            "method splits a block into one attention and one MLP write",
+            "method splits a block into one attention and one MLP write; name the third with its group "
+            "(wrap_model(adapter=Adapter(attn_out=…, mlp_out=…, mlp_also=(…,))))",
         )
     closest = f" (closest: {' + '.join(pairs[0])}, off by {share(worst(pairs[0]))})" if pairs else ""
     return BlockReading(

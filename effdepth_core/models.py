@@ -10,7 +10,7 @@ import itertools
 import math
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +41,13 @@ class Adapter:
     arguments a block receives with the batch folded into their first dimension (BLOOM's ``alibi``,
     ``[batch · head, 1, key]``): a replay of several rows repeats them per row. ``head_transform``:
     a module of the model that its head applies between the final norm and the unembedding
-    (ModernBERT-decoder's prediction head, ``lm_head``). Every adapter is verified at load.
+    (ModernBERT-decoder's prediction head, ``lm_head``). ``attn_also`` / ``mlp_also``: further
+    modules of a block whose outputs are writes to the residual, counted with the attention's or
+    with the MLP's (the rest of the block: Gemma 4's per-layer-input write,
+    ``post_per_layer_input_norm``). ``residual_scale``: a buffer, parameter or one-tensor module of
+    a block whose value multiplies the block's output, residual included (Gemma 4's
+    ``layer_scalar``: h_(l+1) = s · (h_l + writes)); each write is then read times s (method.md §1).
+    Every adapter is verified at load.
     """
 
     layers: str = "model.layers"
@@ -53,6 +59,13 @@ class Adapter:
     residual_arg: str | None = None
     folded_kwargs: tuple[str, ...] = ()
     head_transform: str | None = None
+    attn_also: tuple[str, ...] = ()
+    mlp_also: tuple[str, ...] = ()
+    residual_scale: str | None = None
+
+    def write_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The modules of a block whose outputs are its writes: the attention's group, the rest."""
+        return (self.attn_out, *self.attn_also), (self.mlp_out, *self.mlp_also)
 
 
 def _logit_scale(config) -> float:
@@ -127,6 +140,24 @@ ADAPTERS: dict[str, Adapter] = {
         write_scale=lambda config: config.scale_depth / math.sqrt(config.num_hidden_layers),
         logit_scale=_inverse_logits_scaling,
     ),
+    # Gemma 4: a third write where a block has per-layer inputs (their projection, counted with the
+    # MLP's) and each block's output times its layer_scalar buffer
+    **{
+        model_type: Adapter(
+            layers=f"{stack}.layers",
+            final_norm=f"{stack}.norm",
+            attn_out="post_attention_layernorm",
+            mlp_out="post_feedforward_layernorm",
+            mlp_also=("post_per_layer_input_norm",),
+            residual_scale="layer_scalar",
+        )
+        for model_type, stack in (
+            ("gemma4_text", "model"),
+            ("gemma4", "model.language_model"),
+            ("gemma4_unified_text", "model"),
+            ("gemma4_unified", "model.language_model"),
+        )
+    },
     "gpt_neox": Adapter(
         layers="gpt_neox.layers",
         final_norm="gpt_neox.final_layer_norm",
@@ -176,16 +207,78 @@ def decoder_stack(model: nn.Module, adapter: Adapter) -> nn.Module:
     return _get(model, parent) if parent else model
 
 
-def pads_safely(model: nn.Module, stack: nn.Module, first_layer: nn.Module | None = None) -> bool:
-    """Whether right-padding a batch leaves every prompt's own hidden states as they are alone: two
-    prompts of 5 and 9 tokens, padded together, against each one alone — at ``first_layer``'s output
-    and at the stack's last hidden state (``stack``: the decoder stack run alone; an error running a
-    prompt alone is raised: the lens needs that). A model whose attention reads padded keys (a top-k
-    indexer over all positions) fails, and is then measured one prompt at a time. The 9-token
-    prompt has no padding: its drift is the batch's rounding, which the last state is judged by."""
+# config fields naming how many keys a sparse-attention indexer keeps per query (DeepSeek V3.2's DSA
+# and its relatives): past that many keys, which ones a padded batch keeps can differ from those the
+# prompt alone keeps (ties among the indexer's scores break by the tensor's width), batch by batch,
+# so no one padded batch verifies the rest (issue 45)
+KEY_SELECTION_FIELDS = ("index_topk",)
+
+
+def _configs(model: nn.Module) -> list:
+    """The model's config and each of its sub-configs, once each."""
+    configs, found, visited = [model.config], [], set()
+    while configs:
+        config = configs.pop()
+        if id(config) in visited:
+            continue
+        visited.add(id(config))
+        found.append(config)
+        configs += [getattr(config, key) for key in getattr(config, "sub_configs", {}) if getattr(config, key, None)]
+    return found
+
+
+def attention_key(model: nn.Module) -> tuple:
+    """What the model's attention runs, per config and sub-config: its attention and experts
+    implementations and the kernels transformers' registries hold under those names (an entry of
+    ``ALL_ATTENTION_FUNCTIONS`` or ``ALL_MASK_ATTENTION_FUNCTIONS`` swapped is another attention)."""
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:  # pragma: no cover - transformers always ships them
+        ALL_ATTENTION_FUNCTIONS = ALL_MASK_ATTENTION_FUNCTIONS = {}
+    key = []
+    for config in _configs(model):
+        implementation = getattr(config, "_attn_implementation", None)
+        kernels = (None, None)
+        if isinstance(implementation, str):
+            kernels = tuple(
+                _held(registry.get(implementation))
+                for registry in (ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS)
+            )
+        key.append((implementation, getattr(config, "_experts_implementation", None), kernels))
+    return tuple(key)
+
+
+def key_selection(model: nn.Module) -> int | None:
+    """The fewest keys a sparse-attention indexer of ``model`` keeps per query (``index_topk`` of its
+    config or a sub-config), or None where none selects keys."""
+    sizes = [
+        int(value)
+        for config in _configs(model)
+        for name in KEY_SELECTION_FIELDS
+        if isinstance(value := getattr(config, name, None), int) and value > 0
+    ]
+    return min(sizes) if sizes else None
+
+
+def pads_safely(
+    model: nn.Module,
+    stack: nn.Module,
+    first_layer: nn.Module | None = None,
+    prompts: list[torch.Tensor] | None = None,
+) -> bool:
+    """Whether right-padding a batch leaves every prompt's own hidden states as they are alone:
+    ``prompts`` (default: two of 5 and 9 tokens; a run passes its own longest and shortest), padded
+    together, against each one alone — at ``first_layer``'s output and at the stack's last hidden
+    state (``stack``: the decoder stack run alone; an error running a prompt alone is raised: the
+    lens needs that). A model whose attention reads padded keys fails, and is then measured one
+    prompt at a time. The longest prompt has no padding: its drift is the batch's rounding, which
+    the last state is judged by."""
     vocab = int(getattr(model.config, "vocab_size", 8) or 8)
-    lengths = (5, 9)
-    prompts = [(torch.arange(n) * 7 + 3 * i) % max(vocab - 1, 1) + 1 for i, n in enumerate(lengths)]
+    if prompts is None:
+        prompts = [(torch.arange(n) * 7 + 3 * i) % max(vocab - 1, 1) + 1 for i, n in enumerate((5, 9))]
+    prompts = [p.flatten().cpu() for p in prompts]
+    lengths = [p.numel() for p in prompts]
     device = execution_device(model)
 
     def states(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -286,9 +379,10 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
         for index, layer in enumerate(layers):
             handles.append(layer.register_forward_pre_hook(keep(index, "h_in", False), with_kwargs=True))
             handles.append(layer.register_forward_hook(keep(index, "h_out", True), with_kwargs=True))
-            for key in ("attn_out", "mlp_out"):
-                module = _get(layer, getattr(adapter, key))
-                handles.append(module.register_forward_hook(keep(index, key, True), with_kwargs=True))
+            for group, modules in zip(("attn", "mlp"), write_modules(layer, adapter), strict=True):
+                for number, module in enumerate(modules):
+                    key = f"{group}_out" if number == 0 else f"{group}_also{number}"
+                    handles.append(module.register_forward_hook(keep(index, key, True), with_kwargs=True))
         with torch.inference_mode():
             ids = (torch.arange(9) % max(vocab - 1, 1) + 1)[None]  # 9 tokens of ids 1.., whatever they mean
             logits = model(input_ids=ids.to(execution_device(model)), use_cache=False).logits.float()
@@ -307,6 +401,8 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
             handle.remove()
     ordered = all(keys.index("attn_out") < keys.index("mlp_out") for keys in order.values() if "mlp_out" in keys)
     names = {"h_in": f"{adapter.layers}[{{}}]", "attn_out": adapter.attn_out, "mlp_out": adapter.mlp_out}
+    names |= {f"attn_also{i}": n for i, n in enumerate(adapter.attn_also, 1)}
+    names |= {f"mlp_also{i}": n for i, n in enumerate(adapter.mlp_also, 1)}
     repeated = next(
         (
             f"{names[key].format(index)} runs {keys.count(key)} times per forward"
@@ -326,14 +422,19 @@ def layout_check(model: nn.Module, adapter: Adapter) -> LayoutCheck:
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     scale = float(adapter.write_scale(model.config.get_text_config())) if adapter.write_scale is not None else 1.0
     gaps, writes_ok = [], True
-    for parts in seen.values():
+    for index, parts in seen.items():
         h_in, h_out = parts["h_in"].float(), parts["h_out"].float()
-        attn, mlp = scale * parts["attn_out"].float(), scale * parts["mlp_out"].float()
-        if attn.shape != h_in.shape or mlp.shape != h_in.shape:  # a write of another size than the residual:
-            gaps.append(1.0)  # it may add up by broadcasting here and still be no per-token write
+        groups = [[v.float() for k, v in parts.items() if k.startswith(g)] for g in ("attn_", "mlp_")]
+        if any(w.shape != h_in.shape for group in groups for w in group):  # a write of another size than the
+            gaps.append(1.0)  # residual: it may add up by broadcasting here and still be no per-token write
             writes_ok = False
             continue
+        rescale = residual_scale(layers[index], adapter)  # h_(l+1) = s · (h_l + writes): writes read times s
+        block_scale = rescale.float().to(h_in.device) if rescale is not None else 1.0
+        attn, mlp = (scale * block_scale * sum(group) for group in groups)
         change = h_out - h_in
+        if rescale is not None:  # the residual's own rescaling, (s − 1) · h_l, is no sublayer's write
+            change = change - (block_scale - 1) * h_in
         missed = float((change - attn - mlp).norm())
         gaps.append(missed / max(float(change.norm()), 1e-12))
         rounding = 2 * eps * float(h_out.norm() + attn.norm() + mlp.norm())
@@ -399,6 +500,8 @@ def _missing_module(model: nn.Module, adapter: Adapter) -> str | None:
         layers = _get(model, adapter.layers)
         _get(model, adapter.final_norm)
         _get(layers[0], adapter.attn_out), _get(layers[0], adapter.mlp_out)
+        if adapter.residual_scale:
+            _get(layers[0], adapter.residual_scale)
         if adapter.head_transform:
             _get(model, adapter.head_transform)
     except (AttributeError, IndexError, TypeError) as exc:
@@ -687,6 +790,38 @@ def _get(root: nn.Module, dotted: str) -> nn.Module:
     return module
 
 
+def write_modules(block: nn.Module, adapter: Adapter) -> tuple[tuple[nn.Module, ...], tuple[nn.Module, ...]]:
+    """The modules of ``block`` whose outputs are its writes, as (the attention's group, the rest):
+    ``attn_out`` and ``mlp_out`` always, each ``attn_also`` / ``mlp_also`` module where the block
+    has it (a Gemma 4 block without per-layer inputs has no third write)."""
+    attn, rest = adapter.write_names()
+    return (
+        (_get(block, attn[0]), *(_get(block, n) for n in attn[1:] if _exists(block, n))),
+        (_get(block, rest[0]), *(_get(block, n) for n in rest[1:] if _exists(block, n))),
+    )
+
+
+def residual_scale(block: nn.Module, adapter: Adapter) -> torch.Tensor | None:
+    """The value ``block``'s output is multiplied by (``Adapter.residual_scale``: a buffer or
+    parameter, or a module holding exactly one tensor), or None where the adapter names none."""
+    if adapter.residual_scale is None:
+        return None
+    value = _get(block, adapter.residual_scale)
+    if isinstance(value, nn.Module):
+        tensors = list(itertools.chain(value.parameters(), value.buffers()))
+        if len(tensors) != 1:
+            raise UnsupportedModelError(
+                f"residual_scale={adapter.residual_scale!r} names a module holding {len(tensors)} tensors; name "
+                "the buffer or parameter the block's output is multiplied by"
+            )
+        value = tensors[0]
+    if not isinstance(value, torch.Tensor):
+        raise UnsupportedModelError(
+            f"residual_scale={adapter.residual_scale!r} names a {type(value).__name__}; name a buffer or parameter"
+        )
+    return value.detach()
+
+
 @dataclass(repr=False)
 class LoadedModel:
     """A causal LM plus everything the probes need to read and decode its residual stream."""
@@ -710,10 +845,67 @@ class LoadedModel:
     prefix_replays: bool = True  # False: ``replay.check_replay`` found its prefix replay off; whole prompts
     write_scale: float | None = None  # ``Adapter.write_scale`` of this model's config
     logit_scale: float | None = None  # ``Adapter.logit_scale`` of this model's config
+    padding_key: tuple | None = None  # ``attention_key`` when ``pads_safely`` was found (another: not known)
+    # (attention_key, the prompts checked) → whether padding them together kept each prompt's
+    # numbers (``padding_holds``); shared by the copies ``dataclasses.replace`` makes (the same model)
+    padding_verdicts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
-    def rows(self, batch_size: int) -> int:
-        """The prompts a padded batch may hold: ``batch_size``, or 1 where padding changes numbers."""
-        return batch_size if self.pads_safely else 1
+    def rows(self, batch_size: int, token_lists: Sequence[torch.Tensor] | None = None) -> int:
+        """The prompts a padded batch may hold: ``batch_size``, or 1 where padding changes numbers —
+        for ``token_lists`` (a run's prompts) verified at their own lengths (``padding_holds``)."""
+        if batch_size <= 1:
+            return batch_size
+        if token_lists is None:
+            return batch_size if self.pads_safely and self.padding_key in (None, attention_key(self.model)) else 1
+        return batch_size if self.padding_holds(token_lists, batch_size) else 1
+
+    def padding_holds(self, token_lists: Sequence[torch.Tensor], batch_size: int) -> bool:
+        """Whether right-padding these prompts in batches of ``batch_size`` leaves each one's hidden
+        states as they are alone, verified on the run's own prompts: its first batch, with its longest
+        and shortest prompt added, padded together against each prompt alone (``pads_safely``: one
+        forward of that batch and one per prompt, once per attention and set of prompts). False, with
+        a warning once, where the load-time check failed under the same attention, where this check
+        fails, or where a sparse-attention indexer keeps fewer keys than the longest prompt has
+        (``key_selection``: which keys it keeps under padding differs batch by batch, so no batch
+        verifies the others)."""
+        from .errors import EffdepthWarning
+
+        lengths = [int(ids.numel()) for ids in token_lists]
+        if len(set(lengths)) <= 1:
+            return True  # every batch is as wide as each of its prompts: nothing is padded
+        key = attention_key(self.model)
+        if key == self.padding_key and not self.pads_safely:
+            return False  # found at load under this attention, and said then
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        long = lengths[order[-1]]
+        selection = key_selection(self.model)
+        if selection is not None and long > selection:
+            verdict_key: tuple = (key, "selection", selection)
+            why = (
+                f"its sparse attention keeps {selection} keys per query (index_topk) and this run's prompts have "
+                f"up to {long} tokens: which keys a padded batch keeps differs from the prompt alone"
+            )
+            verdict = False
+        else:
+            rows = sorted({*range(min(batch_size, len(lengths))), order[0], order[-1]})
+            prompts = [token_lists[row].flatten().cpu() for row in rows]
+            verdict_key = (key, tuple(tuple(ids.tolist()) for ids in prompts))
+            why = (
+                f"a padded batch of this run's prompts ({min(lengths)} to {long} tokens) changes a shorter one's "
+                "hidden states (its attention reads padded positions)"
+            )
+            verdict = self.padding_verdicts.get(verdict_key)
+            if verdict is None:
+                verdict = pads_safely(self.model, self.base_model(), self.layers[0], prompts)
+        if verdict_key not in self.padding_verdicts:
+            self.padding_verdicts[verdict_key] = verdict
+            if not verdict:
+                warnings.warn(
+                    f"model {self.name!r}: {why}; effdepth measures it one prompt at a time",
+                    EffdepthWarning,
+                    stacklevel=3,
+                )
+        return verdict
 
     def is_as_loaded(self, spec: str, dtype: torch.dtype) -> bool:
         """Whether this is exactly what ``load_model(spec)`` gives in ``dtype``, untouched since: only
@@ -806,6 +998,14 @@ class LoadedModel:
         """The modules whose outputs are the attention and MLP contributions of ``layer``."""
         block = self.layers[layer]
         return _get(block, self.adapter.attn_out), _get(block, self.adapter.mlp_out)
+
+    def write_modules(self, layer: int) -> tuple[tuple[nn.Module, ...], tuple[nn.Module, ...]]:
+        """Every module whose output ``layer`` adds to the residual: (the attention's group, the rest)."""
+        return write_modules(self.layers[layer], self.adapter)
+
+    def residual_scale(self, layer: int) -> torch.Tensor | None:
+        """What ``layer`` multiplies its output by (``Adapter.residual_scale``), or None."""
+        return residual_scale(self.layers[layer], self.adapter)
 
     def encode(self, text: str) -> torch.Tensor:
         """Token ids of ``text`` as the model's tokenizer (with its special tokens) gives them."""
@@ -917,6 +1117,7 @@ def wrap_model(
         head_transform=_get(model, adapter.head_transform) if adapter.head_transform else None,
         max_positions=int(max_positions) if max_positions else None,
         pads_safely=padding,
+        padding_key=attention_key(model),
         write_scale=float(adapter.write_scale(config.get_text_config())) if adapter.write_scale else None,
         logit_scale=float(adapter.logit_scale(config.get_text_config())) if adapter.logit_scale else None,
     )
@@ -940,9 +1141,10 @@ def _held(obj: object) -> object:
 
 def _what_checks_see(model: nn.Module, adapter: Adapter | None) -> tuple:
     """What a layout check's outcome depends on, cheaply: the adapter asked for; the config, with
-    the attention and experts implementations of it and of each sub-config (its digest leaves them
-    out); each module's settings, class (the class object and its ``forward``, so a class patched or
-    redefined in place counts), identity, own or compiled ``forward`` and hooks; torch's global
+    the attention and experts implementations of it and of each sub-config and the kernels
+    registered under those names (``attention_key``; its digest leaves them out); each module's
+    settings, class (the class object and its ``forward``, so a class patched or redefined in place
+    counts), identity, own or compiled ``forward`` and hooks; torch's global
     module hooks; every weight's storage, dtype and version counter. Not seen: an edit of a
     module-level function the forward calls (reload the model after one)."""
     from torch.nn.modules import module as torch_module
@@ -953,17 +1155,8 @@ def _what_checks_see(model: nn.Module, adapter: Adapter | None) -> tuple:
         for m in model.modules()
     )  # fmt: skip
     global_hooks = (tuple(torch_module._global_forward_hooks), tuple(torch_module._global_forward_pre_hooks))
-    configs, implementations, visited = [model.config], [], set()
-    while configs:  # the config and its sub-configs, each once
-        config = configs.pop()
-        if id(config) in visited:
-            continue
-        visited.add(id(config))
-        implementations.append(
-            (getattr(config, "_attn_implementation", None), getattr(config, "_experts_implementation", None))
-        )
-        configs += [getattr(config, key) for key in getattr(config, "sub_configs", {}) if getattr(config, key, None)]
-    return (adapter, tuple(implementations), config_digest(model), weights_state(model), modules, global_hooks)
+    implementations = attention_key(model)  # the kernels the registries hold under those names too
+    return (adapter, implementations, config_digest(model), weights_state(model), modules, global_hooks)
 
 
 def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, name: str) -> tuple[Adapter, bool]:
@@ -988,16 +1181,34 @@ def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, 
     return found, padding
 
 
+def _verify_or_diagnose(model: nn.Module, adapter: Adapter, name: str, what: str) -> None:
+    """``verify_adapter``, whose refusal, where the writes miss the blocks' change, also says what
+    the blocks' outputs show the model is (``read_blocks``: post-norm, a third write, several
+    residual streams…), as an inferred layout's refusal does."""
+    try:
+        verify_adapter(model, adapter, name, what)
+    except UnsupportedModelError as exc:
+        if "miss each block's change" not in str(exc):
+            raise
+        try:
+            reading = read_blocks(model, 1.0, execution_device(model))
+        except Exception:  # the diagnosis is extra: the refusal stands without it
+            raise exc from None
+        if reading.reason:
+            raise UnsupportedModelError(f"{exc}; read off its blocks: {reading.reason}") from None
+        raise
+
+
 def _run_checks(model: nn.Module, adapter: Adapter | None, model_type: str, name: str) -> tuple[Adapter, bool, list]:
     """The layout checks and the padding check, run: (layout, pads safely, the warnings they gave)."""
     with warnings.catch_warnings(record=True) as given:
         warnings.simplefilter("always")
         if adapter is not None:
-            verify_adapter(model, adapter, name, "the adapter given")
+            _verify_or_diagnose(model, adapter, name, "the adapter given")
             found = adapter
         elif model_type in ADAPTERS:
             found = ADAPTERS[model_type]
-            verify_adapter(model, found, name, f"the adapter table's row for {model_type!r}")
+            _verify_or_diagnose(model, found, name, f"the adapter table's row for {model_type!r}")
         else:
             found = infer_adapter(model, model_type, name)
         try:  # the lens reads the stack's last hidden state (final norm applied): a stack must give one

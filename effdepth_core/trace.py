@@ -23,8 +23,8 @@ class LayerTrace:
 
     layer: int
     h_in: torch.Tensor  # h_l
-    attn: torch.Tensor | None  # a_l, what attention adds to the residual
-    mlp: torch.Tensor | None  # m_l, what the MLP adds to the residual
+    attn: torch.Tensor | None  # a_l, what attention adds to the residual (its group's writes, method.md §1)
+    mlp: torch.Tensor | None  # m_l, what the MLP adds to the residual (with any further writes of the block)
     h_out: torch.Tensor  # h_{l+1}
 
 
@@ -161,6 +161,8 @@ def trace_layers(
                 hidden = sublayer_write(loaded.adapter, hidden, kwargs, state[index]["h_in"].shape)
                 if loaded.write_scale is not None:
                     hidden = hidden * loaded.write_scale
+                if key in state[index]:  # a further write of the same group (Adapter.attn_also / mlp_also)
+                    hidden = state[index][key] + hidden
             state[index][key] = hidden
 
         return fn
@@ -170,16 +172,21 @@ def trace_layers(
             if check_finite:
                 require_finite(h_out, f"the output of layer {index}", loaded.name)
             record = state.pop(index)
-            on_layer(LayerTrace(index, record["h_in"], record.get("attn"), record.get("mlp"), h_out))
+            attn, mlp = record.get("attn"), record.get("mlp")
+            if scales[index] is not None:  # h_(l+1) = s · (h_l + writes): each write as the block adds it
+                attn, mlp = (w * scales[index].to(w.device, w.dtype) if w is not None else None for w in (attn, mlp))
+            on_layer(LayerTrace(index, record["h_in"], attn, mlp, h_out))
 
         return fn
 
     hooks = []
+    scales = [loaded.residual_scale(index) if sublayers else None for index in range(loaded.n_layers)]
     for index, layer in enumerate(loaded.layers):
         hooks.append(Hook(layer, "input", record(index, "h_in")))
         if sublayers:
-            attn, mlp = loaded.sublayers(index)
-            hooks += [Hook(attn, "output", record(index, "attn")), Hook(mlp, "output", record(index, "mlp"))]
+            attn, rest = loaded.write_modules(index)
+            hooks += [Hook(module, "output", record(index, "attn")) for module in attn]
+            hooks += [Hook(module, "output", record(index, "mlp")) for module in rest]
         hooks.append(Hook(layer, "output", emit(index)))
     try:
         with intervene(hooks):
@@ -356,7 +363,7 @@ def residual_states(
     loaded: LoadedModel, token_lists: Sequence[torch.Tensor], batch_size: int = 4
 ) -> Iterator[torch.Tensor]:
     """h_0..h_L of every real token, batch by batch: ``[token, L+1, d_model]`` float32."""
-    for batch in iter_batches(token_lists, loaded.rows(batch_size), loaded.input_device):
+    for batch in iter_batches(token_lists, loaded.rows(batch_size, token_lists), loaded.input_device):
         layers: list[torch.Tensor | None] = [None] * (loaded.n_layers + 1)
 
         def on_layer(trace: LayerTrace, mask: torch.Tensor = batch.mask, layers: list = layers) -> None:

@@ -7,6 +7,7 @@ skipped with its reason. A transformers upgrade that adds or changes a model is 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import re
 import sys
 import warnings
@@ -90,11 +91,26 @@ def _build(model_type: str):
         model = AutoModelForCausalLM.from_config(config).float().eval()
     except Exception as exc:  # many configs need fields this generic shrink does not know
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
-    with torch.no_grad():  # norms start at identity and biases at zero: perturb every constant so it matters
+    perturb_constants(model)
+    return model, None
+
+
+def perturb_constants(model: torch.nn.Module) -> list[str]:
+    """Add noise to every parameter that starts as a constant (norm weights, zero biases, one-element
+    gates) and every floating-point buffer that does (a per-layer residual scale such as Gemma 4's
+    ``layer_scalar``, a normalizer): at its initial value such a tensor can hide a misread block (a
+    scale of 1 multiplies nothing), in a trained checkpoint it does not. Returns the buffers perturbed."""
+    buffers = []
+    with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name or bool((param == param.flatten()[0]).all()):  # one-element gates included
                 param.add_(0.3 * torch.randn_like(param))
-    return model, None
+        for name, buffer in model.named_buffers():
+            first = buffer.flatten()[0] if buffer.numel() else None
+            if buffer.is_floating_point() and first is not None and first != 0 and bool((buffer == first).all()):
+                buffer.mul_(1 + 0.3 * torch.randn_like(buffer))  # a zero (a cleared state, a cache) is left
+                buffers.append(name)
+    return buffers
 
 
 def _own_forward_fails(model) -> str | None:
@@ -246,29 +262,59 @@ def test_every_causal_lm_type_is_measured_right_or_refused_in_one_line(model_typ
         pytest.skip(f"{model_type} cannot be built tiny here: {why}")
 
 
-def test_the_models_page_states_the_committed_coverage():
-    """book/using/models.md's coverage counts are the committed table's (which the test above holds
-    to what the installed transformers gives), not numbers typed once."""
-    version, recorded, reasons = _recorded()
+MODELS_PAGE = Path(__file__).parents[1] / "book" / "using" / "models.md"
+PAGE_BEGIN = "<!-- coverage counts: written by `python tests/test_coverage.py` from tests/data/coverage.csv -->"
+PAGE_END = "<!-- end of coverage counts -->"
+
+
+def coverage_markdown(version: str, recorded: dict[str, str], reasons: dict[str, str]) -> str:
+    """The models page's coverage counts, written from the committed table (each refusal's reason
+    with the types it names), so the page states what the run gave and nothing typed once."""
     counts = Counter(recorded.values())
-    by_reason = Counter(reason for reason in reasons.values() if reason)
-    text = (Path(__file__).parents[1] / "book" / "using" / "models.md").read_text()
-    page = " ".join(word for word in text.split() if word != "-")  # list items read as running text
     refused = counts["refused"] + counts["refused (mixer)"]
     measured = counts["measured"] + counts["measured (no replay)"]
-    for said in (
-        f"With transformers {version} its {len(recorded)} types gave: {measured} measured correctly",
-        f"For {counts['measured (no replay)'] or 'none'} of them the replay check refuses the probes that re-run",
-        f"{refused} refused in one line: {counts['refused (mixer)']} state-space, recurrent and hybrid mixers",
-        f"and {counts['refused']} for what their blocks are",
-        *(f"{by_reason[reason]} {said}" for reason, _, said in REASONS if by_reason[reason]),
-        f"{counts['unbuildable']} that the generic tiny-config shrink cannot build",
-    ):
-        assert said in page, said
+    lines = [
+        f"With transformers {version} its {len(recorded)} types gave:",
+        "",
+        f"- {measured} measured correctly. For {counts['measured (no replay)'] or 'none'} of them the replay check "
+        "refuses the probes that re-run layers (it refuses them, in one line, for a model whose blocks pass more "
+        "than the residual from one to the next).",
+        f"- {refused} refused in one line: {counts['refused (mixer)']} state-space, recurrent and hybrid mixers, "
+        f"refused as such, and {counts['refused']} for what their blocks are, each refusal saying which "
+        "(`tests/data/coverage.csv` keeps the reason):",
+    ]
+    for reason, _, said in REASONS:
+        names = sorted(t for t, r in reasons.items() if r == reason and recorded[t] == "refused")
+        if names:
+            lines.append(f"  - {len(names)} {said} ({', '.join(names)});")
+    lines[-1] = lines[-1].removesuffix(";") + "."
+    lines += [
+        f"- {counts['unbuildable']} that the generic tiny-config shrink cannot build, skipped, each with its reason.",
+        "- None measured wrong.",
+    ]
+    return "\n".join([PAGE_BEGIN, *lines, PAGE_END])
 
 
-def _wrapped_or_refusal(model_type: str, **config):
-    """``wrap_model`` of the tiny ``model_type`` (config fields set first), or its refusal's text."""
+def _page_with(text: str, block: str) -> str:
+    """The models page with its coverage block replaced by ``block``."""
+    head, rest = text.split(PAGE_BEGIN, 1)
+    return head + block + rest.split(PAGE_END, 1)[1]
+
+
+def test_the_models_page_states_the_committed_coverage():
+    """book/using/models.md's coverage counts are the committed table's (which the test above holds
+    to what the installed transformers gives), written from it, not numbers typed once."""
+    text = MODELS_PAGE.read_text()
+    assert PAGE_BEGIN in text and PAGE_END in text, "the models page lost its coverage markers"
+    assert _page_with(text, coverage_markdown(*_recorded())) == text, (
+        "book/using/models.md's coverage counts are not tests/data/coverage.csv's: rewrite them with "
+        "`python tests/test_coverage.py`"
+    )
+
+
+def _wrapped_or_refusal(model_type: str, adapter=None, **config):
+    """``wrap_model`` of the tiny ``model_type`` (config fields set first; ``adapter`` given), or its
+    refusal's text."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, why = _build(model_type)
@@ -277,7 +323,7 @@ def _wrapped_or_refusal(model_type: str, **config):
         for field, value in config.items():
             setattr(model.config, field, value)
         try:
-            return wrap_model(model, None, name=model_type)
+            return wrap_model(model, None, name=model_type, adapter=adapter)
         except UnsupportedModelError as exc:
             return str(exc)
 
@@ -288,13 +334,13 @@ def _wrapped_or_refusal(model_type: str, **config):
         ("openai-gpt", r"post-norm: each block's output is that of its normalization layer transformer\.h\[i\]\.ln_2"),
         ("bert-generation", r"post-norm: .*output\.LayerNorm"),  # a norm nested in the block's last module
         ("hrm_text", r"runs its blocks more than once per forward"),
-        ("gemma4_text", r"three writes to the residual \(.*post_per_layer_input_norm\)"),
         ("deepseek_v4", r"carry 4 residual streams .*hyper-connections"),
     ],
 )
 def test_a_refusal_says_what_the_model_is_not_which_names_were_missing(model_type, reason):
     """Blocks no layout fits are read off one forward pass, and the refusal names the model's own
-    reason: post-norm blocks, layers run more than once, a third write, several residual streams."""
+    reason: post-norm blocks, layers run more than once, several residual streams (a third write:
+    ``test_a_block_with_a_third_write_and_a_residual_scale_is_measured_through_its_row``)."""
     refusal = _wrapped_or_refusal(model_type)
     assert isinstance(refusal, str), f"{model_type} was measured"
     assert re.search(reason, refusal) and "adapter table" not in refusal, refusal
@@ -415,17 +461,24 @@ def test_granite_moe_with_shared_experts_is_refused_not_measured_wrong(model_typ
     assert kind == "refused" and "miss each block's change" in why, why
 
 
-if __name__ == "__main__":  # python tests/test_coverage.py: rewrite the committed table
-    rows = []
-    for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+if __name__ == "__main__":  # python tests/test_coverage.py [TYPE ...]: rewrite the table (those rows) and the page
+    wanted = sys.argv[1:] or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    version, recorded, reasons = _recorded()
+    if sys.argv[1:] and version != transformers.__version__:
+        sys.exit(f"{COVERAGE.name} is of transformers {version}: rerun every type (no arguments)")
+    if not sys.argv[1:]:
+        recorded, reasons = {}, {}
+    for model_type in wanted:
         kind, why = _outcome(model_type)
-        rows.append((model_type, kind, _reason(why) if kind.startswith("refused") else ""))
+        recorded[model_type], reasons[model_type] = kind, _reason(why) if kind.startswith("refused") else ""
         print(f"{model_type}: {kind}", file=sys.stderr)
+    rows = [(t, recorded[t], reasons[t]) for t in sorted(recorded)]
     with COVERAGE.open("w", newline="") as out:
         out.write(f"# transformers {transformers.__version__}\n")
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["model_type", "outcome", "reason"])
         writer.writerows(rows)
+    MODELS_PAGE.write_text(_page_with(MODELS_PAGE.read_text(), coverage_markdown(*_recorded())))
     print(dict(Counter(kind for _, kind, _ in rows)), dict(Counter(reason for *_, reason in rows if reason)))
 
 
@@ -515,3 +568,47 @@ def test_a_write_flattened_over_batch_and_tokens_is_read_and_skipped_per_token()
     expected = clean_out.clone()
     expected[1, 3:7] = clean_mid[1, 3:7]
     assert float((outs["h"] - expected).norm()) < 1e-5 * float(expected.norm())
+
+
+def test_a_block_with_a_third_write_and_a_residual_scale_is_measured_through_its_row():
+    """Gemma 4 with per-layer inputs: each block adds a third write (``post_per_layer_input_norm``)
+    and multiplies its output, residual included, by its ``layer_scalar`` buffer (perturbed by the
+    sweep, as every constant buffer). Its row names both: the writes the trace reads are the block's
+    own split — a_l = s · (the pre-MLP norm's input − h_l), m_l = s · the rest, with (s − 1) · h_l
+    the residual's own rescale — and the coverage outcome (against the independent reference) is
+    measured. The same row without the third write, or without the scale, is refused at load, the
+    refusal keeping what the blocks' outputs show (three writes, at a scale of 1)."""
+    from effdepth_core.models import ADAPTERS, Adapter
+    from effdepth_core.trace import trace_layers
+
+    loaded = _wrapped_or_refusal("gemma4_text")
+    assert not isinstance(loaded, str), loaded
+    scales = [loaded.residual_scale(i) for i in range(loaded.n_layers)]
+    assert all(float((s - 1).abs().max()) > 1e-2 for s in scales)  # perturbed: a scale of 1 would hide it
+    mids, traced = {}, {}
+    handles = [
+        layer.pre_feedforward_layernorm.register_forward_pre_hook(lambda m, a, i=i: mids.__setitem__(i, a[0]))
+        for i, layer in enumerate(loaded.layers)
+    ]
+    with torch.no_grad(), trace_layers(loaded, lambda t: traced.__setitem__(t.layer, t)):
+        loaded.model(input_ids=torch.arange(3, 12)[None], use_cache=False)
+    for handle in handles:
+        handle.remove()
+    for i, t in traced.items():  # float32: the split differs from the block's by rounding, ~1e-7 of h
+        s, size = scales[i], float(t.h_out.norm())
+        assert float((t.attn - s * (mids[i] - t.h_in)).norm()) < 1e-5 * size
+        assert float((t.h_in + t.attn + t.mlp + (s - 1) * t.h_in - t.h_out).norm()) < 1e-5 * size
+    assert _outcome("gemma4_text") == ("measured", "")
+    row = ADAPTERS["gemma4_text"]
+    for partial in (dataclasses.replace(row, mlp_also=()), dataclasses.replace(row, residual_scale=None)):
+        refusal = _wrapped_or_refusal("gemma4_text", adapter=partial)
+        assert isinstance(refusal, str) and "miss each block's change" in refusal, refusal
+    model = loaded.model
+    with torch.no_grad():
+        for layer in loaded.layers:
+            layer.layer_scalar.fill_(1.0)  # as an unperturbed checkpoint: the blocks show three writes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(UnsupportedModelError, match=r"read off its blocks: each block adds three writes"):
+            wrap_model(model, None, name="gemma4_text", adapter=Adapter(
+                attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm"))  # fmt: skip

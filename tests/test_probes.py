@@ -246,7 +246,11 @@ def test_a_model_whose_attention_reads_padded_positions_is_measured_one_prompt_a
         batched = residual_cosine(loaded, prompts, batch_size=4).sort("example", "layer", "metric")
         alone = residual_cosine(loaded, prompts, batch_size=1).sort("example", "layer", "metric")
         assert batched["value"].to_list() == alone["value"].to_list()  # the same single-prompt batches
-        loaded.pads_safely = True  # what a padded batch would have given
+        loaded.pads_safely = True  # a load-time verdict that missed it: the run's own prompts are checked too
+        with pytest.warns(EffdepthWarning, match="this run's prompts .* one prompt at a time"):
+            rechecked = residual_cosine(loaded, prompts, batch_size=4).sort("example", "layer", "metric")
+        assert rechecked["value"].to_list() == alone["value"].to_list()
+        loaded.rows = lambda batch_size, token_lists=None: batch_size  # what a padded batch would have given
         padded = residual_cosine(loaded, prompts, batch_size=4).sort("example", "layer", "metric")
         assert float((padded["value"] - alone["value"]).abs().max()) > 1e-3
     finally:

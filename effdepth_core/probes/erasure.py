@@ -43,7 +43,7 @@ def residual_means(loaded: LoadedModel, prompts: Sequence[str | torch.Tensor], b
     token_lists = tokenize(loaded, prompts)
     sums = torch.zeros(loaded.n_layers + 1, loaded.d_model, dtype=torch.float64)
     count = sum(ids.numel() for ids in token_lists)
-    for batch in iter_batches(token_lists, loaded.rows(batch_size), loaded.input_device):
+    for batch in iter_batches(token_lists, loaded.rows(batch_size, token_lists), loaded.input_device):
         mask = batch.mask
 
         def on_layer(trace: LayerTrace, mask: torch.Tensor = mask) -> None:

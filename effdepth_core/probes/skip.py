@@ -82,7 +82,7 @@ def skip_hooks(loaded: LoadedModel, part: str, layer: int, rows: torch.Tensor, p
     for batch rows ``rows`` (bool ``[batch]``) at ``positions``: a skipped layer's output is its
     input; a skipped sublayer adds nothing to the residual."""
     if part != "layer":
-        attn, mlp = loaded.sublayers(layer)
+        attn, mlp = loaded.write_modules(layer)  # each group's every write (Adapter.attn_also, mlp_also)
         arg = loaded.adapter.residual_arg  # a sublayer that returns the residual with its write keeps the residual
 
         def skipped(out: torch.Tensor, arguments: dict) -> torch.Tensor:
@@ -94,7 +94,7 @@ def skip_hooks(loaded: LoadedModel, part: str, layer: int, rows: torch.Tensor, p
                 return replace_positions(by_token, rows, positions, kept).reshape(out.shape)
             return replace_positions(out, rows, positions, kept)
 
-        return [Hook(attn if part == "attn" else mlp, "output", skipped)]
+        return [Hook(module, "output", skipped) for module in (attn if part == "attn" else mlp)]
     block, seen = loaded.layers[layer], {}
     return [
         Hook(block, "input", lambda h_in, _: seen.__setitem__("h_in", h_in)),

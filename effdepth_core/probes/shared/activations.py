@@ -51,8 +51,9 @@ def per_token_means(
     token_lists = tokenize(loaded, prompts)
     sums = torch.zeros(len(token_lists), n_rows, len(metrics))  # [example, layer, metric]
     counts = torch.tensor([ids.numel() for ids in token_lists])
+    per_batch = loaded.rows(batch_size, token_lists)  # 1 where padding these prompts changes their numbers
     with progress_bar(total=len(token_lists), desc=title, unit="prompt", disable=not show_progress(progress)) as bar:
-        for batch in iter_batches(token_lists, loaded.rows(batch_size), loaded.input_device, max_tokens=max_tokens):
+        for batch in iter_batches(token_lists, per_batch, loaded.input_device, max_tokens=max_tokens):
             # sums kept on the device and finite checks deferred until the batch ends (the batch's
             # setup, the lens's first pass, included): no host synchronisation per layer
             with finite_checks_deferred():
