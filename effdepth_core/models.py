@@ -214,7 +214,7 @@ def decoder_stack(model: nn.Module, adapter: Adapter) -> nn.Module:
 KEY_SELECTION_FIELDS = ("index_topk",)
 
 
-def _configs(model: nn.Module) -> list:
+def model_configs(model: nn.Module) -> list:
     """The model's config and each of its sub-configs, once each."""
     configs, found, visited = [model.config], [], set()
     while configs:
@@ -237,7 +237,7 @@ def attention_key(model: nn.Module) -> tuple:
     except ImportError:  # pragma: no cover - transformers always ships them
         ALL_ATTENTION_FUNCTIONS = ALL_MASK_ATTENTION_FUNCTIONS = {}
     key = []
-    for config in _configs(model):
+    for config in model_configs(model):
         implementation = getattr(config, "_attn_implementation", None)
         kernels = (None, None)
         if isinstance(implementation, str):
@@ -254,7 +254,7 @@ def key_selection(model: nn.Module) -> int | None:
     config or a sub-config), or None where none selects keys."""
     sizes = [
         int(value)
-        for config in _configs(model)
+        for config in model_configs(model)
         for name in KEY_SELECTION_FIELDS
         if isinstance(value := getattr(config, name, None), int) and value > 0
     ]

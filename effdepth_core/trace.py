@@ -3,6 +3,7 @@ input or output (``intervene``) — plus tokenizing and batching prompts."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from .errors import EffdepthError, NonFiniteActivationError
-from .models import LoadedModel, arguments_by_name, named_arguments, sublayer_write
+from .models import LoadedModel, arguments_by_name, model_configs, named_arguments, sublayer_write
 
 
 @dataclass
@@ -26,6 +27,7 @@ class LayerTrace:
     attn: torch.Tensor | None  # a_l, what attention adds to the residual (its group's writes, method.md §1)
     mlp: torch.Tensor | None  # m_l, what the MLP adds to the residual (with any further writes of the block)
     h_out: torch.Tensor  # h_{l+1}
+    attention: torch.Tensor | None = None  # its attention weights per head [batch, head, query, key]; attention=True
 
 
 def first_tensor(value) -> torch.Tensor:
@@ -80,8 +82,10 @@ HookFn = Callable[[torch.Tensor, dict], "torch.Tensor | None"]
 
 class Hook(NamedTuple):
     """Call ``fn(hidden, kwargs)`` on ``module``'s hidden-state input (``where="input"``) or output
-    (``"output"``; the tensor, whatever tuple the module wraps it in). ``kwargs`` are the keyword
-    arguments of the call. ``fn`` returns a replacement tensor, or None to leave it (a read)."""
+    (``"output"``; the tensor, whatever tuple the module wraps it in), or on every output as the
+    module returns it (``"outputs"``: the whole tuple, an attention's weights included). ``kwargs``
+    are the keyword arguments of the call. ``fn`` returns a replacement (a tensor; for
+    ``"outputs"``, the whole output), or None to leave it (a read)."""
 
     module: nn.Module
     where: str
@@ -114,6 +118,13 @@ def _output_hook(fn: HookFn):
     return hook
 
 
+def _outputs_hook(fn: HookFn):
+    def hook(module, args, kwargs, output):
+        return fn(output, named_arguments(module, args, kwargs))
+
+    return hook
+
+
 @contextmanager
 def intervene(hooks: Sequence[Hook]) -> Iterator[None]:
     """While active, every hook runs on each forward pass (hooks on one module run in the order
@@ -125,8 +136,10 @@ def intervene(hooks: Sequence[Hook]) -> Iterator[None]:
                 handles.append(module.register_forward_pre_hook(_input_hook(fn), with_kwargs=True))
             elif where == "output":
                 handles.append(module.register_forward_hook(_output_hook(fn), with_kwargs=True))
+            elif where == "outputs":
+                handles.append(module.register_forward_hook(_outputs_hook(fn), with_kwargs=True))
             else:
-                raise ValueError(f"where must be 'input' or 'output', got {where!r}")
+                raise ValueError(f"where must be 'input', 'output' or 'outputs', got {where!r}")
         yield
     finally:
         for handle in handles:
@@ -141,14 +154,50 @@ def replace_positions(hidden: torch.Tensor, rows: torch.Tensor, positions: slice
     return torch.where(mask, value.to(hidden.device, hidden.dtype), hidden)
 
 
+def attention_modules(loaded: LoadedModel) -> list[nn.Module]:
+    """Each decoder layer's attention module: the outermost module of the block whose class is
+    named an attention (``…Attention``), the one that returns the attention weights."""
+    found = []
+    for index, layer in enumerate(loaded.layers):
+        module = next((m for m in layer.modules() if m is not layer and "attention" in type(m).__name__.lower()), None)
+        if module is None:
+            raise EffdepthError(
+                f"layer {index} of model {loaded.name!r} has no module named an attention (…Attention): its attention "
+                "weights cannot be read; trace it with attention=False"
+            )
+        found.append(module)
+    return found
+
+
+@contextmanager
+def eager_attention(loaded: LoadedModel) -> Iterator[None]:
+    """Inside the block the model runs transformers' eager attention kernel (the one that computes
+    and returns the attention weights), its own implementation restored on exit, also after an
+    error."""
+    configs = model_configs(loaded.model)  # the config first, its sub-configs after: restored in that order
+    before = [getattr(config, "_attn_implementation", None) for config in configs]
+    try:
+        for config in configs:
+            config._attn_implementation = "eager"
+        yield
+    finally:
+        for config, implementation in zip(configs, before, strict=True):
+            config._attn_implementation = implementation
+
+
 @contextmanager
 def trace_layers(
     loaded: LoadedModel,
     on_layer: Callable[[LayerTrace], None],
     sublayers: bool = True,
     check_finite: bool = True,
+    attention: bool = False,
 ) -> Iterator[None]:
-    """Call ``on_layer`` once per decoder layer during every forward pass inside the block."""
+    """Call ``on_layer`` once per decoder layer during every forward pass inside the block. With
+    ``attention``, each ``LayerTrace`` also holds the layer's attention weights per head
+    (``[batch, head, query, key]``): the model runs the eager attention kernel inside the block
+    (``eager_attention``: its own is restored after) and a hook on each attention module reads its
+    every output (``Hook(where="outputs")``)."""
     state: dict[int, dict[str, torch.Tensor]] = {}
 
     def record(index: int, key: str) -> HookFn:
@@ -167,6 +216,18 @@ def trace_layers(
 
         return fn
 
+    def weights(index: int) -> HookFn:
+        def fn(output, kwargs: dict) -> None:
+            found = output[1] if isinstance(output, tuple | list) and len(output) > 1 else None
+            if not isinstance(found, torch.Tensor) or found.dim() != 4:
+                raise EffdepthError(
+                    f"the attention of layer {index} of model {loaded.name!r} returned no weights [batch, head, query, "
+                    "key] under the eager kernel: its attention weights cannot be read"
+                )
+            state[index]["weights"] = found
+
+        return fn
+
     def emit(index: int) -> HookFn:
         def fn(h_out: torch.Tensor, kwargs: dict) -> None:
             if check_finite:
@@ -175,21 +236,27 @@ def trace_layers(
             attn, mlp = record.get("attn"), record.get("mlp")
             if scales[index] is not None:  # h_(l+1) = s · (h_l + writes): each write as the block adds it
                 attn, mlp = (w * scales[index].to(w.device, w.dtype) if w is not None else None for w in (attn, mlp))
-            on_layer(LayerTrace(index, record["h_in"], attn, mlp, h_out))
+            on_layer(LayerTrace(index, record["h_in"], attn, mlp, h_out, record.get("weights")))
 
         return fn
 
     hooks = []
     scales = [loaded.residual_scale(index) if sublayers else None for index in range(loaded.n_layers)]
+    attentions = attention_modules(loaded) if attention else []
     for index, layer in enumerate(loaded.layers):
         hooks.append(Hook(layer, "input", record(index, "h_in")))
         if sublayers:
             attn, rest = loaded.write_modules(index)
             hooks += [Hook(module, "output", record(index, "attn")) for module in attn]
             hooks += [Hook(module, "output", record(index, "mlp")) for module in rest]
+        if attention:
+            hooks.append(Hook(attentions[index], "outputs", weights(index)))
         hooks.append(Hook(layer, "output", emit(index)))
     try:
-        with intervene(hooks):
+        with contextlib.ExitStack() as stack:
+            if attention:
+                stack.enter_context(eager_attention(loaded))
+            stack.enter_context(intervene(hooks))
             yield
     finally:
         state.clear()
