@@ -89,3 +89,40 @@ def test_attention_entropy_equals_its_oracle_from_output_attentions(arch):
             assert row.height == 1 and int(row["n_tokens"][0]) == ids.numel()
             # float32 sums of ~10 terms of order 1: rounding of ~1e-6 of entropies of order 1
             assert float(row["value"][0]) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "gpt2"])
+def test_run_with_cache_equals_the_models_own_hidden_states_and_attentions(arch):
+    """The public activation cache, batched and padded: each prompt's residual states equal HF's
+    ``output_hidden_states`` of that prompt alone (h_L: the last layer's output, before the final
+    norm HF applies to its last entry), its writes add up to each layer's change (h_(l+1) − h_l =
+    a_l + m_l), its attention is ``output_attentions``'; a subset of layers keeps those layers'
+    rows; what would exceed ``max_bytes`` is refused before any forward pass."""
+    from effdepth_core.errors import EffdepthError
+    from effdepth_core.trace import run_with_cache
+
+    loaded = make_tiny(arch)
+    prompts = random_prompts([9, 5, 12])
+    caches = run_with_cache(loaded, prompts, attention=True, batch_size=3)
+    last = loaded.layers[-1]
+    for ids, cache in zip(prompts, caches, strict=True):
+        kept = {}
+        handle = last.register_forward_hook(
+            lambda m, a, o, kept=kept: kept.__setitem__("h_L", o[0] if isinstance(o, tuple) else o)
+        )
+        with torch.no_grad():
+            out = loaded.model(input_ids=ids[None], output_hidden_states=True, use_cache=False)
+        handle.remove()
+        own = torch.stack([h[0] for h in out.hidden_states[: loaded.n_layers]] + [kept["h_L"][0]])
+        scale = float(own.norm(dim=-1).max())
+        # float32 forwards in another batch shape: rounding of ~1e-7 of the states' size
+        assert cache.residual.shape == own.shape and float((cache.residual - own).abs().max()) < 1e-5 * scale
+        change = cache.residual[1:] - cache.residual[:-1]
+        assert float((cache.attn + cache.mlp - change).abs().max()) < 1e-5 * scale
+        for layer, weights in enumerate(_own_attentions(loaded, ids)):
+            assert float((cache.attention[layer] - weights).abs().max()) < 1e-5
+    some = run_with_cache(loaded, prompts[:1], layers=[1], writes=False)[0]
+    assert some.layers == [1] and some.attn is None and some.attention is None
+    assert float((some.residual - caches[0].residual[1:3]).abs().max()) < 1e-5 * float(caches[0].residual.abs().max())
+    with pytest.raises(EffdepthError, match=r"run_with_cache would hold .* over max_bytes"):
+        run_with_cache(loaded, prompts, max_bytes=1000)
