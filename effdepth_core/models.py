@@ -209,8 +209,9 @@ def decoder_stack(model: nn.Module, adapter: Adapter) -> nn.Module:
 
 # config fields naming how many keys a sparse-attention indexer keeps per query (DeepSeek V3.2's DSA
 # and its relatives): past that many keys, which ones a padded batch keeps can differ from those the
-# prompt alone keeps (ties among the indexer's scores break by the tensor's width), batch by batch,
-# so no one padded batch verifies the rest (issue 45)
+# prompt alone keeps, batch by batch (with the batch's width and content: a tiny deepseek_v32 passed
+# on its run's longest and shortest prompt padded together and failed on the run's whole batch), so
+# no one padded batch verifies the rest (issue 45)
 KEY_SELECTION_FIELDS = ("index_topk",)
 
 
@@ -268,7 +269,7 @@ def pads_safely(
     prompts: list[torch.Tensor] | None = None,
 ) -> bool:
     """Whether right-padding a batch leaves every prompt's own hidden states as they are alone:
-    ``prompts`` (default: two of 5 and 9 tokens; a run passes its own longest and shortest), padded
+    ``prompts`` (default: two of 5 and 9 tokens; a run passes its own, ``padding_holds``), padded
     together, against each one alone — at ``first_layer``'s output and at the stack's last hidden
     state (``stack``: the decoder stack run alone; an error running a prompt alone is raised: the
     lens needs that). A model whose attention reads padded keys fails, and is then measured one
