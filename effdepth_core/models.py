@@ -209,12 +209,13 @@ def decoder_stack(model: nn.Module, adapter: Adapter) -> nn.Module:
 
 # config fields naming how many keys a sparse-attention indexer keeps per query (DeepSeek V3.2's DSA
 # and its relatives): past that many keys, which ones a padded batch keeps can differ from those the
-# prompt alone keeps (ties among the indexer's scores break by the tensor's width), batch by batch,
-# so no one padded batch verifies the rest (issue 45)
+# prompt alone keeps, batch by batch (with the batch's width and content: a tiny deepseek_v32 passed
+# on its run's longest and shortest prompt padded together and failed on the run's whole batch), so
+# no one padded batch verifies the rest (issue 45)
 KEY_SELECTION_FIELDS = ("index_topk",)
 
 
-def _configs(model: nn.Module) -> list:
+def model_configs(model: nn.Module) -> list:
     """The model's config and each of its sub-configs, once each."""
     configs, found, visited = [model.config], [], set()
     while configs:
@@ -237,7 +238,7 @@ def attention_key(model: nn.Module) -> tuple:
     except ImportError:  # pragma: no cover - transformers always ships them
         ALL_ATTENTION_FUNCTIONS = ALL_MASK_ATTENTION_FUNCTIONS = {}
     key = []
-    for config in _configs(model):
+    for config in model_configs(model):
         implementation = getattr(config, "_attn_implementation", None)
         kernels = (None, None)
         if isinstance(implementation, str):
@@ -254,7 +255,7 @@ def key_selection(model: nn.Module) -> int | None:
     config or a sub-config), or None where none selects keys."""
     sizes = [
         int(value)
-        for config in _configs(model)
+        for config in model_configs(model)
         for name in KEY_SELECTION_FIELDS
         if isinstance(value := getattr(config, name, None), int) and value > 0
     ]
@@ -268,7 +269,7 @@ def pads_safely(
     prompts: list[torch.Tensor] | None = None,
 ) -> bool:
     """Whether right-padding a batch leaves every prompt's own hidden states as they are alone:
-    ``prompts`` (default: two of 5 and 9 tokens; a run passes its own longest and shortest), padded
+    ``prompts`` (default: two of 5 and 9 tokens; a run passes its own, ``padding_holds``), padded
     together, against each one alone — at ``first_layer``'s output and at the stack's last hidden
     state (``stack``: the decoder stack run alone; an error running a prompt alone is raised: the
     lens needs that). A model whose attention reads padded keys fails, and is then measured one

@@ -3,6 +3,7 @@ input or output (``intervene``) — plus tokenizing and batching prompts."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from .errors import EffdepthError, NonFiniteActivationError
-from .models import LoadedModel, arguments_by_name, named_arguments, sublayer_write
+from .models import LoadedModel, arguments_by_name, model_configs, named_arguments, sublayer_write
 
 
 @dataclass
@@ -26,6 +27,7 @@ class LayerTrace:
     attn: torch.Tensor | None  # a_l, what attention adds to the residual (its group's writes, method.md §1)
     mlp: torch.Tensor | None  # m_l, what the MLP adds to the residual (with any further writes of the block)
     h_out: torch.Tensor  # h_{l+1}
+    attention: torch.Tensor | None = None  # its attention weights per head [batch, head, query, key]; attention=True
 
 
 def first_tensor(value) -> torch.Tensor:
@@ -80,8 +82,10 @@ HookFn = Callable[[torch.Tensor, dict], "torch.Tensor | None"]
 
 class Hook(NamedTuple):
     """Call ``fn(hidden, kwargs)`` on ``module``'s hidden-state input (``where="input"``) or output
-    (``"output"``; the tensor, whatever tuple the module wraps it in). ``kwargs`` are the keyword
-    arguments of the call. ``fn`` returns a replacement tensor, or None to leave it (a read)."""
+    (``"output"``; the tensor, whatever tuple the module wraps it in), or on every output as the
+    module returns it (``"outputs"``: the whole tuple, an attention's weights included). ``kwargs``
+    are the keyword arguments of the call. ``fn`` returns a replacement (a tensor; for
+    ``"outputs"``, the whole output), or None to leave it (a read)."""
 
     module: nn.Module
     where: str
@@ -114,6 +118,13 @@ def _output_hook(fn: HookFn):
     return hook
 
 
+def _outputs_hook(fn: HookFn):
+    def hook(module, args, kwargs, output):
+        return fn(output, named_arguments(module, args, kwargs))
+
+    return hook
+
+
 @contextmanager
 def intervene(hooks: Sequence[Hook]) -> Iterator[None]:
     """While active, every hook runs on each forward pass (hooks on one module run in the order
@@ -125,8 +136,10 @@ def intervene(hooks: Sequence[Hook]) -> Iterator[None]:
                 handles.append(module.register_forward_pre_hook(_input_hook(fn), with_kwargs=True))
             elif where == "output":
                 handles.append(module.register_forward_hook(_output_hook(fn), with_kwargs=True))
+            elif where == "outputs":
+                handles.append(module.register_forward_hook(_outputs_hook(fn), with_kwargs=True))
             else:
-                raise ValueError(f"where must be 'input' or 'output', got {where!r}")
+                raise ValueError(f"where must be 'input', 'output' or 'outputs', got {where!r}")
         yield
     finally:
         for handle in handles:
@@ -141,14 +154,50 @@ def replace_positions(hidden: torch.Tensor, rows: torch.Tensor, positions: slice
     return torch.where(mask, value.to(hidden.device, hidden.dtype), hidden)
 
 
+def attention_modules(loaded: LoadedModel) -> list[nn.Module]:
+    """Each decoder layer's attention module: the outermost module of the block whose class is
+    named an attention (``…Attention``), the one that returns the attention weights."""
+    found = []
+    for index, layer in enumerate(loaded.layers):
+        module = next((m for m in layer.modules() if m is not layer and "attention" in type(m).__name__.lower()), None)
+        if module is None:
+            raise EffdepthError(
+                f"layer {index} of model {loaded.name!r} has no module named an attention (…Attention): its attention "
+                "weights cannot be read; trace it with attention=False"
+            )
+        found.append(module)
+    return found
+
+
+@contextmanager
+def eager_attention(loaded: LoadedModel) -> Iterator[None]:
+    """Inside the block the model runs transformers' eager attention kernel (the one that computes
+    and returns the attention weights), its own implementation restored on exit, also after an
+    error."""
+    configs = model_configs(loaded.model)  # the config first, its sub-configs after: restored in that order
+    before = [getattr(config, "_attn_implementation", None) for config in configs]
+    try:
+        for config in configs:
+            config._attn_implementation = "eager"
+        yield
+    finally:
+        for config, implementation in zip(configs, before, strict=True):
+            config._attn_implementation = implementation
+
+
 @contextmanager
 def trace_layers(
     loaded: LoadedModel,
     on_layer: Callable[[LayerTrace], None],
     sublayers: bool = True,
     check_finite: bool = True,
+    attention: bool = False,
 ) -> Iterator[None]:
-    """Call ``on_layer`` once per decoder layer during every forward pass inside the block."""
+    """Call ``on_layer`` once per decoder layer during every forward pass inside the block. With
+    ``attention``, each ``LayerTrace`` also holds the layer's attention weights per head
+    (``[batch, head, query, key]``): the model runs the eager attention kernel inside the block
+    (``eager_attention``: its own is restored after) and a hook on each attention module reads its
+    every output (``Hook(where="outputs")``)."""
     state: dict[int, dict[str, torch.Tensor]] = {}
 
     def record(index: int, key: str) -> HookFn:
@@ -167,6 +216,18 @@ def trace_layers(
 
         return fn
 
+    def weights(index: int) -> HookFn:
+        def fn(output, kwargs: dict) -> None:
+            found = output[1] if isinstance(output, tuple | list) and len(output) > 1 else None
+            if not isinstance(found, torch.Tensor) or found.dim() != 4:
+                raise EffdepthError(
+                    f"the attention of layer {index} of model {loaded.name!r} returned no weights [batch, head, query, "
+                    "key] under the eager kernel: its attention weights cannot be read"
+                )
+            state[index]["weights"] = found
+
+        return fn
+
     def emit(index: int) -> HookFn:
         def fn(h_out: torch.Tensor, kwargs: dict) -> None:
             if check_finite:
@@ -175,21 +236,27 @@ def trace_layers(
             attn, mlp = record.get("attn"), record.get("mlp")
             if scales[index] is not None:  # h_(l+1) = s · (h_l + writes): each write as the block adds it
                 attn, mlp = (w * scales[index].to(w.device, w.dtype) if w is not None else None for w in (attn, mlp))
-            on_layer(LayerTrace(index, record["h_in"], attn, mlp, h_out))
+            on_layer(LayerTrace(index, record["h_in"], attn, mlp, h_out, record.get("weights")))
 
         return fn
 
     hooks = []
     scales = [loaded.residual_scale(index) if sublayers else None for index in range(loaded.n_layers)]
+    attentions = attention_modules(loaded) if attention else []
     for index, layer in enumerate(loaded.layers):
         hooks.append(Hook(layer, "input", record(index, "h_in")))
         if sublayers:
             attn, rest = loaded.write_modules(index)
             hooks += [Hook(module, "output", record(index, "attn")) for module in attn]
             hooks += [Hook(module, "output", record(index, "mlp")) for module in rest]
+        if attention:
+            hooks.append(Hook(attentions[index], "outputs", weights(index)))
         hooks.append(Hook(layer, "output", emit(index)))
     try:
-        with intervene(hooks):
+        with contextlib.ExitStack() as stack:
+            if attention:
+                stack.enter_context(eager_attention(loaded))
+            stack.enter_context(intervene(hooks))
             yield
     finally:
         state.clear()
@@ -374,3 +441,99 @@ def residual_states(
         with trace_layers(loaded, on_layer, sublayers=False):
             forward(loaded, batch)
         yield torch.stack(layers, dim=1)
+
+
+@dataclass
+class ActivationCache:
+    """One prompt's activations, float32 on the CPU: ``residual[l]`` is h_l for l in 0..L
+    (``[L+1, token, d_model]``), ``attn[l]`` and ``mlp[l]`` what layer l's attention and MLP add to
+    the residual (``[L, token, d_model]``, method.md §1), ``attention[l]`` its attention weights per
+    head (``[L, head, token, token]``, with ``attention=True``). ``layers`` lists the layers kept:
+    the rows of ``attn``, ``mlp`` and ``attention`` are theirs, ``residual``'s are each one's input
+    h_l and, last, the last one's output (all layers: h_0..h_L)."""
+
+    tokens: torch.Tensor  # [token] ids
+    layers: list[int]
+    residual: torch.Tensor
+    attn: torch.Tensor | None
+    mlp: torch.Tensor | None
+    attention: torch.Tensor | None = None
+
+
+DEFAULT_CACHE_BYTES = 2**30  # what run_with_cache may hold at once unless told otherwise: 1 GiB
+
+
+def run_with_cache(
+    loaded: LoadedModel,
+    prompts: Prompts,
+    layers: Sequence[int] | None = None,
+    writes: bool = True,
+    attention: bool = False,
+    batch_size: int = 4,
+    max_bytes: int = DEFAULT_CACHE_BYTES,
+) -> list[ActivationCache]:
+    """Each prompt's residual states, sublayer writes and optionally attention patterns, read by
+    the same hooks as every probe (``trace_layers``) in batches as every probe forms them (padded
+    only where that keeps each prompt's numbers, ``LoadedModel.rows``). Memory-bounded: what it would
+    hold (float32, ``layers`` only) is counted before any forward pass and refused in one line over
+    ``max_bytes`` (ask for fewer layers or prompts, no writes or attention, or raise it).
+
+    Args:
+        loaded: the model (``load_model`` / ``wrap_model``).
+        prompts: text, token ids, or a list of them (``as_prompts``).
+        layers: the layers to keep (None: all); ``residual`` keeps their inputs and the last one's output.
+        writes: keep what each layer's attention and MLP add to the residual.
+        attention: keep each layer's attention weights per head (eager kernel for these passes).
+        batch_size: prompts per forward pass.
+        max_bytes: the most it may hold.
+
+    Returns:
+        One ``ActivationCache`` per prompt, in order.
+    """
+    token_lists = tokenize(loaded, prompts)
+    kept = sorted(set(range(loaded.n_layers) if layers is None else layers))
+    if not kept or kept[0] < 0 or kept[-1] >= loaded.n_layers:
+        raise EffdepthError(f"layers must be in 0..{loaded.n_layers - 1}, got {list(layers or [])}")
+    heads = int(getattr(loaded.model.config.get_text_config(), "num_attention_heads", 0) or 0)
+    need = 4 * sum(
+        (len(kept) + 1) * n * loaded.d_model
+        + (2 * len(kept) * n * loaded.d_model if writes else 0)
+        + (len(kept) * heads * n * n if attention else 0)
+        for n in (int(ids.numel()) for ids in token_lists)
+    )
+    if need > max_bytes:
+        raise EffdepthError(
+            f"run_with_cache would hold {need / 2**20:.0f} MiB for these {len(token_lists)} prompts, over max_bytes="
+            f"{max_bytes / 2**20:.0f} MiB: keep fewer layers (layers=…), writes=False or attention=False, fewer "
+            "prompts, or raise max_bytes"
+        )
+    caches: list[ActivationCache] = [None] * len(token_lists)  # type: ignore[list-item]
+    wanted = set(kept)
+    for batch in iter_batches(token_lists, loaded.rows(batch_size, token_lists), loaded.input_device):
+        seen: dict[int, LayerTrace] = {}
+
+        def on_layer(trace: LayerTrace, seen: dict = seen) -> None:
+            if trace.layer in wanted:
+                seen[trace.layer] = LayerTrace(
+                    trace.layer,
+                    trace.h_in.float().cpu(),
+                    trace.attn.float().cpu() if writes and trace.attn is not None else None,
+                    trace.mlp.float().cpu() if writes and trace.mlp is not None else None,
+                    trace.h_out.float().cpu() if trace.layer == kept[-1] else trace.h_in[:0].float().cpu(),
+                    trace.attention.float().cpu() if trace.attention is not None else None,
+                )
+
+        with trace_layers(loaded, on_layer, sublayers=writes, attention=attention):
+            forward(loaded, batch)
+        for row, example in enumerate(batch.examples):
+            n = int(token_lists[example].numel())
+            traces = [seen[layer] for layer in kept]
+            caches[example] = ActivationCache(
+                tokens=token_lists[example],
+                layers=kept,
+                residual=torch.stack([t.h_in[row, :n] for t in traces] + [traces[-1].h_out[row, :n]]),
+                attn=torch.stack([t.attn[row, :n] for t in traces]) if writes else None,
+                mlp=torch.stack([t.mlp[row, :n] for t in traces]) if writes else None,
+                attention=torch.stack([t.attention[row, :, :n, :n] for t in traces]) if attention else None,
+            )
+    return caches

@@ -42,12 +42,14 @@ def per_token_means(
     progress: bool | None = None,
     sublayers: bool = False,
     max_tokens: int | None = None,
+    attention: bool = False,
 ) -> pl.DataFrame:
     """Per example and row (layer) the mean over the prompt's tokens of ``measure``: ``example,
     layer, metric, value, n_tokens``. ``measure(batch)`` is called once per batch (a probe's setup
     for that batch, e.g. the final distribution) and returns the per-layer measurement. Padded
     positions are left out whatever they hold (a ratio's 0/0 there is no error), and what the
-    prompts' own tokens give must be finite (``NonFiniteActivationError`` otherwise)."""
+    prompts' own tokens give must be finite (``NonFiniteActivationError`` otherwise). With
+    ``attention``, each ``LayerTrace`` holds the layer's attention weights (``trace_layers``)."""
     token_lists = tokenize(loaded, prompts)
     sums = torch.zeros(len(token_lists), n_rows, len(metrics))  # [example, layer, metric]
     counts = torch.tensor([ids.numel() for ids in token_lists])
@@ -57,7 +59,7 @@ def per_token_means(
             # sums kept on the device and finite checks deferred until the batch ends (the batch's
             # setup, the lens's first pass, included): no host synchronisation per layer
             with finite_checks_deferred():
-                rows = _batch_sums(loaded, batch, n_rows, len(metrics), measure(batch), sublayers)
+                rows = _batch_sums(loaded, batch, n_rows, len(metrics), measure(batch), sublayers, attention)
                 require_finite(rows, f"the {title} of a prompt's tokens", loaded.name)  # padding left out
             sums[batch.examples] = rows.cpu()
             bar.update(len(batch.examples))
@@ -65,7 +67,13 @@ def per_token_means(
 
 
 def _batch_sums(
-    loaded: LoadedModel, batch: Batch, n_rows: int, n_metrics: int, of_batch: LayerMeasure, sublayers: bool
+    loaded: LoadedModel,
+    batch: Batch,
+    n_rows: int,
+    n_metrics: int,
+    of_batch: LayerMeasure,
+    sublayers: bool,
+    attention: bool = False,
 ) -> torch.Tensor:
     """Each prompt's token sums of the measurement ``[batch, layer, metric]``, on the device."""
     mask = batch.mask  # [batch, token]
@@ -80,7 +88,7 @@ def _batch_sums(
             else:  # [real token, metric]
                 rows[:, row].index_add_(0, owner, values.to(rows.device, rows.dtype))
 
-    with trace_layers(loaded, on_layer, sublayers=sublayers):
+    with trace_layers(loaded, on_layer, sublayers=sublayers, attention=attention):
         forward(loaded, batch)
     return rows
 
