@@ -39,6 +39,7 @@ from ..cache import (
 )
 from ..errors import EffdepthError
 from ..models import LoadedModel, model_fingerprint, takes_plain_models
+from ..options import MAX_LENS_STEPS, MAX_LENS_TOKENS
 from ..paths import names_path, short_name
 from ..terminal import progress_bar
 from ..trace import residual_states, show_progress, tokenize
@@ -434,9 +435,14 @@ def _training_lock(path: Path, poll_seconds: float = 2.0) -> Iterator[None]:
 # --- the probe -----------------------------------------------------------------------------------
 
 LENS_STEPS = Option(
-    "lens_steps", 200, "tuned-lens training steps (the lens is cached per model and setting)", type=int, minimum=1
+    "lens_steps",
+    200,
+    "tuned-lens training steps (the lens is cached per model and setting)",
+    type=int,
+    minimum=1,
+    maximum=MAX_LENS_STEPS,
 )
-LENS_TOKENS = Option("lens_tokens", 8192, "tuned-lens training tokens", type=int, minimum=1)
+LENS_TOKENS = Option("lens_tokens", 8192, "tuned-lens training tokens", type=int, minimum=1, maximum=MAX_LENS_TOKENS)
 
 
 def lens_training(settings) -> LensTraining:
