@@ -297,7 +297,9 @@ def _candidates(
     beside = [out.parent] if derived else []
     if derived and in_memory and exists(out.parent.parent, "dir"):
         beside += sorted(p for p in out.parent.parent.iterdir() if p.is_dir() and not p.is_symlink())
-    named = [user_path(root) for root in roots]
+    # a folder the user named is read where it leads, a link included (as ``effdepth table`` reads it);
+    # links found inside folders are not followed
+    named = [user_path(root).resolve() if user_path(root).is_symlink() else user_path(root) for root in roots]
     folders = [*beside, *named, *(root / slug(settings.model) for root in named)]
     seen, found = set(), []
     for run_dir in named:  # a named run folder lends itself
