@@ -39,7 +39,7 @@ from .models import (
     takes_plain_models,
     user_hooks,
 )
-from .paths import exists, user_path
+from .paths import exists, names_path, user_path
 from .probes.spec import Context, ProbeSpec
 from .rundir import (
     EXAMPLES,
@@ -239,6 +239,24 @@ def _check_read_once(settings: RunSettings, plan: _Plan, examples: list[Example]
         raise TaskError(
             f"task file {settings.task} changed while effdepth read it (its examples are not the text the "
             "run's key was computed from); run again once the file is written"
+        )
+
+
+def _check_model_read_once(settings: RunSettings, plan: _Plan) -> None:
+    """A local model (a folder or GGUF file) is measured under the key of the bytes it was loaded
+    from: its files are hashed again once it is in memory (their fingerprints — size, inode, mtime,
+    ctime — first, a full sha256 where any changed) and must still be what the key was computed from,
+    or nothing runs (weights replaced during the load would be measured under the old files' key)."""
+    keyed = (plan.base or {}).get("model_files")
+    path = names_path(settings.model)
+    if keyed is None or path is None:
+        return
+    from .acquire import model_files_digest
+
+    if model_files_digest(path) != keyed:
+        raise EffdepthError(
+            f"model {settings.model} changed while effdepth loaded it (its files are not the bytes the run's key "
+            "was computed from); run again once its files are written"
         )
 
 
@@ -512,6 +530,8 @@ def run(
         if rekey is None and (missing or not directory.has_examples()):
             loaded, examples = _load(settings, plan.names, loaded, examples if now is not None else plan.examples)
             _check_read_once(settings, plan, examples)
+            if given is None:
+                _check_model_read_once(settings, plan)
             started = False
             for name in missing:
                 frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from)
