@@ -267,6 +267,13 @@ def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[
     """One-line errors for values that cannot work, found before any model loads (``facts``: what
     is known of the model already: ``vocab_size``, ``n_layers``)."""
     facts = dict(facts or {})
+    for name in ("model", "task"):  # what a run records, effdepth table must be able to show (display.py)
+        value = getattr(settings, name)
+        if not isinstance(value, str) or not value.isprintable():
+            raise OptionError(
+                f"{name} {value!r} holds a character no record can show (a tab, newline, escape or direction "
+                f"mark): rename the {'file or folder' if '/' in str(value) else name} to printable characters"
+            )
     for name, option in CORE_OPTIONS.items():  # each core setting's type and bounds, declared once
         option.check(getattr(settings, name))
     if settings.task in ARITHMETIC and settings.n > MAX_GENERATED:

@@ -196,3 +196,13 @@ def test_map_settings_raise_option_error_or_pass_the_declaration(name, value):
         return  # a valid value goes on to the task and models, which other tests cover
     with pytest.raises(OptionError):
         MapSettings("a", "b", "addition", **{name: value}).check()
+
+
+@pytest.mark.parametrize("character", ["\t", "\n", "\x1b", "\u202e"])
+def test_a_task_file_name_that_no_record_can_show_is_refused_before_the_run(tmp_path, no_model_work, character):
+    """A task file whose name held a tab or a direction mark was run, and its record was one
+    ``effdepth table`` refused to read: the name is refused first, in one line."""
+    task = tmp_path / f"tasks{character}.jsonl"
+    task.write_text('{"prompt": "two plus two is", "answer": " four"}\n')
+    code, err = _cli(["run", "--model", "smollm2-135m", "--task", str(task), "--probes", "cosine", "--out", "o"])
+    assert code == 2 and err.count("\n") == 1 and "no record can show" in err, err
