@@ -274,6 +274,18 @@ def train_tuned_lens(
     heldout_ids, train_ids = _split_tokens(loaded, texts, training)
     states = torch.cat(list(residual_states(loaded, train_ids)))  # [token, L+1, d] float32
     heldout = torch.cat(list(residual_states(loaded, heldout_ids)))
+    if states.shape[0] < training.train_tokens:  # done otherwise than asked: said, and recorded as done
+        import warnings
+
+        from ..errors import EffdepthWarning
+
+        warnings.warn(
+            f"tuned lens of {loaded.name}: the corpus holds {states.shape[0]} training tokens, fewer than the "
+            f"{training.train_tokens} asked (lens_tokens); it is trained on {states.shape[0]}, as its record's "
+            "train_tokens says",
+            EffdepthWarning,
+            stacklevel=2,
+        )
     lens = TunedLens(loaded.n_layers, loaded.d_model).to(loaded.head_device)
     probe_rows = states[torch.randperm(states.shape[0], generator=generator)[: training.batch_tokens]]
     if training.init == "regression":
