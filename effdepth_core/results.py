@@ -344,9 +344,12 @@ def _find_donor(
     roots: Sequence[Path],
     derived: bool = False,
     in_memory: bool = False,
+    model_canary: str | None = None,
 ) -> _Donor | None:
     """The earlier run (beside an ``out`` effdepth chose, or under ``roots``) that measured the most of this run's
-    first examples with the same probe key; every file read is checked against its sha256."""
+    first examples with the same probe key; every file read is checked against its sha256. ``model_canary``: a
+    model in memory lends and borrows only between runs whose model computed the same canary (their
+    first example is the same, so the canaries compare)."""
     if not spec.reusable:
         return None
     ours = [_example_text(e, spec.needs_answers) for e in examples]
@@ -356,7 +359,7 @@ def _find_donor(
         if metadata is None or int(metadata.get("format", 1)) < FORMAT or metadata.get("pending"):
             continue
         record = metadata.get("probes", {}).get(spec.name) or {}
-        if record.get("key") != key:
+        if record.get("key") != key or (model_canary is not None and metadata.get("canary") != model_canary):
             continue
         files = {EXAMPLES: metadata.get("files", {}).get(EXAMPLES), **record.get("files", {})}
         if verified_files(folder, files) is not None:
@@ -533,8 +536,10 @@ def run(
             if given is None:
                 _check_model_read_once(settings, plan)
             started = False
+            if given is not None and missing and now is None:  # a model in memory borrows rows by its canary
+                now = canary(loaded, examples)
             for name in missing:
-                frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from)
+                frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from, now)
                 if not started:  # only once the first probe succeeded: --overwrite replaces a run here
                     metadata = _new_metadata(settings, plan.key, loaded, examples, plan.fields)
                     directory.start({**metadata, "canary": now or canary(loaded, examples)}, examples)
@@ -691,6 +696,7 @@ def _measure(
     settings: RunSettings,
     plan: _Plan,
     reuse_from: Sequence[Path | str],
+    model_canary: str | None = None,
 ) -> tuple[dict[str, pl.DataFrame], dict]:
     """One probe's frames (an earlier run's rows of the same examples reused) and its record in
     ``metadata.json``: time, memory, where it ran, its key and revision."""
@@ -702,7 +708,9 @@ def _measure(
     if plan.weights is not None:  # a model in memory: its rows are its weights', whatever its name
         identity = {**identity, "weights_sha256": plan.weights}
     key = settings.probe_key(spec, identity, by_name=plan.weights is None, base=plan.base)
-    donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from, plan.derived, plan.weights is not None)
+    donor = _find_donor(
+        spec, key, examples, plan.out, settings, reuse_from, plan.derived, plan.weights is not None, model_canary
+    )
     frames = _compute(spec, loaded, examples, settings, donor)
     record = {
         "seconds": round(time.perf_counter() - started, 4),

@@ -84,3 +84,20 @@ def test_the_canary_sees_every_byte_and_nothing_else(tiny_dir):
     with torch.no_grad():
         loaded.layers[-1].mlp.down_proj.weight.data.view(-1)[-1] += 1e-3
     assert canary(loaded, examples) != before
+
+
+def test_a_changed_model_borrows_no_rows_from_its_earlier_runs(cache, tiny_dir, monkeypatch):
+    """A larger run borrows the first examples' rows of an earlier one with the same probe key: a
+    model in memory only from a run whose model computed the same canary."""
+    from effdepth_core.tasks import load_task
+
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    options = dict(probes="cosine", progress=False, cache=True, digits=2)
+    measure(loaded, "addition", n=2, **options)
+    lent = measure(loaded, "addition", n=3, **options)
+    assert lent.metadata["probes"]["cosine"]["reused"]["examples"] == 2  # unchanged: rows are borrowed
+    _patch_mlp_class(loaded, monkeypatch)
+    changed = measure(loaded, "addition", n=4, **options)
+    assert "reused" not in changed.metadata["probes"]["cosine"]
+    prompts = [e.prompt for e in load_task("addition", n=4, digits=2)]
+    assert changed.per_example["cosine"].equals(residual_cosine(loaded, prompts))
