@@ -452,7 +452,8 @@ def stale_generated(root: Path, profile: str = "full", pages: bool = True) -> li
 
     from .api_reference import API_PAGE, api_markdown
 
-    stale = []
+    stale: list[str] = []
+    verdicts: dict[Path, Path | None] = {}  # a run folder's first tampered file, hashed once per check
     for section in sections.names() if pages else ():
         if not (root / "params" / f"{section}.yml").is_file():
             continue
@@ -466,6 +467,13 @@ def stale_generated(root: Path, profile: str = "full", pages: bool = True) -> li
                 continue
             if stored.get("inputs") != page_inputs(root, item):
                 stale.append(f"{page.relative_to(root)} is stale: re-execute it with `{fix}`")
+                continue
+            tampered = _unrecorded_result(root / str(item.parameters.get("results_dir", "results")), verdicts)
+            if tampered is not None:
+                stale.append(
+                    f"{page.relative_to(root)} is stale: it reads {tampered.relative_to(root)}, which differs from "
+                    f"what its run recorded; recompute that run (effdepth grid), then `{fix}`"
+                )
     for path, text, fix in (
         (root / "_toc.yml", toc_text(root), "effdepth book --toc-only"),
         (root / FINDINGS_PAGE, findings_markdown(root, profile), "effdepth book --findings-only"),
@@ -479,6 +487,40 @@ def stale_generated(root: Path, profile: str = "full", pages: bool = True) -> li
             what = "missing" if current is None else "stale"
             stale.append(f"{path.relative_to(root)} is {what}: regenerate it with `{fix}`")
     return stale
+
+
+def _unrecorded_result(results: Path, verdicts: dict[Path, Path | None]) -> Path | None:
+    """The first file of a run under ``results`` that a page may read and its run's ``metadata.json``
+    does not vouch for: a parquet, the examples or the summary whose sha256 differs from the one
+    recorded when it was written, or one no record names. The page's digest (``page_inputs``) holds
+    each ``metadata.json``; this extends it to every file the metadata records, so a parquet scaled
+    or truncated by hand stales the page. Runs written before sha256 records (format 1) are left out."""
+    from effdepth_core.rundir import read_metadata, verified_files
+
+    for meta in sorted(results.rglob("metadata.json")) if results.is_dir() else ():
+        folder = meta.parent
+        if folder not in verdicts:
+            verdicts[folder] = None
+            try:
+                metadata = read_metadata(folder) or {}
+            except EffdepthError:
+                metadata = {}
+            if int(metadata.get("format", 1)) < 2:
+                continue
+            records = dict(metadata.get("files") or {})
+            for probe in (metadata.get("probes") or {}).values():
+                records.update((probe or {}).get("files") or {})
+            read = [
+                p.name
+                for p in folder.iterdir()
+                if p.suffix in (".parquet", ".jsonl") or p.name == "effective_depth.json"
+            ]
+            unknown = sorted(name for name in read if name not in records)
+            bad = unknown[0] if unknown else verified_files(folder, records)
+            verdicts[folder] = folder / bad if bad is not None else None
+        if verdicts[folder] is not None:
+            return verdicts[folder]
+    return None
 
 
 def write_findings(root: Path, profile: str = "full") -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
-from .cache import atomic_write_bytes, make_dirs
+from .cache import atomic_write_bytes, make_dirs, remove_dead_temporaries
 from .display import RunResult
 from .errors import EffdepthError, nearest_name
 from .models import LoadedModel, as_the_caller_had, check_tokenizer, resolve_dtype, with_tokenizer, wrap_model
@@ -80,6 +80,8 @@ def _prompts_task(prompts: Any, with_answer: bool = True) -> tuple[str, int | No
             )
     text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows).encode()
     path = cache_dir() / "prompts" / f"{hashlib.sha256(text).hexdigest()[:32]}.jsonl"
+    if exists(path.parent, "dir"):  # what a killed write of a prompt file left here
+        remove_dead_temporaries(path.parent, lambda name: name.endswith(".jsonl"))
     if not _holds(path, text):  # named by its content: checked against it on every use, rewritten if not
         make_dirs(path.parent, 0o700)
         atomic_write_bytes(path, text)

@@ -293,6 +293,41 @@ def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> None:
             entry.unlink(missing_ok=True)
 
 
+def _writer_is_gone(match: re.Match) -> bool:
+    """Whether the writer a temporary's name records (host, pid) is a process of this host that no
+    longer runs. Another host's, a live pid (reused or not) and this process's own are never gone."""
+    if match["host"] != _HOST or match["token"] is None:
+        return False
+    pid = int(match["pid"])
+    if pid == os.getpid() or pid > 1 << 22:  # no pid is above 2**22 on Linux
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive under another user, or unknowable: kept
+        return False
+    return False
+
+
+def remove_dead_temporaries(folder: Path, owns: Callable[[str], bool]) -> None:
+    """Delete the temporaries a killed write of effdepth's left in ``folder``, where no lock says
+    whose the folder is (effdepth's prompt files, a user's ``plot --out`` folder): regular files
+    named ``.<own name>.effdepth-tmp-<host>-<pid>-<token>`` — a name only effdepth's atomic writes
+    give — whose writer on this host no longer runs. Never a link, never another host's or a live
+    writer's temporary."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMPORARY.match(entry.name)
+        if match is None or not owns(match["name"]) or entry.is_symlink() or not entry.is_file():
+            continue
+        if _writer_is_gone(match):
+            entry.unlink(missing_ok=True)
+
+
 # --- verified files ------------------------------------------------------------------------
 
 

@@ -271,6 +271,9 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         raise EffdepthError(f"--out {out}: no such directory {out.parent}")
     if out.exists() or out.is_symlink():
         raise EffdepthError(f"--out {out} exists; effdepth does not overwrite files: choose another name")
+    from .cache import remove_dead_temporaries
+
+    remove_dead_temporaries(out.parent, lambda name: name.endswith((".svg", ".png")))  # a killed plot's
     metadata = read_metadata(run_dir)
     if metadata is None:
         raise EffdepthError(f"{run_dir} is not an effdepth run directory (no effdepth metadata.json)")

@@ -8,19 +8,25 @@ import argparse
 from pathlib import Path
 
 from .errors import nearest_name
+from .options import CORE_OPTIONS, MAP_OPTIONS, OTHER_OPTIONS, argparse_type
 
 TABLE_FORMATS = ("text", "csv", "markdown", "json")
 HEAVY_COMMANDS = ("run", "plot", "grid")  # commands whose options come from the probe specs
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _core(name: str):
+    """The command line's reading of a core setting: its one declaration (``options.CORE_OPTIONS``)."""
+    return argparse_type(CORE_OPTIONS[name])
+
+
+def _map(name: str):
+    """The reading of an ``effdepth map`` number: its declaration (``options.MAP_OPTIONS``)."""
+    return argparse_type(MAP_OPTIONS[name])
+
+
+def _other(name: str):
+    """The reading of a ``grid``/``book`` number: its declaration (``options.OTHER_OPTIONS``)."""
+    return argparse_type(OTHER_OPTIONS[name])
 
 
 def _path(text: str) -> Path:
@@ -170,7 +176,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="probe a model on a task and compute its effective depth", **common)
     run.add_argument("--model", default=DEFAULT_MODEL, help="offline alias, local dir, .gguf file or hub id")
     run.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file (prompt, answer)")
-    run.add_argument("--n", type=_positive, help="number of examples (default 10; a .jsonl file: all its lines)")
+    run.add_argument("--n", type=_core("n"), help="number of examples (default 10; a .jsonl file: all its lines)")
     run.add_argument(
         "--probes",
         default=",".join(DEFAULT),
@@ -196,19 +202,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     run.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
+        choices=CORE_OPTIONS["dtype"].choices,
         help="the weights' and activations' type (auto: bfloat16 on CUDA, float32 elsewhere)",
     )
     run.add_argument(
-        "--seed", type=int, default=0, help="which examples a data set gives, skip's positions, the bootstrap"
+        "--seed", type=_core("seed"), default=0, help="which examples a data set gives, skip's positions, the bootstrap"
     )
-    run.add_argument("--source", default="local", choices=["local", "hub"], help="vendored data or the HF hub")
-    run.add_argument("--level", type=int, help="MATH difficulty level 1..5 (math only)")
-    run.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
-    run.add_argument("--max-tokens", type=_positive, help="drop prompts longer than this (aime24: 400 by default)")
+    run.add_argument(
+        "--source", default="local", choices=CORE_OPTIONS["source"].choices, help="vendored data or the HF hub"
+    )
+    run.add_argument("--level", type=_core("level"), help="MATH difficulty level 1..5 (math only)")
+    run.add_argument("--digits", type=_core("digits"), help="operand length for addition/multiplication (default 6)")
+    run.add_argument(
+        "--max-tokens", type=_core("max_tokens"), help="drop prompts longer than this (aime24: 400 by default)"
+    )
     run.add_argument(
         "--batch-size",
-        type=_positive,
+        type=_core("batch_size"),
         default=4,
         help="prompts per forward pass (memory against speed; numbers equal to ~1e-6)",
     )
@@ -273,7 +283,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     what.add_argument("--findings-only", action="store_true", help="only regenerate book/_findings.md (no model work)")
     book.add_argument(
-        "--bootstrap-seed", type=int, help="with --findings: the seed of every bootstrap interval (default: params/)"
+        "--bootstrap-seed",
+        type=_other("bootstrap_seed"),
+        help="with --findings: the seed of every bootstrap interval (default: params/)",
     )
     book.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -284,27 +296,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     linear.add_argument("--big", required=True, help="the deeper model; must share the small one's tokenizer")
     linear.add_argument("--task", default="gsm8k", help=f"{', '.join(TASKS)} or a .jsonl file")
     linear.add_argument(
-        "--n", type=_positive, default=20, help="test prompts (the map's interval: a bootstrap over them)"
+        "--n", type=_map("n"), default=20, help="test prompts (the map's interval: a bootstrap over them)"
     )
-    linear.add_argument("--n-validation", type=_positive, default=10, help="prompts that choose each map's ridge")
+    linear.add_argument(
+        "--n-validation", type=_map("n_validation"), default=10, help="prompts that choose each map's ridge"
+    )
     linear.add_argument(
         "--tokens-per-width",
-        type=_positive,
+        type=_map("tokens_per_width"),
         default=10,
         help="training tokens per dimension of the small model's residual (10: ten times its width)",
     )
     linear.add_argument(
         "--ridge",
-        type=float,
+        type=_map("ridge"),
         default=None,
         help="a fixed ridge penalty instead of one chosen on validation prompts (then n is split half/half)",
     )
     linear.add_argument("--map-dir", type=_path, help="a run directory for the map (resumed and verified like a run's)")
-    linear.add_argument("--max-tokens", type=_positive, help="drop longer prompts (data-set tasks)")
-    linear.add_argument("--seed", type=int, default=0)
-    linear.add_argument("--digits", type=_positive, help="operand length for addition/multiplication (default 6)")
+    linear.add_argument("--max-tokens", type=_map("max_tokens"), help="drop longer prompts (data-set tasks)")
+    linear.add_argument("--seed", type=_map("seed"), default=0)
+    linear.add_argument("--digits", type=_map("digits"), help="operand length for addition/multiplication (default 6)")
     linear.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
-    linear.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    linear.add_argument("--dtype", default="auto", choices=CORE_OPTIONS["dtype"].choices)
     linear.add_argument("--out", type=_path, help="write the long frame to this new .parquet file")
     linear.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -337,11 +351,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     grid.add_argument("--address", help="the Ray cluster (auto, ray://host:10001; default: start a local one)")
     grid.add_argument(
-        "--cpus-per-cell", type=_positive, default=None, help="CPUs (and torch threads) of each Ray task (default 1)"
+        "--cpus-per-cell",
+        type=_other("cpus_per_cell"),
+        default=None,
+        help="CPUs (and torch threads) of each Ray task (default 1)",
     )
     grid.add_argument(
         "--memory-per-cell",
-        type=float,
+        type=_other("memory_per_cell"),
         default=None,
         metavar="GB",
         help="memory of each Ray task (default: from the model)",

@@ -532,10 +532,13 @@ def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> 
     try:
         check = layout_check(model, adapter)
     except Exception as exc:  # a forward pass the hooks cannot read, or a callable that fails
+        _refuse_for_its_cause(model, adapter, name)
         raise UnsupportedModelError(
             f"{what} does not fit model {name!r}: the layout check failed ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0][:120] if str(exc) else 'no message'})"
         ) from None
+    if check.repeated or not check.writes_ok or not check.ordered or not check.head_ok:
+        _refuse_for_its_cause(model, adapter, name)  # the user's hook or a config at odds with the modules
     if check.repeated:
         raise UnsupportedModelError(
             f"{what} does not fit model {name!r}: {check.repeated}, where each layer and each of its writes runs "
@@ -555,6 +558,30 @@ def verify_adapter(model: nn.Module, adapter: Adapter, name: str, what: str) -> 
         raise UnsupportedModelError(
             f"{what} does not fit model {name!r}: its final normalization and head miss the model's logits by "
             f"{share(check.head)} (a logit scale or soft-cap the lens would not apply)"
+        )
+
+
+def _refuse_for_its_cause(model: nn.Module, adapter: Adapter, name: str) -> None:
+    """A layout check failed: refuse in one line naming a cause the caller can fix, where there is one
+    — a hook or replaced forward of theirs (which the check ran through), or a config whose layer
+    count disagrees with the layers the model holds — before any guess at the architecture."""
+    hooked = user_hooks(model)
+    if hooked is not None:
+        raise UnsupportedModelError(
+            f"model {name!r} has a hook on {hooked}, which changed what effdepth's layout check read: remove it "
+            "(handle.remove(); for hooks you cannot reach, load the model again) and measure the clean model"
+        )
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    declared = getattr(config, "num_hidden_layers", None)
+    try:
+        held = len(_get(model, adapter.layers))
+    except (AttributeError, IndexError, TypeError):
+        return
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared != held:
+        raise UnsupportedModelError(
+            f"model {name!r}: its config says {declared} layers (num_hidden_layers) but {adapter.layers} holds "
+            f"{held}; make them agree (set config.num_hidden_layers = {held}, or load the model again)"
         )
 
 

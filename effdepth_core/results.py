@@ -40,7 +40,7 @@ from .models import (
     takes_plain_models,
     user_hooks,
 )
-from .paths import exists, user_path
+from .paths import exists, names_path, user_path
 from .probes.spec import Context, ProbeSpec
 from .rundir import (
     EXAMPLES,
@@ -149,7 +149,13 @@ class _Plan:
 
 
 def _plan(
-    settings: RunSettings, probes, out_dir, loaded: LoadedModel | None, examples, results_root: Path | str | None
+    settings: RunSettings,
+    probes,
+    out_dir,
+    loaded: LoadedModel | None,
+    examples,
+    results_root: Path | str | None,
+    canary: str | None = None,
 ) -> _Plan:
     """Check the probes, task, model spec and options, and (where no tokenizer is needed) load the
     examples: every user error that can be found without the model is found here."""
@@ -181,8 +187,10 @@ def _plan(
                 "name it; remove it (handle.remove()) before measuring, or measure the hooked computation "
                 "with your own code"
             )
-        if not loaded.is_as_loaded(settings.model, asked):
+        if canary is not None or not loaded.is_as_loaded(settings.model, asked):
             weights = model_fingerprint(loaded)
+        if canary is not None:  # what the model computes now, beyond what its weights and config say
+            weights = hashlib.sha256(f"{weights}:canary:{canary}".encode()).hexdigest()
     base = settings.base_fields(by_name=weights is None)
     key, fields = _run_key(settings, weights, given_examples, base)
     if out_dir is None and results_root is None:
@@ -232,6 +240,24 @@ def _check_read_once(settings: RunSettings, plan: _Plan, examples: list[Example]
         raise TaskError(
             f"task file {settings.task} changed while effdepth read it (its examples are not the text the "
             "run's key was computed from); run again once the file is written"
+        )
+
+
+def _check_model_read_once(settings: RunSettings, plan: _Plan) -> None:
+    """A local model (a folder or GGUF file) is measured under the key of the bytes it was loaded
+    from: its files are hashed again once it is in memory (their fingerprints — size, inode, mtime,
+    ctime — first, a full sha256 where any changed) and must still be what the key was computed from,
+    or nothing runs (weights replaced during the load would be measured under the old files' key)."""
+    keyed = (plan.base or {}).get("model_files")
+    path = names_path(settings.model)
+    if keyed is None or path is None:
+        return
+    from .acquire import model_files_digest
+
+    if model_files_digest(path) != keyed:
+        raise EffdepthError(
+            f"model {settings.model} changed while effdepth loaded it (its files are not the bytes the run's key "
+            "was computed from); run again once its files are written"
         )
 
 
@@ -290,7 +316,9 @@ def _candidates(
     beside = [out.parent] if derived else []
     if derived and in_memory and exists(out.parent.parent, "dir"):
         beside += sorted(p for p in out.parent.parent.iterdir() if p.is_dir() and not p.is_symlink())
-    named = [user_path(root) for root in roots]
+    # a folder the user named is read where it leads, a link included (as ``effdepth table`` reads it);
+    # links found inside folders are not followed
+    named = [user_path(root).resolve() if user_path(root).is_symlink() else user_path(root) for root in roots]
     folders = [*beside, *named, *(root / slug(settings.model) for root in named)]
     seen, found = set(), []
     for run_dir in named:  # a named run folder lends itself
@@ -317,9 +345,12 @@ def _find_donor(
     roots: Sequence[Path],
     derived: bool = False,
     in_memory: bool = False,
+    model_canary: str | None = None,
 ) -> _Donor | None:
     """The earlier run (beside an ``out`` effdepth chose, or under ``roots``) that measured the most of this run's
-    first examples with the same probe key; every file read is checked against its sha256."""
+    first examples with the same probe key; every file read is checked against its sha256. ``model_canary``: a
+    model in memory lends and borrows only between runs whose model computed the same canary (their
+    first example is the same, so the canaries compare)."""
     if not spec.reusable:
         return None
     ours = [_example_text(e, spec.needs_answers) for e in examples]
@@ -329,7 +360,7 @@ def _find_donor(
         if metadata is None or int(metadata.get("format", 1)) < FORMAT or metadata.get("pending"):
             continue
         record = metadata.get("probes", {}).get(spec.name) or {}
-        if record.get("key") != key:
+        if record.get("key") != key or (model_canary is not None and metadata.get("canary") != model_canary):
             continue
         files = {EXAMPLES: metadata.get("files", {}).get(EXAMPLES), **record.get("files", {})}
         if verified_files(folder, files) is not None:
@@ -457,6 +488,7 @@ def run(
     reuse_from: Sequence[Path | str] = (),
     renew_outdated: bool = False,
     results_root: Path | str | None = None,
+    _canary: str | None = None,
 ) -> RunResult:
     """Run ``probes`` for the settings' model and task, reusing any finished results in ``out_dir``.
 
@@ -487,34 +519,91 @@ def run(
     Raises:
         EffdepthError: a bad setting or a folder effdepth may not write, in one line.
     """
-    plan = _plan(settings, probes, out_dir, loaded, examples, results_root)
+    plan = _plan(settings, probes, out_dir, loaded, examples, results_root, _canary)
+    given, rekey = loaded, None
     described = {**settings.numbers(), **plan.fields}  # what a refusal compares, named
     directory = RunDirectory.open(plan.out, plan.key, described, registry.frames(), overwrite)
     try:
         missing = _to_compute(directory, plan, settings, overwrite, renew_outdated)
-        if missing or not directory.has_examples():
+        now = _canary
+        if given is not None and (directory.metadata or {}).get("probes"):  # cached rows of a model in memory
             loaded, examples = _load(settings, plan.names, loaded, plan.examples)
+            now = now or canary(loaded, examples)
+            if (directory.metadata or {}).get("canary") != now:
+                rekey = _changed_model(plan, now, _canary)
+        if rekey is None and (missing or not directory.has_examples()):
+            loaded, examples = _load(settings, plan.names, loaded, examples if now is not None else plan.examples)
             _check_read_once(settings, plan, examples)
+            if given is None:
+                _check_model_read_once(settings, plan)
             started = False
+            if given is not None and missing and now is None:  # a model in memory borrows rows by its canary
+                now = canary(loaded, examples)
             overall = Overall(missing, loaded, examples, settings) if settings.progress else None
             for index, name in enumerate(missing):
                 if overall is not None:
                     overall.starting(index)
-                frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from)
+                frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from, now)
                 if not started:  # only once the first probe succeeded: --overwrite replaces a run here
-                    directory.start(_new_metadata(settings, plan.key, loaded, examples, plan.fields), examples)
+                    metadata = _new_metadata(settings, plan.key, loaded, examples, plan.fields)
+                    directory.start({**metadata, "canary": now or canary(loaded, examples)}, examples)
                     started = True
                 directory.save_probe(name, frames, record)
             if not started:  # every probe cached, the examples not yet written
-                directory.start(_new_metadata(settings, plan.key, loaded, examples, plan.fields), examples)
-        result = _summarize(settings, directory, n_bootstrap)
-        result.computed = tuple(missing)
-        return result
+                metadata = _new_metadata(settings, plan.key, loaded, examples, plan.fields)
+                directory.start({**metadata, "canary": now or canary(loaded, examples)}, examples)
+        if rekey is None:
+            result = _summarize(settings, directory, n_bootstrap)
+            result.computed = tuple(missing)
+            return result
     except BaseException:
         directory.discard_if_empty()  # a new run that produced nothing leaves nothing
         raise
     finally:
         directory.release()
+    kept = examples if plan.given_examples else None  # the run again, keyed by what the model computes now
+    return run(settings, probes, out_dir, given, kept, n_bootstrap, overwrite, reuse_from, renew_outdated,
+               results_root, _canary=rekey)  # fmt: skip
+
+
+CANARY_TOKENS = 32  # the first prompt's first tokens the canary runs: every layer, attention over several positions
+
+
+def canary(loaded: LoadedModel, examples: Sequence[Example]) -> str:
+    """The sha256 of what the model computes now on the run's first prompt (its first
+    ``CANARY_TOKENS`` tokens, one prompt per batch): the residual states h_0..h_L at every position
+    and the logits read from h_L, bit for bit. A cached run of a model in memory is returned only
+    when this equals the canary its run directory recorded, so whatever changed the computation —
+    any weight byte, a class or closure patch of a forward, the tokenizer's content, a hook, an
+    attention kernel or registry entry — is noticed by construction, not by listing it. Bitwise:
+    it is always recomputed at the recorded batch shape (one prompt), on the same device type and
+    dtype (both in the key); a machine whose kernels round otherwise recomputes the run, never
+    reuses it. Cost: one forward pass of ≤ 32 tokens and one head product."""
+    from .trace import residual_states
+
+    ids = loaded.encode(getattr(examples[0], "prompt", examples[0]))[:CANARY_TOKENS]
+    states = next(iter(residual_states(loaded, [ids], batch_size=1)))  # [token, L+1, d_model] float32
+    with torch.inference_mode():
+        logits = loaded.head(states[:, -1].to(loaded.input_device, loaded.dtype)).float().cpu()
+    digest = hashlib.sha256()
+    for tensor in (ids, states, logits):
+        digest.update(f"{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _changed_model(plan: _Plan, now: str, keyed_by: str | None) -> str:
+    """The canary to key the run by again, when its cached rows were computed by a model that computes
+    otherwise now (a changed weight, code, tokenizer, hook or kernel): the run is then keyed by the
+    model's content and this canary. Refused in one line where that cannot help: a folder the caller
+    named (``out``) holds the other model's run, or the run was keyed by this canary already."""
+    if not plan.derived or keyed_by is not None:
+        raise OutputDirectoryError(
+            f"the model given computes otherwise than the one whose results are kept in {plan.out} (its first "
+            "prompt's residual states differ: a weight, its code, tokenizer, a hook or an attention kernel "
+            "changed); pass another out= folder, or cache=False"
+        )
+    return now
 
 
 @takes_plain_models("loaded")
@@ -653,6 +742,7 @@ def _measure(
     settings: RunSettings,
     plan: _Plan,
     reuse_from: Sequence[Path | str],
+    model_canary: str | None = None,
 ) -> tuple[dict[str, pl.DataFrame], dict]:
     """One probe's frames (an earlier run's rows of the same examples reused) and its record in
     ``metadata.json``: time, memory, where it ran, its key and revision."""
@@ -664,7 +754,9 @@ def _measure(
     if plan.weights is not None:  # a model in memory: its rows are its weights', whatever its name
         identity = {**identity, "weights_sha256": plan.weights}
     key = settings.probe_key(spec, identity, by_name=plan.weights is None, base=plan.base)
-    donor = _find_donor(spec, key, examples, plan.out, settings, reuse_from, plan.derived, plan.weights is not None)
+    donor = _find_donor(
+        spec, key, examples, plan.out, settings, reuse_from, plan.derived, plan.weights is not None, model_canary
+    )
     frames = _compute(spec, loaded, examples, settings, donor)
     record = {
         "seconds": round(time.perf_counter() - started, 4),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -18,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, registry
-from .errors import EffdepthError
+from .errors import EffdepthError, OptionError
+from .options import CORE_OPTIONS, MAP_OPTIONS, MAX_GENERATED
 from .paths import NAME_BYTES, exists, names_path, short_name  # noqa: F401 (NAME_BYTES: part of this module's API)
 from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec, spelled
 from .tasks import ANSWER_FORMAT, ARITHMETIC, DEFAULT_N, TASKS, check_task, count_examples
@@ -38,6 +38,7 @@ CORE_DEFAULTS: dict[str, Any] = {
     "progress": True,
 }
 assert tuple(["model", "task", *CORE_DEFAULTS]) == CORE_SETTINGS
+assert all(CORE_DEFAULTS[name] == option.default for name, option in CORE_OPTIONS.items() if name != "n")
 _NOT_IN_KEY = ("device", "batch_size", "progress", "method", "device_map")  # how, not what, is computed
 
 # The cache key's compatibility exceptions: every rule that keeps an older version's key, and every
@@ -262,24 +263,24 @@ def parse_probes(probes: str | Sequence[str], settings: RunSettings | None = Non
     return list(dict.fromkeys(expanded))
 
 
-MAX_GENERATED = 100_000  # generated tasks have no size; a larger --n is a typo, not a study
-
-
 def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[str, Any] | None = None) -> None:
     """One-line errors for values that cannot work, found before any model loads (``facts``: what
     is known of the model already: ``vocab_size``, ``n_layers``)."""
     facts = dict(facts or {})
-    for name in ("n", "batch_size", "digits"):
+    for name in ("model", "task"):  # what a run records, effdepth table must be able to show (display.py)
         value = getattr(settings, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise EffdepthError(f"{spelled(name)} must be at least 1, got {value!r}")
+        if not isinstance(value, str) or not value.isprintable():
+            raise OptionError(
+                f"{name} {value!r} holds a character no record can show (a tab, newline, escape or direction "
+                f"mark): rename the {'file or folder' if '/' in str(value) else name} to printable characters"
+            )
+    for name, option in CORE_OPTIONS.items():  # each core setting's type and bounds, declared once
+        option.check(getattr(settings, name))
     if settings.task in ARITHMETIC and settings.n > MAX_GENERATED:
-        raise EffdepthError(
+        raise OptionError(
             f"{spelled('n', settings.n)} is more {settings.task} problems than a run can probe; use "
             f"{spelled('n', MAX_GENERATED)} or fewer"
         )
-    if settings.max_tokens is not None and (not isinstance(settings.max_tokens, int) or settings.max_tokens < 1):
-        raise EffdepthError(f"{spelled('max_tokens')} must be at least 1, got {settings.max_tokens}")
     from .models import resolve_device
 
     resolve_device(settings.device)  # a device torch cannot name or does not have
@@ -288,15 +289,8 @@ def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[
         raise EffdepthError(
             f"{spelled('max_tokens')} applies to data-set tasks, not {settings.task} (its prompts are short)"
         )
-    if settings.level is not None:
-        if settings.task != "math":
-            raise EffdepthError(f"{spelled('level')} applies to the math task only, not {settings.task!r}")
-        if settings.level not in range(1, 6):
-            raise EffdepthError(f"{spelled('level')} must be 1..5 (MATH difficulty levels), got {settings.level}")
-    if settings.source not in ("local", "hub"):
-        raise EffdepthError(f"{spelled('source')} must be local or hub, got {settings.source!r}")
-    if settings.method not in ("fast", "slow"):
-        raise EffdepthError(f"method must be 'fast' or 'slow', got {settings.method!r}")
+    if settings.level is not None and settings.task != "math":
+        raise OptionError(f"{spelled('level')} applies to the math task only, not {settings.task!r}")
     for name in probes:
         spec = registry.get(name)
         for option in spec.options:
@@ -376,16 +370,8 @@ class MapSettings:
         from .models import preflight_model
         from .tasks import load_task
 
-        if self.n < 2:
-            raise EffdepthError(
-                "--n must be at least 2: the map's test prompts (its interval is a bootstrap over them)"
-            )
-        if self.ridge is not None and not (
-            isinstance(self.ridge, int | float) and math.isfinite(self.ridge) and self.ridge >= 0
-        ):
-            raise EffdepthError(f"--ridge must be a finite number of at least 0, got {self.ridge}")
-        if self.n_validation < 1 or self.tokens_per_width < 1:
-            raise EffdepthError("--n-validation and --tokens-per-width must be at least 1")
+        for name, option in MAP_OPTIONS.items():  # each number's type and bounds, declared once
+            option.check(getattr(self, name))
         check_task(self.task)
         if self.digits is not None and self.task not in ARITHMETIC:
             raise EffdepthError(f"--digits applies to addition and multiplication only, not {self.task!r}")

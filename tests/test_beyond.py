@@ -266,8 +266,11 @@ def test_map_ridge_must_be_finite(tiny_dir, capsys, ridge):
     from effdepth_core.cli import main
 
     argv = ["map", "--small", str(tiny_dir), "--big", str(tiny_dir), "--task", "addition", "--n", "4"]
-    assert main([*argv, "--ridge", ridge, "--no-progress"]) == 2
-    assert "--ridge must be a finite number" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse reads --ridge from its declaration (options.py)
+        main([*argv, "--ridge", ridge, "--no-progress"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert ("--ridge: must be at least 0" if ridge == "-1" else "--ridge: must be a finite number") in err
 
 
 def test_table_skips_hand_edited_tuned_rules(tiny_dir, tmp_path, capsys):

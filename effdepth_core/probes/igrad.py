@@ -39,6 +39,7 @@ import torch
 
 from ..errors import EffdepthError, EffdepthWarning, OptionError, require_layers, require_whole
 from ..models import LoadedModel, takes_plain_models
+from ..options import MAX_STEPS
 from ..replay import CleanRun, clean_run, run_layers
 from ..terminal import progress_bar
 from ..trace import Hook, intervene, require_finite, show_progress
@@ -474,7 +475,13 @@ def integrated_gradients(
 # --- the probe -------------------------------------------------------------------------------
 
 IGRAD_STEPS = Option(
-    "igrad_steps", 128, "quadrature nodes or adaptive budget (igrad)", type=int, minimum=1, key=KEY_ALWAYS
+    "igrad_steps",
+    128,
+    "quadrature nodes or adaptive budget (igrad)",
+    type=int,
+    minimum=1,
+    maximum=MAX_STEPS,
+    key=KEY_ALWAYS,
 )
 IGRAD_QUADRATURE = Option(
     "igrad_quadrature", "adaptive", "the α quadrature (igrad)", choices=("adaptive", "riemann", "gauss"), key=KEY_ALWAYS
@@ -501,6 +508,7 @@ IGRAD_MAX_STEPS = Option(
     "cap on the adaptive rule's gradient evaluations per layer (igrad; default 8 × --igrad-steps)",
     type=int,
     minimum=1,
+    maximum=8 * MAX_STEPS,
 )
 IGRAD_PANELS = Option(
     "igrad_panels",
@@ -508,6 +516,7 @@ IGRAD_PANELS = Option(
     "panels the adaptive rule halves per round (igrad; 1 halves the worst one; 8 batches a GPU's work)",
     type=int,
     minimum=1,
+    maximum=MAX_STEPS,  # more panels than gradient evaluations cannot be halved
     key=KEY_WHEN_SET,
 )
 

@@ -238,17 +238,28 @@ def _sizes(text: str) -> list[int]:
 
 
 def _normalize_sizes(text: str) -> str:
-    """One spelling per set of sizes ("2,1", "1,,2" → "1,2"); anything else is left for the check."""
-    names = [k.strip() for k in str(text).split(",") if k.strip()]
-    if all(k.isdigit() for k in names):
+    """One spelling per set of sizes ("2,1", "1,,2" → "1,2"; a whole number 2 → "2"); anything else
+    is left for the check (which names it without converting it: no 5000-digit number is printed)."""
+    if isinstance(text, int) and not isinstance(text, bool) and 0 <= text < 10**9:
+        text = str(text)
+    if not isinstance(text, str):
+        return text
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    if all(_whole(k) for k in names):
         return ",".join(str(k) for k in sorted({int(k) for k in names}))
     return str(text)
 
 
+def _whole(text: str) -> bool:
+    """An ASCII whole number a layer count can reach (9 digits: ``int`` never meets its 4300-digit limit)."""
+    return text.isascii() and text.isdigit() and len(text) <= 9
+
+
 def _check_sizes(text: str) -> str | None:
     names = [k.strip() for k in str(text).split(",") if k.strip()]
-    if not all(k.isdigit() and int(k) >= 1 for k in names):
-        return f"must be whole numbers of at least 1, got {text!r}"
+    if not all(_whole(k) and int(k) >= 1 for k in names):
+        shown = repr(text) if len(repr(text)) <= 60 else repr(text)[:57] + "..."
+        return f"must be whole numbers of at least 1 (below the model's layers), got {shown}"
     return None
 
 

@@ -20,6 +20,7 @@ import torch
 
 from ..errors import EffdepthError, OptionError, require_whole
 from ..models import LoadedModel, takes_plain_models
+from ..options import MAX_CONTEXT
 from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffix_layer
 from ..terminal import progress_bar
 from ..trace import Hook, intervene, replace_positions, require_finite, show_progress, tokenize
@@ -456,7 +457,13 @@ def _unknown(kind: str, known: tuple[str, ...]):
 
 
 SKIP_POSITIONS = Option(
-    "skip_positions", 4, "future-token positions per prompt (skip)", type=int, minimum=1, key=KEY_ALWAYS
+    "skip_positions",
+    4,
+    "future-token positions per prompt (skip)",
+    type=int,
+    minimum=1,
+    maximum=MAX_CONTEXT // 8,  # cut positions are every 8th token of a prompt (sample_positions)
+    key=KEY_ALWAYS,
 )
 SKIP_PARTS_OPTION = Option(
     "skip_parts",

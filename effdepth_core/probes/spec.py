@@ -10,116 +10,11 @@ this module is shared by all of them and by the registry.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import EffdepthError
-
-KEY_ALWAYS = "always"  # in every cache key (options of the first release: their keys must not change)
-KEY_WHEN_SET = "when set"  # in the key only when not at the default (so adding an option keeps old keys)
-KEY_NEVER = "never"  # never in the key (how a result is shown, not what it is)
-# the settings every run has (``settings.RunSettings``): no probe option may take these names
-CORE_SETTINGS = (
-    "model",
-    "task",
-    "n",
-    "seed",
-    "source",
-    "level",
-    "digits",
-    "max_tokens",
-    "device",
-    "dtype",
-    "batch_size",
-    "method",
-    "device_map",
-    "progress",
-)
-
-
-def spelled(name: str, value: object = None) -> str:
-    """An option as both callers write it, for messages: ``igrad_steps=16 (--igrad-steps 16)``."""
-    flag = "--" + name.replace("_", "-")
-    if value is None:
-        return f"{name}= ({flag})"
-    return f"{name}={value!r} ({flag} {value})"
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting of a probe: its default, command-line flag and help, valid values, and whether it
-    enters the cache key. ``name`` is the attribute of ``RunSettings`` (and the params/ key)."""
-
-    name: str
-    default: Any
-    help: str
-    type: Callable[[str], Any] = str  # how the command line reads it
-    choices: tuple | None = None
-    minimum: float | None = None  # inclusive, unless ``open_interval``
-    maximum: float | None = None
-    open_interval: bool = False
-    key: str = KEY_WHEN_SET
-    flag: str | None = None  # default: --<name with dashes>
-    check_value: Callable[[Any], str | None] | None = None  # further check: a message, or None when fine
-    normalize: Callable[[Any], Any] | None = None  # one spelling per value (before checks and the key)
-
-    @property
-    def cli_flag(self) -> str:
-        return self.flag or "--" + self.name.replace("_", "-")
-
-    def problem(self, value: Any) -> str | None:
-        """Why ``value`` is not valid for this option (None when it is)."""
-        if value is None and self.default is None:
-            return None
-        if self.choices is not None and value not in self.choices:
-            return f"must be one of {', '.join(map(str, self.choices))}, got {value!r}"
-        if self.minimum is not None or self.maximum is not None:
-            low, high = self.minimum, self.maximum
-            fraction = self.open_interval and (low, high) == (0, 1)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                return (
-                    f"must be a fraction between 0 and 1 (exclusive), got {value}"
-                    if fraction
-                    else (f"must be a number, got {value!r}")
-                )
-            if self.type is int and not isinstance(value, int):
-                return f"must be a whole number, got {value!r}"
-            if fraction and not 0 < value < 1:
-                return f"must be a fraction between 0 and 1 (exclusive), got {value}"
-            if self.open_interval and not ((low is None or value > low) and (high is None or value < high)):
-                if high is None:
-                    return f"must be greater than {low:g}, got {value!r}"
-                if low is None:
-                    return f"must be less than {high:g}, got {value!r}"
-                return f"must be in ({low:g}, {high:g}), got {value!r}"
-            if not self.open_interval and ((low is not None and value < low) or (high is not None and value > high)):
-                bounds = f"at least {low:g}" if high is None else f"in {low:g}..{high:g}"
-                return f"must be {bounds}, got {value!r}"
-        if self.check_value is not None:
-            return self.check_value(value)
-        return None
-
-    def check(self, value: Any) -> None:
-        problem = self.problem(value)
-        if problem:
-            raise EffdepthError(f"{self.name} ({self.cli_flag}) {problem}")
-
-    def parse(self, text: str) -> Any:
-        """The command line's reading of ``text`` (a ValueError says why it is not valid; an empty
-        text is never a value: leaving the option out gives its default)."""
-        if not text.strip():
-            raise ValueError("is empty; give a value or leave the option out (its default)")
-        try:
-            value = self.type(text)
-        except (TypeError, ValueError):
-            kind = {int: "a whole number", float: "a number"}.get(self.type, "a value")
-            raise ValueError(f"must be {kind}, got {text!r}") from None
-        problem = self.problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
+from ..options import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, Option, spelled  # noqa: F401 (this module's API)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from ..cache import (
 )
 from ..errors import EffdepthError
 from ..models import LoadedModel, model_fingerprint, takes_plain_models
+from ..options import MAX_LENS_STEPS, MAX_LENS_TOKENS
 from ..paths import names_path, short_name
 from ..terminal import progress_bar
 from ..trace import residual_states, show_progress, tokenize
@@ -273,6 +274,18 @@ def train_tuned_lens(
     heldout_ids, train_ids = _split_tokens(loaded, texts, training)
     states = torch.cat(list(residual_states(loaded, train_ids)))  # [token, L+1, d] float32
     heldout = torch.cat(list(residual_states(loaded, heldout_ids)))
+    if states.shape[0] < training.train_tokens:  # done otherwise than asked: said, and recorded as done
+        import warnings
+
+        from ..errors import EffdepthWarning
+
+        warnings.warn(
+            f"tuned lens of {loaded.name}: the corpus holds {states.shape[0]} training tokens, fewer than the "
+            f"{training.train_tokens} asked (lens_tokens); it is trained on {states.shape[0]}, as its record's "
+            "train_tokens says",
+            EffdepthWarning,
+            stacklevel=2,
+        )
     lens = TunedLens(loaded.n_layers, loaded.d_model).to(loaded.head_device)
     probe_rows = states[torch.randperm(states.shape[0], generator=generator)[: training.batch_tokens]]
     if training.init == "regression":
@@ -434,9 +447,14 @@ def _training_lock(path: Path, poll_seconds: float = 2.0) -> Iterator[None]:
 # --- the probe -----------------------------------------------------------------------------------
 
 LENS_STEPS = Option(
-    "lens_steps", 200, "tuned-lens training steps (the lens is cached per model and setting)", type=int, minimum=1
+    "lens_steps",
+    200,
+    "tuned-lens training steps (the lens is cached per model and setting)",
+    type=int,
+    minimum=1,
+    maximum=MAX_LENS_STEPS,
 )
-LENS_TOKENS = Option("lens_tokens", 8192, "tuned-lens training tokens", type=int, minimum=1)
+LENS_TOKENS = Option("lens_tokens", 8192, "tuned-lens training tokens", type=int, minimum=1, maximum=MAX_LENS_TOKENS)
 
 
 def lens_training(settings) -> LensTraining:

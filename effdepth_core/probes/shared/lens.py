@@ -14,6 +14,7 @@ import torch
 
 from ...errors import EffdepthError
 from ...models import LoadedModel, takes_plain_models
+from ...options import MAX_VOCAB
 from ...trace import Batch, LayerTrace, forward, require_finite, trace_layers
 from ..spec import KEY_ALWAYS, KEY_NEVER, Option, Rule, spelled
 from .activations import LayerMeasure, per_token_means
@@ -355,7 +356,13 @@ def lens_rules(prefix: str, label: str) -> tuple[Rule, Rule]:
 
 
 TOP_K = Option(
-    "top_k", 5, "logit-lens overlap k (the final top-k tokens compared)", type=int, minimum=1, key=KEY_ALWAYS
+    "top_k",
+    5,
+    "logit-lens overlap k (the final top-k tokens compared)",
+    type=int,
+    minimum=1,
+    maximum=MAX_VOCAB,  # then at most the model's vocabulary (check_top_k)
+    key=KEY_ALWAYS,
 )
 KL_FRACTION_OPTION = Option(
     "kl_fraction",

@@ -1,0 +1,103 @@
+"""A cached run of a model in memory is returned only when the model computes now what it computed
+then: its first prompt's residual states and logits (the canary, ``results.canary``) are recomputed
+and compared bit for bit with those its run directory recorded. Each case below changed the
+computation in a way no cheap fingerprint saw (a weight byte outside the sampled positions, a class
+patch of a forward, an attention-registry entry), and each once returned the first call's numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from effdepth_core import measure
+from effdepth_core.errors import EffdepthError
+from effdepth_core.models import load_model
+from effdepth_core.probes import residual_cosine
+
+PROMPTS = ["the capital of france is", "two plus two is four"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _edit_one_weight(loaded) -> None:
+    """One element of one tensor, through ``.data`` (the last element: past any sampled positions)."""
+    weight = loaded.layers[0].mlp.down_proj.weight
+    weight.data.view(-1)[-1] += 0.5
+
+
+def _patch_mlp_class(loaded, monkeypatch) -> None:
+    cls = type(loaded.layers[0].mlp)
+    original = cls.forward
+    monkeypatch.setattr(cls, "forward", lambda self, x: 2.0 * original(self, x))
+
+
+def _swap_sdpa(loaded, monkeypatch) -> None:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = loaded.model.config._attn_implementation
+    original = ALL_ATTENTION_FUNCTIONS[name]
+
+    def ignoring_the_mask(module, query, key, value, attention_mask, **kwargs):
+        return original(module, query, key, value, None, **{**kwargs, "is_causal": False})
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, name, ignoring_the_mask)
+
+
+@pytest.mark.parametrize("change", ["weight byte", "class patch", "attention registry"])
+def test_a_cached_run_is_returned_only_for_the_model_as_it_computes_now(cache, tiny_dir, monkeypatch, change):
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    first = measure(loaded, PROMPTS, probes="cosine", progress=False, cache=True)
+    assert measure(loaded, PROMPTS, probes="cosine", progress=False, cache=True).out_dir == first.out_dir  # a hit
+    {"weight byte": lambda: _edit_one_weight(loaded), "class patch": lambda: _patch_mlp_class(loaded, monkeypatch),
+     "attention registry": lambda: _swap_sdpa(loaded, monkeypatch)}[change]()  # fmt: skip
+    truth = residual_cosine(loaded, PROMPTS)  # the model as it is now, computed directly
+    assert not truth.equals(first.per_example["cosine"]), "the change must change the numbers"
+    again = measure(loaded, PROMPTS, probes="cosine", progress=False, cache=True)
+    assert again.out_dir != first.out_dir  # keyed by what it computes now
+    assert again.per_example["cosine"].equals(truth)
+    again_hit = measure(loaded, PROMPTS, probes="cosine", progress=False, cache=True)  # and that is cached too
+    assert again_hit.out_dir == again.out_dir and again_hit.per_example["cosine"].equals(truth)
+
+
+def test_a_changed_model_in_a_named_folder_is_refused_in_one_line(cache, tiny_dir):
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    measure(loaded, PROMPTS, probes="cosine", progress=False, out=cache / "mine")
+    _edit_one_weight(loaded)
+    with pytest.raises(EffdepthError, match="computes otherwise than the one whose results are kept") as refused:
+        measure(loaded, PROMPTS, probes="cosine", progress=False, out=cache / "mine")
+    assert "\n" not in str(refused.value)
+
+
+def test_the_canary_sees_every_byte_and_nothing_else(tiny_dir):
+    from effdepth_core.results import canary
+    from effdepth_core.tasks import Example
+
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    examples = [Example(PROMPTS[0], "")]
+    before = canary(loaded, examples)
+    assert canary(loaded, examples) == before  # deterministic at one batch shape
+    with torch.no_grad():
+        loaded.layers[-1].mlp.down_proj.weight.data.view(-1)[-1] += 1e-3
+    assert canary(loaded, examples) != before
+
+
+def test_a_changed_model_borrows_no_rows_from_its_earlier_runs(cache, tiny_dir, monkeypatch):
+    """A larger run borrows the first examples' rows of an earlier one with the same probe key: a
+    model in memory only from a run whose model computed the same canary."""
+    from effdepth_core.tasks import load_task
+
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    options = dict(probes="cosine", progress=False, cache=True, digits=2)
+    measure(loaded, "addition", n=2, **options)
+    lent = measure(loaded, "addition", n=3, **options)
+    assert lent.metadata["probes"]["cosine"]["reused"]["examples"] == 2  # unchanged: rows are borrowed
+    _patch_mlp_class(loaded, monkeypatch)
+    changed = measure(loaded, "addition", n=4, **options)
+    assert "reused" not in changed.metadata["probes"]["cosine"]
+    prompts = [e.prompt for e in load_task("addition", n=4, digits=2)]
+    assert changed.per_example["cosine"].equals(residual_cosine(loaded, prompts))
