@@ -62,5 +62,5 @@ def test_a_hook_replaced_under_its_id_is_checked_again():
         return (out[0] + 1.0, *out[1:]) if isinstance(out, tuple) else out + 1.0
 
     layer._forward_hooks[handle.id] = steer  # the same id, another function
-    with pytest.raises(UnsupportedModelError, match="has a hook on model.layers.1"):
+    with pytest.raises(UnsupportedModelError, match=r"has a hook on model\.layers\.1"):
         wrap_model(model)
