@@ -512,6 +512,8 @@ def run(
         loaded, examples: the model and examples, already loaded.
         n_bootstrap: resamples for the ED intervals.
         tokenizer: the tokenizer of a transformers model passed as ``loaded``.
+        _canary: set by the run itself only: the canary (``canary``) of a model in memory that computes
+            otherwise than its cached run's, which the run is then keyed by.
 
     Returns:
         The ``RunResult`` (a ``Measurement``): frames, summary and run directory.
