@@ -1172,9 +1172,10 @@ def _what_checks_see(model: nn.Module, adapter: Adapter | None) -> tuple:
     the attention and experts implementations of it and of each sub-config and the kernels
     registered under those names (``attention_key``; its digest leaves them out); each module's
     settings, class (the class object and its ``forward``, so a class patched or redefined in place
-    counts), identity, own or compiled ``forward`` and hooks; torch's global
-    module hooks; every weight's storage, dtype and version counter. Not seen: an edit of a
-    module-level function the forward calls (reload the model after one)."""
+    counts), identity, own or compiled ``forward`` and hooks; torch's global module hooks; every
+    weight's storage, dtype and version counter. What these miss (an edit of a module-level function
+    the forward calls, a closure cell, a hook's function replaced under its id) the check's canary
+    sees (``_check_canary``)."""
     from torch.nn.modules import module as torch_module
 
     modules = tuple(
@@ -1198,12 +1199,14 @@ def _checked_layout(model: nn.Module, adapter: Adapter | None, model_type: str, 
     except Exception:  # weights without storage (a tensor subclass): checked every time, as before
         seen = None
     known = _CHECKED.get(model)
-    if seen is not None and known is not None and known[:2] == (seen, name):
-        _, _, found, padding, given = known
+    fresh = seen is not None and known is not None and known[:2] == (seen, name) and known[5] is not None
+    if fresh and known[5] == _check_canary(model):
+        _, _, found, padding, given, _ = known  # unchanged as far as fingerprints see, and computing the same
     else:
         found, padding, given = _run_checks(model, adapter, model_type, name)
         if seen is not None:
-            _CHECKED[model] = (_what_checks_see(model, adapter), name, found, padding, given)
+            canary = _check_canary(model)
+            _CHECKED[model] = (_what_checks_see(model, adapter), name, found, padding, given, canary)
     for warning in given:
         warnings.warn(warning.message, warning.category, stacklevel=3)
     return found, padding
@@ -1225,6 +1228,31 @@ def _verify_or_diagnose(model: nn.Module, adapter: Adapter, name: str, what: str
         if reading.reason:
             raise UnsupportedModelError(f"{exc}; read off its blocks: {reading.reason}") from None
         raise
+
+
+def _check_canary(model: nn.Module) -> str | None:
+    """What the model computes now on the layout check's probe input (9 tokens of ids 1..): the sha256
+    of its logits at every position, bit for bit. A checked-once verdict is reused only while this
+    is unchanged, so what fingerprints miss — a forward replaced through a closure cell, a hook's
+    function replaced under the same id, a module-level function edited — is seen by recomputing.
+    Cost: one forward pass of 9 tokens. None where the forward fails (the checks then run again)."""
+    import hashlib
+
+    vocab = int(getattr(model.config, "vocab_size", 8) or 8)
+    ids = (torch.arange(9) % max(vocab - 1, 1) + 1)[None]
+    try:
+        with torch.inference_mode():
+            # the logits at every position: any change of any layer reaches them (output_hidden_states is
+            # not asked: transformers records hidden states with hooks it leaves on the model)
+            tensors = [model(input_ids=ids.to(execution_device(model)), use_cache=False).logits]
+    except Exception:  # a forward that cannot run here: no canary, so no verdict is reused
+        return None
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        data = tensor.detach().float().cpu().contiguous()
+        digest.update(f"{tuple(data.shape)};".encode())
+        digest.update(data.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _run_checks(model: nn.Module, adapter: Adapter | None, model_type: str, name: str) -> tuple[Adapter, bool, list]:

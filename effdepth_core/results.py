@@ -360,7 +360,8 @@ def _find_donor(
         if metadata is None or int(metadata.get("format", 1)) < FORMAT or metadata.get("pending"):
             continue
         record = metadata.get("probes", {}).get(spec.name) or {}
-        if record.get("key") != key or (model_canary is not None and metadata.get("canary") != model_canary):
+        differs = model_canary is not None and _comparable_canary(metadata) and metadata["canary"] != model_canary
+        if record.get("key") != key or differs:
             continue
         files = {EXAMPLES: metadata.get("files", {}).get(EXAMPLES), **record.get("files", {})}
         if verified_files(folder, files) is not None:
@@ -512,6 +513,8 @@ def run(
         loaded, examples: the model and examples, already loaded.
         n_bootstrap: resamples for the ED intervals.
         tokenizer: the tokenizer of a transformers model passed as ``loaded``.
+        _canary: set by the run itself only: the canary (``canary``) of a model in memory that computes
+            otherwise than its cached run's, which the run is then keyed by.
 
     Returns:
         The ``RunResult`` (a ``Measurement``): frames, summary and run directory.
@@ -526,7 +529,7 @@ def run(
     try:
         missing = _to_compute(directory, plan, settings, overwrite, renew_outdated)
         now = _canary
-        if given is not None and (directory.metadata or {}).get("probes"):  # cached rows of a model in memory
+        if given is not None and _comparable_canary(directory.metadata):  # cached rows of a model in memory
             loaded, examples = _load(settings, plan.names, loaded, plan.examples)
             now = now or canary(loaded, examples)
             if (directory.metadata or {}).get("canary") != now:
@@ -546,12 +549,12 @@ def run(
                 frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from, now)
                 if not started:  # only once the first probe succeeded: --overwrite replaces a run here
                     metadata = _new_metadata(settings, plan.key, loaded, examples, plan.fields)
-                    directory.start({**metadata, "canary": now or canary(loaded, examples)}, examples)
+                    directory.start({**metadata, **_canary_record(now or canary(loaded, examples))}, examples)
                     started = True
                 directory.save_probe(name, frames, record)
             if not started:  # every probe cached, the examples not yet written
                 metadata = _new_metadata(settings, plan.key, loaded, examples, plan.fields)
-                directory.start({**metadata, "canary": now or canary(loaded, examples)}, examples)
+                directory.start({**metadata, **_canary_record(now or canary(loaded, examples))}, examples)
         if rekey is None:
             result = _summarize(settings, directory, n_bootstrap)
             result.computed = tuple(missing)
@@ -590,6 +593,29 @@ def canary(loaded: LoadedModel, examples: Sequence[Example]) -> str:
         digest.update(f"{tuple(tensor.shape)}:{tensor.dtype};".encode())
         digest.update(tensor.contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def _canary_where() -> str:
+    """Where a canary is computed bit for bit the same: this host, torch and thread count (another
+    machine's kernels may round otherwise)."""
+    return f"{socket.gethostname()} torch {torch.__version__} threads {torch.get_num_threads()}"
+
+
+def _canary_record(digest: str) -> dict:
+    """The canary as ``metadata.json`` records it: its sha256 and where it was computed."""
+    return {"canary": digest, "canary_where": _canary_where()}
+
+
+def _comparable_canary(metadata: dict | None) -> bool:
+    """Whether a run's recorded canary can be compared bit for bit here: recorded with its rows, on
+    this host with this torch and thread count. Runs written before the canary, or elsewhere, are
+    read as before (their key and files' sha256 only), as ``COMPATIBILITY`` reads older formats."""
+    metadata = metadata or {}
+    return (
+        bool(metadata.get("probes"))
+        and isinstance(metadata.get("canary"), str)
+        and (metadata.get("canary_where") == _canary_where())
+    )
 
 
 def _changed_model(plan: _Plan, now: str, keyed_by: str | None) -> str:

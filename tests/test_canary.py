@@ -101,3 +101,19 @@ def test_a_changed_model_borrows_no_rows_from_its_earlier_runs(cache, tiny_dir, 
     assert "reused" not in changed.metadata["probes"]["cosine"]
     prompts = [e.prompt for e in load_task("addition", n=4, digits=2)]
     assert changed.per_example["cosine"].equals(residual_cosine(loaded, prompts))
+
+
+def test_a_run_without_a_comparable_canary_is_read_as_before(cache, tiny_dir):
+    """Runs written before the canary (the book's committed results), or on another machine whose
+    kernels may round otherwise, carry none this machine can compare bit for bit: they are read as
+    before, by their key and their files' sha256, never refused for it."""
+    import json
+
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    first = measure(loaded, PROMPTS, probes="cosine", progress=False, out=cache / "kept")
+    metadata = json.loads((cache / "kept" / "metadata.json").read_text())
+    assert metadata["canary"] and metadata["canary_where"]
+    for change in ({"canary_where": "another host"}, {"canary": None, "canary_where": None}):
+        (cache / "kept" / "metadata.json").write_text(json.dumps({**metadata, **change}))
+        again = measure(loaded, PROMPTS, probes="cosine", progress=False, out=cache / "kept")
+        assert again.per_example["cosine"].equals(first.per_example["cosine"])

@@ -47,3 +47,20 @@ def test_a_symlinked_reuse_from_is_followed_as_table_follows_it(tmp_path):
     out = tmp_path / "out"
     assert _candidates(out, settings, [tmp_path / "link"], derived=False) == [run]
     assert _candidates(out, settings, [tmp_path / "folder-link"], derived=False) == [run]
+
+
+def test_a_hook_replaced_under_its_id_is_checked_again():
+    """The checked-once verdict (load-time checks skipped for a model seen unchanged) is reused only
+    while the model computes what it computed when checked: a hook's function replaced under the same
+    hook id once left a model measured that a fresh process refuses."""
+    model = make_tiny("llama").model
+    layer = model.model.layers[1]
+    handle = layer.register_forward_hook(lambda module, args, out: None)  # harmless: the checks pass
+    wrap_model(model)
+
+    def steer(module, args, out):
+        return (out[0] + 1.0, *out[1:]) if isinstance(out, tuple) else out + 1.0
+
+    layer._forward_hooks[handle.id] = steer  # the same id, another function
+    with pytest.raises(UnsupportedModelError, match=r"has a hook on model\.layers\.1"):
+        wrap_model(model)
