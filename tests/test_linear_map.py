@@ -69,7 +69,9 @@ def test_the_map_command_prints_the_best_layers_and_writes_the_frame(tiny_dir, t
     printed = capsys.readouterr().out
     assert "best big l" in printed and pl.read_parquet(out).filter(metric="best_big_layer").height == 4
     assert main([*argv, "--n", "8", "--out", str(out)]) == 2  # exists: refused
-    assert main([*argv, "--n", "1"]) == 2  # nothing to test on
+    with pytest.raises(SystemExit) as refused:  # nothing to test on: --n's declared bound, argparse's exit 2
+        main([*argv, "--n", "1"])
+    assert refused.value.code == 2
 
 
 def test_the_measured_map_chooses_its_ridge_and_beats_a_shuffled_baseline():
