@@ -245,7 +245,7 @@ def differences_against_margin(steps: pl.DataFrame) -> alt.Chart:
         ),
         ("point", "low", "high", "margin", "margin_low"),
     )
-    y = alt.Y("step:N", title=None, sort=None, axis=alt.Axis(labelLimit=320))
+    y = alt.Y("step:N", title=None, sort=None, axis=alt.Axis(labelLimit=200))  # with 3 panels, fits the column
     base = alt.Chart()
     band = base.mark_bar(color="#ddd", height=12).encode(y=y, x="margin_low:Q", x2="margin:Q")
     zero = base.mark_rule(color="#888").encode(x="zero:Q")
@@ -269,7 +269,7 @@ def differences_against_margin(steps: pl.DataFrame) -> alt.Chart:
     )
     return (
         alt.layer(band, zero, bars, points)
-        .properties(width=CONTENT_WIDTH / 3 - 40)
+        .properties(width=CONTENT_WIDTH / 3 - 60)
         .facet(column=alt.Column("rule:N", title=None, sort=RULE_ORDER), data=frame)
     )
 
@@ -302,16 +302,17 @@ def specification_curve(curve: pl.DataFrame, margin: str) -> alt.Chart:
     panels = frame["panel"].unique(maintain_order=True).to_list()
     pick = alt.param(name="comparison", value=panels[0], bind=alt.binding_select(options=panels, name="comparison: "))
     x = alt.X("rank:O", title=None, axis=alt.Axis(labels=False, ticks=False))
-    width = CONTENT_WIDTH - 260  # the choices' labels (at most 200 px) beside the matrix fit the column
+    width = CONTENT_WIDTH - 220  # the choices' labels (at most 200 px) beside the matrix fit the column
     base = alt.Chart(frame).transform_filter(alt.datum.panel == pick)
     band = base.mark_rect(color="#eee").encode(y="margin_low:Q", y2="margin_value:Q")
     zero = base.mark_rule(color="#888").encode(y="zero:Q")
-    whiskers = base.mark_rule().encode(x=x, y=alt.Y("low:Q", title="difference"), y2="high:Q",
-                                       color=alt.Color("verdict:N", scale=_VERDICTS, title="verdict"))  # fmt: skip
+    legend = alt.Legend(orient="bottom", direction="horizontal", columns=2)  # below: the column's width stays
+    colour = alt.Color("verdict:N", scale=_VERDICTS, title="verdict", legend=legend)
+    whiskers = base.mark_rule().encode(x=x, y=alt.Y("low:Q", title="difference"), y2="high:Q", color=colour)
     points = base.mark_point(filled=True, size=30).encode(
         x=x,
         y="point:Q",
-        color=alt.Color("verdict:N", scale=_VERDICTS),
+        color=colour,
         tooltip=[
             "comparison:N",
             "rule:N",
