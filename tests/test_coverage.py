@@ -55,12 +55,19 @@ def _shrink(config):
                 setattr(config, key, value)
             except Exception:  # a config that validates its fields may refuse one: keep its own
                 pass
-    if "qk_rope_head_dim" in fields and "head_dim" in fields:  # multi-head latent attention: its rotary
+    if "qk_rope_head_dim" in fields:  # multi-head latent attention: its rotary part is head_dim (where the
         for key, value in (("head_dim", config.qk_rope_head_dim), ("num_key_value_heads", config.num_attention_heads)):
-            try:  # part is head_dim, and its keys have every head (no grouping)
+            if key not in fields:  # config has one), and its keys have every head (no grouping)
+                continue
+            try:
                 setattr(config, key, value)
             except Exception:
                 pass
+    if "qk_head_dim" in fields and "qk_nope_head_dim" in fields:  # a derived size some versions (transformers
+        try:  # 5.6) fix at init and read in the forward: kept equal to its parts at the shrunk sizes
+            config.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
+        except Exception:
+            pass
     attention = getattr(config, "attn_config", None)  # DBRX's defaults cannot run: no rope_theta, clip_qkv None
     if attention is not None and hasattr(attention, "to_dict"):
         if not hasattr(attention, "rope_theta"):

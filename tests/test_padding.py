@@ -25,7 +25,11 @@ def _dots3_note_text() -> torch.nn.Module:
     """Dots 3 Note's text model, tiny: its config names per-layer attention sizes (its sliding
     layers') that the generic shrink cannot set, so they are given here."""
     from transformers import AutoModelForCausalLM
-    from transformers.models.dots3_note.configuration_dots3_note import Dots3NoteTextConfig
+
+    try:  # added in transformers 5.x after the lowest version allowed
+        from transformers.models.dots3_note.configuration_dots3_note import Dots3NoteTextConfig
+    except ImportError as exc:
+        pytest.skip(f"dots3_note_text cannot be built tiny here: this transformers has no dots3_note ({exc})")
 
     sizes = dict(num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, head_dim=16,
                  qk_nope_head_dim=8, v_head_dim=16)  # fmt: skip
@@ -89,10 +93,13 @@ def test_sparse_attention_at_a_runs_lengths_gives_each_prompts_own_numbers(model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = wrap_model(model, None, name=model_type)
-    assert loaded.pads_safely  # the load-time check cannot see it at 9 tokens
     vocab = loaded.vocab_size
     prompts = [(torch.arange(n) * 7 + 3 * i) % (vocab - 3) + 3 for i, n in enumerate(LENGTHS)]
-    with pytest.warns(match="effdepth measures it one prompt at a time"):
+    if loaded.pads_safely:  # the load-time check cannot see it at 9 tokens (current transformers): the run's does
+        with pytest.warns(match="effdepth measures it one prompt at a time"):
+            cos, lens = _probes(loaded, prompts, batch_size=4)
+    else:  # an older indexer (transformers 5.6's glm_moe_dsa) reads padded keys at 9 tokens already
+        assert loaded.rows(4, prompts) == 1
         cos, lens = _probes(loaded, prompts, batch_size=4)
     ref_cos, ref_kl = _reference(loaded, prompts)
     # float32 forwards round at ~1e-7 of the values: 1e-4 (cosines, in [-1, 1]) and 1e-3 of the largest
