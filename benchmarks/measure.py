@@ -6,6 +6,8 @@ import gc
 import statistics
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from effdepth_core.models import LoadedModel
@@ -40,6 +42,46 @@ class PeakRSS:
     @property
     def extra_mb(self) -> float:
         return (self.peak - self.start) / 2**20
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of repeated calls after warm-up: the median, with the fastest and slowest beside it."""
+
+    runs: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+    @property
+    def low(self) -> float:
+        return min(self.runs)
+
+    @property
+    def high(self) -> float:
+        return max(self.runs)
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f} s [{self.low:.2f}–{self.high:.2f}, {len(self.runs)} runs]"
+
+
+def repeated(
+    fn: Callable[[], object], repeats: int = 5, warmup: int = 1, sync: Callable[[], None] | None = None
+) -> Timing:
+    """Time ``fn`` ``repeats`` times after ``warmup`` untimed calls (kernels, caches, the allocator);
+    ``sync`` (a device synchronisation) runs before each clock reading."""
+    sync = sync or (lambda: None)
+    for _ in range(warmup):
+        fn()
+    runs = []
+    for _ in range(repeats):
+        sync()
+        started = time.perf_counter()
+        fn()
+        sync()
+        runs.append(time.perf_counter() - started)
+    return Timing(tuple(runs))
 
 
 def median_time(fn, repeats: int) -> float:

@@ -6,7 +6,8 @@ device's own measured matrix-multiply rate.
     python benchmarks/paper_scale.py --device cuda          # all four sizes on a GPU
     python benchmarks/paper_scale.py --tiny                 # a tiny Qwen2 configuration (the suite runs this)
 
-For each size and probe it prints the seconds, the peak memory (GPU: allocated; CPU: resident
+For each size and probe it prints the median seconds of ``--repeats`` runs (5) after a warm-up,
+with the fastest and slowest, the peak memory (GPU: allocated; CPU: resident
 set), the operations the probe needs (``needed_flops``: matrix products and attention, counted
 from the configuration for exactly the work asked), the achieved rate, and that rate as a share of
 the device's bfloat16 matrix-multiply rate measured in the same run on the model's own shapes (the
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from measure import repeated
 
 from effdepth_core.errors import EffdepthWarning
 from effdepth_core.models import wrap_model
@@ -139,22 +141,14 @@ def peak_mb(device: str) -> float:
     return float("nan")
 
 
-def timed(device: str, fn: Callable[[], object]) -> tuple[float, float]:
-    """Seconds and peak memory (MB) of one call."""
-    synchronize(device)
-    reset_peak(device)
-    started = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - started, peak_mb(device)
-
-
-def gemm_rate(device: str, m: int, k: int, n: int, seconds: float = 0.3, windows: int = 3) -> float:
+def gemm_rate(
+    device: str, m: int, k: int, n: int, seconds: float = 0.3, windows: int = 3, dtype: torch.dtype = torch.bfloat16
+) -> float:
     """FLOP/s of a bfloat16 ``[m, k]`` input times a ``[n, k]`` weight (``F.linear``, the layout and
     call a model's layers use) on ``device``: after three warm-up products, the best of ``windows``
     timed windows of at least ``seconds`` each (a rate the hardware reaches, not an average)."""
-    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-    w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    w = torch.randn(n, k, device=device, dtype=dtype)
     best = 0.0
     with torch.inference_mode():
         for _ in range(3):
@@ -186,8 +180,8 @@ def profile(device: str, name: str, fn: Callable[[], object]) -> None:
     print(f"-- profile of {name}:\n" + prof.key_averages().table(sort_by=key, row_limit=8, max_name_column_width=40))
 
 
-def build(size: str, device: str):
-    """A random-weight Qwen2 model of ``size``'s configuration in bfloat16 on ``device``."""
+def build(size: str, device: str, dtype: torch.dtype = torch.bfloat16):
+    """A random-weight Qwen2 model of ``size``'s configuration in ``dtype`` on ``device``."""
     settings = {**COMMON, **CONFIGS[size]}
     if size == "135M":
         config = transformers.LlamaConfig(**settings)
@@ -195,7 +189,7 @@ def build(size: str, device: str):
         config = transformers.Qwen2Config(**settings, use_sliding_window=False)
     torch.manual_seed(0)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     return wrap_model(model, name=f"random {size}")
 
 
@@ -207,7 +201,8 @@ def prompts(n: int, tokens: int, vocab: int, seed: int) -> list[torch.Tensor]:
 def measure_size(size: str, args: argparse.Namespace) -> None:
     device = args.device
     started = time.perf_counter()
-    loaded = build(size, device)
+    dtype = getattr(torch, args.dtype)
+    loaded = build(size, device, dtype)
     work = Work.of(loaded.model.config)
     built = time.perf_counter() - started
     lens_prompts = prompts(args.n, args.tokens, work.vocab, seed=1)
@@ -216,14 +211,14 @@ def measure_size(size: str, args: argparse.Namespace) -> None:
     spread = work.layers if size == "135M" else args.igrad_layers  # 135M: every layer, as gpu_scale.py
     igrad_layers = sorted({round(i * work.layers / spread) for i in range(spread)})
     rate = max(
-        gemm_rate(device, args.n * args.tokens, work.d, work.d_ff),  # the MLP's up-projection, a batch
-        gemm_rate(device, args.tokens, work.d, work.vocab),  # the head over one prompt
+        gemm_rate(device, args.n * args.tokens, work.d, work.d_ff, dtype=dtype),  # the MLP's up-projection, a batch
+        gemm_rate(device, args.tokens, work.d, work.vocab, dtype=dtype),  # the head over one prompt
     )
     params = sum(p.numel() for p in loaded.model.parameters()) / 1e9
     title = "smollm2-135m" if size == "135M" else f"Qwen2.5-{size}"
     print(
         f"\n== {title} (random weights, {params:.2f}B parameters, L={work.layers}, d={work.d}, "
-        f"vocab={work.vocab}) on {device}: built in {built:.1f} s; bf16 matmul rate at its shapes "
+        f"vocab={work.vocab}) on {device}: built in {built:.1f} s; {args.dtype} matmul rate at its shapes "
         f"{rate / 1e12:.2f} TFLOP/s",
         flush=True,
     )
@@ -246,28 +241,56 @@ def measure_size(size: str, args: argparse.Namespace) -> None:
          work.igrad(args.short_tokens, args.answer_tokens, args.igrad_steps, igrad_layers)),
     ]  # fmt: skip
     print(
-        f"{'probe':11s} {'prompts':34s} {'seconds':>8s} {'peak MB':>9s} {'FLOP':>9s} {'TFLOP/s':>8s} "
-        f"{'of rate':>8s}  published loop"
+        f"{'probe':11s} {'prompts':34s} {'median s':>9s} {'min–max':>13s} {'peak MB':>9s} {'FLOP':>9s} "
+        f"{'TFLOP/s':>8s} {'of rate':>8s}  published loop (median [min–max]) ÷ the fast path's median"
     )
+    sync = lambda: synchronize(device)  # noqa: E731
+    fast_medians: dict[str, float] = {}
     for name, shape, fn, flops in probes:
         if name not in args.probes:
             continue
-        fn("fast")  # warm-up: kernels, caches, the allocator
         if args.profile:
+            fn("fast")
             profile(device, name, lambda fn=fn: fn("fast"))
-        seconds, peak = timed(device, lambda fn=fn: fn("fast"))
-        achieved = flops / seconds
+        reset_peak(device)
+        timing = repeated(lambda fn=fn: fn("fast"), args.repeats, warmup=1, sync=sync)
+        peak = peak_mb(device)
+        fast_medians[name] = timing.median
+        achieved = flops / timing.median
         line = (
-            f"{name:11s} {shape:34s} {seconds:8.2f} {peak:9.0f} {flops:9.2e} {achieved / 1e12:8.3f} "
-            f"{achieved / rate:8.1%}"
+            f"{name:11s} {shape:34s} {timing.median:9.3f} {f'{timing.low:.3f}–{timing.high:.3f}':>13s} {peak:9.0f} "
+            f"{flops:9.2e} {achieved / 1e12:8.3f} {achieved / rate:8.1%}"
         )
-        if name in ("skip", "erasure", "igrad") and not args.no_published:
-            slow, _ = timed(device, lambda fn=fn: fn("slow"))
-            line += f"  {slow:.2f} s = {slow / seconds:.2f}× the fast path"
+        if name in ("skip", "erasure", "igrad") and name in args.published:
+            if name == "igrad":  # warmed up on one layer: a whole published run would double its cost
+                integrated_gradients(loaded, answered, method="slow", slow_block=16, **{**igrad, "layers": [0]})
+            slow = repeated(lambda fn=fn: fn("slow"), args.published_repeats, warmup=int(name != "igrad"), sync=sync)
+            line += f"  {slow} = {slow.median / timing.median:.2f}×"
         if name == "igrad" and args.rows_before:  # the fast path as it was: 16 α rows per pass
-            before, _ = timed(device, lambda: integrated_gradients(loaded, answered, max_rows=16, **igrad))
-            line += f"; 16 rows per pass {before:.2f} s = {before / seconds:.2f}×"
+            before = repeated(
+                lambda: integrated_gradients(loaded, answered, max_rows=16, **igrad), args.repeats, sync=sync
+            )
+            line += f"; 16 rows per pass {before} = {before.median / timing.median:.2f}×"
         print(line, flush=True)
+        if name == "igrad" and name in args.published and args.igrad_default_panels:
+            # the default rule (adaptive, 1 % completeness) against the same published Riemann loop
+            for panels in args.igrad_default_panels:
+                frames = []
+
+                def default_rule(panels=panels, frames=frames):
+                    frames[:] = [integrated_gradients(loaded, answered, layers=igrad_layers, igrad_panels=panels)]
+
+                timing = repeated(default_rule, args.repeats, warmup=1, sync=sync)
+                frame = frames[0]
+                evals = frame.filter(metric="grad_evals")["value"].to_list()
+                met = int(sum(frame.filter(metric="tolerance_met")["value"].to_list()))
+                print(
+                    f"{'igrad-rule':11s} {f'adaptive 1 %, panels {panels}':34s} {timing.median:9.3f} "
+                    f"{f'{timing.low:.3f}–{timing.high:.3f}':>13s}  gradient evaluations per layer "
+                    f"{','.join(str(int(e)) for e in evals)}; tolerance met in {met}/{len(evals)} layers; "
+                    f"the published Riemann-{args.igrad_steps} loop ÷ this = {slow.median / timing.median:.2f}×",
+                    flush=True,
+                )
 
 
 # the paper's grid (Table 1): per size three models (instruct, base or math, R1-distill), cosine and
@@ -324,9 +347,25 @@ def main(argv: list[str] | None = None) -> None:
         "--igrad-layers", type=int, default=None, help="layers attributed, evenly spaced (default: cuda 4, cpu 2)"
     )
     parser.add_argument("--no-published", action="store_true", help="skip the published loops")
+    parser.add_argument("--published", default="skip,erasure,igrad", help="probes whose published loops are timed")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs after a warm-up (default 5)")
+    parser.add_argument(
+        "--published-repeats", type=int, default=None, help="published loops' timed runs (default: --repeats)"
+    )
+    parser.add_argument(
+        "--igrad-default-panels",
+        default=None,
+        help="also time the default adaptive rule at these comma-separated panel counts against the published loop",
+    )
     parser.add_argument("--probes", default=",".join(PROBES), help=f"which of {','.join(PROBES)} (default all)")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's top operations per probe")
     parser.add_argument("--rows-before", action="store_true", help="also time igrad at 16 α rows per pass")
+    parser.add_argument(
+        "--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="the models' dtype (default bfloat16)"
+    )
+    parser.add_argument(
+        "--tf32", action="store_true", help="float32 matrix products on a GPU's tensor cores (TF32), as printed"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads on a CPU (default: torch's)")
     parser.add_argument(
         "--paper-grid",
@@ -343,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
         "igrad_steps",
         "igrad_layers",
         "threads",
+        "repeats",
+        "published_repeats",
     ):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -363,6 +404,17 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown size(s) {', '.join(unknown)}; choose from 135M, 1.5B, 7B, 14B, 32B")
     args.probes = args.probes.split(",")
+    args.published = [] if args.no_published else [p for p in args.published.split(",") if p]
+    if set(args.published) - {"skip", "erasure", "igrad"}:
+        parser.error(f"--published takes skip, erasure, igrad; got {','.join(args.published)}")
+    if args.published_repeats is None:
+        args.published_repeats = args.repeats
+    try:
+        args.igrad_default_panels = [int(p) for p in (args.igrad_default_panels or "").split(",") if p]
+    except ValueError:
+        parser.error(f"--igrad-default-panels takes whole numbers, got {args.igrad_default_panels}")
+    if any(p < 1 for p in args.igrad_default_panels):
+        parser.error("--igrad-default-panels must be at least 1")
     if set(args.probes) - set(PROBES):
         unknown_probes = ", ".join(sorted(set(args.probes) - set(PROBES)))
         parser.error(f"unknown probe(s) {unknown_probes} in --probes; choose from {', '.join(PROBES)}")
@@ -375,6 +427,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
     # bfloat16 rounding leaves integrated gradients short of their completeness tolerance on random
     # weights: the timing is the point here, not the attributions
     warnings.filterwarnings("ignore", category=EffdepthWarning)
@@ -383,7 +436,10 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, name) is None:
             setattr(args, name, on_gpu if cuda else on_cpu)
     where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} thread(s)"
-    print(f"paper_scale on {where} (torch {torch.__version__}, transformers {transformers.__version__}); bfloat16")
+    print(
+        f"paper_scale on {where} (torch {torch.__version__}, transformers {transformers.__version__}); {args.dtype}"
+        + (" (TF32 matrix products)" if args.tf32 else "")
+    )
     for size in sizes:
         measure_size(size, args)
         if cuda:
