@@ -123,6 +123,21 @@ def test_skip_positions_are_seeded_and_in_range():
     assert sample_positions(12, 4, 0, 0) == []  # range(8, 8, 8) is empty
 
 
+def test_a_short_prompt_records_the_skip_positions_measured_not_those_asked():
+    """A 17-token prompt has room for one cut position (8; 16 is past T−5) where 4 are asked: the
+    call says so in one warning, and the summary records the positions measured per prompt (by
+    hand: 37 tokens → range(8, 33, 8) = 4 positions; 17 tokens → 1)."""
+    from effdepth_core.probes.skip import _summarize, positions_used
+
+    loaded = make_tiny("llama")
+    prompts = [torch.arange(3, 40) % 60 + 3, torch.arange(3, 20)]
+    with pytest.warns(match=r"1 prompt\(s\) have room for fewer than the 4 skip positions asked .*prompt 1: 1"):
+        frame = skip_effects(loaded, prompts, skip_positions=4, skip_parts="layer")
+    assert positions_used(frame) == {"fewest": 1, "most": 4}
+    assert _summarize({"skip_by_example": frame})["skip_positions_used"] == {"fewest": 1, "most": 4}
+    assert positions_used(frame.filter(variant="current")) is None
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_erasure_fast_equals_slow(arch):
     loaded = make_tiny(arch)

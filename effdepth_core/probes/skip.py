@@ -12,13 +12,14 @@ Two paths give the same numbers:
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import polars as pl
 import torch
 
-from ..errors import EffdepthError, OptionError, require_whole
+from ..errors import EffdepthError, EffdepthWarning, OptionError, require_whole
 from ..models import LoadedModel, takes_plain_models
 from ..options import MAX_CONTEXT
 from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffix_layer
@@ -373,6 +374,17 @@ def skip_effects(
         plans.append(
             (example, ids, positions, interventions_for(ids.numel(), loaded.n_layers, positions, parts, variants))
         )
+    short = [(example, len(positions)) for example, _, positions, _ in plans if len(positions) < n_positions]
+    if short and "future" in variants:
+        listed = ", ".join(f"prompt {example}: {used}" for example, used in short[:5])
+        more = f" and {len(short) - 5} more" if len(short) > 5 else ""
+        warnings.warn(
+            f"{len(short)} prompt(s) have room for fewer than the {n_positions} skip positions asked (cut "
+            f"positions are every 8th token up to T−5), so fewer were measured ({listed}{more}); the frame and "
+            "the run's summary (skip_positions_used) hold the positions measured",
+            EffdepthWarning,
+            stacklevel=2,
+        )
     frames = []
     with progress_bar(
         total=sum(len(p[3]) for p in plans),
@@ -520,12 +532,28 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.Da
     return frame.with_columns(pl.col("example") - context.first_example)  # the run numbers its examples
 
 
+def positions_used(skip: pl.DataFrame | None) -> dict | None:
+    """The future-token cut positions measured per prompt (fewest, most), which a short prompt keeps
+    below ``skip_positions``; None without the future variant."""
+    if skip is None or not {"variant", "example", "position"} <= set(skip.columns):
+        return None
+    future = skip.filter(variant="future")
+    if future.is_empty():
+        return None
+    counts = future.group_by("example").agg(pl.col("position").n_unique())["position"]
+    return {"fewest": int(counts.min()), "most": int(counts.max())}
+
+
 def _summarize(frames) -> dict:
+    summary = {}
+    used = positions_used(frames.get("skip_by_example"))
+    if used is not None:
+        summary["skip_positions_used"] = used
     scores = frames.get("depth_score")
     if scores is None:
-        return {}
+        return summary
     rows = scores.filter(pl.col("example").is_null(), metric="depth_score")
-    return {"depth_score": {row["group"]: row["value"] for row in rows.iter_rows(named=True)}}
+    return {**summary, "depth_score": {row["group"]: row["value"] for row in rows.iter_rows(named=True)}}
 
 
 def _cell(summary, frames) -> str:
