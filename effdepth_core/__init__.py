@@ -89,10 +89,9 @@ assert __all__ == sorted(_EXPORTS)  # one list, checked at import
 
 if TYPE_CHECKING:
     from .api import Measurement, measure, plot
-    from .depth import DepthResult
     from .errors import EffdepthError
-    from .models import LoadedModel, load_model, wrap_model
-    from .probes import (
+    from .measure.depth import DepthResult
+    from .measure.probes import (
         TunedLens,
         cross_model_map,
         early_exit,
@@ -108,10 +107,11 @@ if TYPE_CHECKING:
         token_weighted_mean,
         train_tuned_lens,
     )
-    from .probes.norm import residual_norm
+    from .measure.probes.norm import residual_norm
+    from .measure.tasks import Example, load_task
+    from .models import LoadedModel, load_model, wrap_model
     from .results import run
     from .settings import RunSettings
-    from .tasks import Example, load_task
 
 
 def __getattr__(name: str):

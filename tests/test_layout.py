@@ -173,7 +173,7 @@ def _strings(path: Path) -> list[tuple[int, str]]:
 def test_outside_probes_and_the_book_no_core_module_names_a_probe():
     # a probe is its spec: the orchestrator, cache, settings, table and command line learn of it from
     # the registry, whose one line per built-in probe is the only place its name stands outside probes/
-    from effdepth_core import registry
+    from effdepth_core.measure import registry
 
     names = set(registry.BUILTIN)
     for spec in registry.specs().values():
@@ -237,12 +237,14 @@ def test_the_probes_api_names_stay_functions_after_every_probe_module_loaded():
     # the package when it is first imported, unless the package imported it before binding the name
     import types
 
-    import effdepth_core.probes as probes
-    from effdepth_core import registry
+    import effdepth_core.measure.probes as probes
+    from effdepth_core.measure import registry
 
     registry.specs()  # imports every probe module
     for name in probes.__all__:
-        assert not isinstance(getattr(probes, name), types.ModuleType), f"effdepth_core.probes.{name} is a module"
+        assert not isinstance(getattr(probes, name), types.ModuleType), (
+            f"effdepth_core.measure.probes.{name} is a module"
+        )
 
 
 def test_the_public_api_is_discoverable_and_typed():

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from .errors import EffdepthError, TaskError
-from .paths import exists, user_path
+from ..errors import EffdepthError, TaskError
+from ..paths import exists, user_path
 
 ARITHMETIC = ("addition", "multiplication")  # generated tasks, sized by --digits
 # How examples split into question and answer (the answer probes measure the answer's tokens):
@@ -71,7 +71,7 @@ def _hub(path: str, split: str, name: str | None = None) -> list[dict]:
         raise TaskError("--source hub needs the datasets package: pip install 'effdepth[hub]'") from exc
     import os
 
-    from .acquire import hub_reachable
+    from ..network import hub_reachable
 
     cache_only = any(
         os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
@@ -200,7 +200,7 @@ TASK_FILE_LIMIT = 1 << 30  # a task file of prompts past 1 GiB is not one a run 
 def _read_lines(path: Path) -> tuple[list[str], str]:
     """The lines of a user's task file and the sha256 of the bytes they were read from; one-line
     errors for unreadable or non-UTF-8 files."""
-    from .cache import read_regular
+    from ..cache import read_regular
 
     try:
         data = read_regular(path, TASK_FILE_LIMIT, "task file")

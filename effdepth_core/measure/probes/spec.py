@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..options import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, Option, spelled  # noqa: F401 (this module's API)
+from ...options import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, Option, spelled  # noqa: F401 (this module's API)
 
 
 @dataclass(frozen=True)

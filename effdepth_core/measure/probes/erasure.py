@@ -14,10 +14,9 @@ from collections.abc import Sequence
 import polars as pl
 import torch
 
-from ..errors import OptionError, require_whole
-from ..models import LoadedModel, takes_plain_models
+from ...errors import OptionError, require_whole
+from ...terminal import progress_bar
 from ..replay import CleanRun, clean_run, run_layers, run_suffix_layer
-from ..terminal import progress_bar
 from ..trace import (
     Hook,
     LayerTrace,
@@ -30,6 +29,7 @@ from ..trace import (
     tokenize,
     trace_layers,
 )
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.answers import AnswerInput, AnswerSplit, answer_splits
 from .shared.output_change import OUTPUT_METRIC_OPTION, change_of, check_output_metric, head_buffer, output_change
 from .spec import Chart, Context, ProbeSpec, Shape

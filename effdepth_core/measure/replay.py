@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import UnsupportedModelError
-from .models import LoadedModel, execution_device
+from ..errors import UnsupportedModelError
+from .layout import execution_device
 from .trace import Hook, first_tensor, intervene, replace_positions, require_finite
+from .wrapping import LoadedModel
 
 # attention implementations whose masks effdepth can slice (flash kernels take no mask)
 _PREFIX_ATTENTION = ("sdpa", "eager")
@@ -171,7 +172,7 @@ def check_replay(loaded: LoadedModel, run: CleanRun) -> None:
     last token is dropped (the probes' causality). A model that fails — a state passed from block to
     block besides the residual, a sparse-attention indexer that looks ahead — is refused in one
     line for the replay probes; those that only read a forward pass are unaffected."""
-    from .models import PADDING_TOLERANCE  # the same rounding allowance as the padding check
+    from .checks import PADDING_TOLERANCE  # the same rounding allowance as the padding check
 
     if run.n_tokens < 3:
         return  # too short to tell; a later, longer prompt checks

@@ -1,5 +1,5 @@
 """Probes: each a function (LoadedModel, prompts or examples, ...) -> long-format Polars frame,
-declared with its spec (``spec.ProbeSpec``) in the same module; ``effdepth_core.registry`` collects them."""
+declared with its spec (``spec.ProbeSpec``) in the same module; ``effdepth_core.measure.registry`` collects them."""
 
 from ..linear_map import cross_model_map
 from .cosine import residual_cosine

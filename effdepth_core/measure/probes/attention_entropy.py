@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import polars as pl
 import torch
 
-from ..models import LoadedModel, takes_plain_models
 from ..trace import LayerTrace, require_finite
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.activations import each_batch, per_token_means
 
 

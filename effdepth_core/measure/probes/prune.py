@@ -22,11 +22,11 @@ from collections.abc import Sequence
 import polars as pl
 import torch
 
-from ..errors import EffdepthError, require_whole
-from ..models import LoadedModel, takes_plain_models
+from ...errors import EffdepthError, require_whole
+from ...terminal import progress_bar
 from ..replay import CleanRun, clean_run, run_layer
-from ..terminal import progress_bar
 from ..trace import require_finite, show_progress, tokenize
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.answers import AnswerInput, AnswerSplit, answer_splits
 from .shared.reduce import token_weighted_mean
 from .spec import Context, Option, ProbeSpec, Shape, spelled

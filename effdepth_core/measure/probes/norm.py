@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import torch
 
-from ..models import LoadedModel, takes_plain_models
 from ..trace import LayerTrace, require_finite
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.activations import each_batch, per_token_means
 from .shared.lens import first_true_rows, line_crossing_rows
 from .shared.reduce import token_weighted_mean

@@ -11,9 +11,9 @@ from __future__ import annotations
 import polars as pl
 import torch
 
-from ..errors import EffdepthError
-from ..models import LoadedModel, takes_plain_models
+from ...errors import EffdepthError
 from ..trace import residual_states, tokenize
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.lens import Translator, _check_top_k, check_lens, largest
 
 TOKEN_CHUNK = 256  # positions decoded at once: [chunk, vocab] float32 is the only vocabulary-sized buffer
@@ -127,7 +127,7 @@ def prediction_table(rows: pl.DataFrame, rank: int = 0) -> pl.DataFrame:
         One row per layer (``layer``, last is the model's output), one column per position, named
         ``"<position> <input token>"``.
     """
-    from ..errors import OptionError, require_whole
+    from ...errors import OptionError, require_whole
 
     if not isinstance(rows, pl.DataFrame):
         kind = "a pandas DataFrame" if hasattr(rows, "columns") else type(rows).__name__

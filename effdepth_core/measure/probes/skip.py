@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import polars as pl
 import torch
 
-from ..errors import EffdepthError, OptionError, require_whole
-from ..models import LoadedModel, takes_plain_models
-from ..options import MAX_CONTEXT
+from ...errors import EffdepthError, OptionError, require_whole
+from ...options import MAX_CONTEXT
+from ...terminal import progress_bar
 from ..replay import CleanRun, clean_run, recorded_forward, run_layer, run_suffix_layer
-from ..terminal import progress_bar
 from ..trace import Hook, intervene, replace_positions, require_finite, show_progress, tokenize
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.depth_score import depth_scores
 from .shared.output_change import OUTPUT_METRIC_OPTION, change_of, check_output_metric, head_buffer, output_change
 from .spec import KEY_ALWAYS, Chart, Context, Option, ProbeSpec, Shape, prompts_of, spelled

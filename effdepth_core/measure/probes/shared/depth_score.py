@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import polars as pl
 
-from ...errors import OptionError
+from ....errors import OptionError
 
 
 def depth_score(importance: Sequence[float]) -> float:

@@ -12,10 +12,10 @@ import numpy as np
 import polars as pl
 import torch
 
-from ...errors import EffdepthError
-from ...models import LoadedModel, takes_plain_models
-from ...options import MAX_VOCAB
+from ....errors import EffdepthError
+from ....options import MAX_VOCAB
 from ...trace import Batch, LayerTrace, forward, require_finite, trace_layers
+from ...wrapping import LoadedModel, takes_plain_models
 from ..spec import KEY_ALWAYS, KEY_NEVER, Option, Rule, spelled
 from .activations import LayerMeasure, per_token_means
 
@@ -392,8 +392,9 @@ def check_lens(lens: object) -> None:
     if lens is not None and not (hasattr(lens, "translate") and isinstance(getattr(lens, "n_layers", None), int)):
         shown = repr(lens) if isinstance(lens, str | int | float) else type(lens).__name__
         raise EffdepthError(
-            f"lens= takes a TunedLens (effdepth_core.probes.cached_tuned_lens(name, loaded)) or None for the logit "
-            f"lens, got {shown}; the name 'tuned' is a setting of measure(..., lens='tuned') and effdepth run --lens"
+            f"lens= takes a TunedLens (effdepth_core.measure.probes.cached_tuned_lens(name, loaded)) or None for "
+            f"the logit lens, got {shown}; the name 'tuned' is a setting of measure(..., lens='tuned') and "
+            "effdepth run --lens"
         )
 
 
@@ -401,7 +402,7 @@ def _check_top_k(top_k: int, vocab: int, model: str) -> None:
     """One line for a k that is not a whole number of at least 1 within the vocabulary."""
     import numbers
 
-    from ...errors import OptionError
+    from ....errors import OptionError
 
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
         raise OptionError(f"{spelled('top_k')} must be a whole number of at least 1, got {top_k!r}")

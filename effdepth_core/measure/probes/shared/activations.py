@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 import polars as pl
 import torch
 
-from ...models import LoadedModel
-from ...terminal import progress_bar
+from ....terminal import progress_bar
 from ...trace import (
     Batch,
     LayerTrace,
@@ -23,6 +22,7 @@ from ...trace import (
     tokenize,
     trace_layers,
 )
+from ...wrapping import LoadedModel
 from .reduce import per_example_frame
 
 # per traced layer: (its row in the output's layer axis, the measurement per token), the

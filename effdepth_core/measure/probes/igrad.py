@@ -37,12 +37,12 @@ import numpy as np
 import polars as pl
 import torch
 
-from ..errors import EffdepthError, EffdepthWarning, OptionError, require_layers, require_whole
-from ..models import LoadedModel, takes_plain_models
-from ..options import MAX_STEPS
+from ...errors import EffdepthError, EffdepthWarning, OptionError, require_layers, require_whole
+from ...options import MAX_STEPS
+from ...terminal import progress_bar
 from ..replay import CleanRun, clean_run, run_layers
-from ..terminal import progress_bar
 from ..trace import Hook, intervene, require_finite, show_progress
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.answers import AnswerInput, AnswerSplit, answer_splits
 from .spec import KEY_ALWAYS, KEY_WHEN_SET, Chart, Context, Option, ProbeSpec, Shape, spelled
 

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from .errors import EffdepthError, EffdepthWarning
+from ..errors import EffdepthError, EffdepthWarning
 
 if TYPE_CHECKING:  # the spec classes load with the probes, not with the command line
     from .probes.spec import Option, ProbeSpec, Rule
@@ -27,15 +27,15 @@ ENTRY_POINT_GROUP = "effdepth.probes"
 
 # name → "module:attribute" of its ProbeSpec; the order is the order of tables and of a run
 BUILTIN: dict[str, str] = {
-    "cosine": "effdepth_core.probes.cosine:SPEC",
-    "logit_lens": "effdepth_core.probes.logit_lens:SPEC",
-    "skip": "effdepth_core.probes.skip:SPEC",
-    "erasure": "effdepth_core.probes.erasure:SPEC",
-    "igrad": "effdepth_core.probes.igrad:SPEC",
-    "tuned_lens": "effdepth_core.probes.tuned_lens:SPEC",
-    "prune": "effdepth_core.probes.prune:SPEC",
-    "early_exit": "effdepth_core.probes.early_exit:SPEC",
-    "norm": "effdepth_core.probes.norm:SPEC",
+    "cosine": "effdepth_core.measure.probes.cosine:SPEC",
+    "logit_lens": "effdepth_core.measure.probes.logit_lens:SPEC",
+    "skip": "effdepth_core.measure.probes.skip:SPEC",
+    "erasure": "effdepth_core.measure.probes.erasure:SPEC",
+    "igrad": "effdepth_core.measure.probes.igrad:SPEC",
+    "tuned_lens": "effdepth_core.measure.probes.tuned_lens:SPEC",
+    "prune": "effdepth_core.measure.probes.prune:SPEC",
+    "early_exit": "effdepth_core.measure.probes.early_exit:SPEC",
+    "norm": "effdepth_core.measure.probes.norm:SPEC",
 }
 DEFAULT = ("cosine", "logit_lens")  # what `effdepth run` measures unless told otherwise
 

@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import torch
 
-from ..models import LoadedModel, takes_plain_models
 from ..trace import LayerTrace, require_finite
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.activations import each_batch, per_token_means
 from .shared.reduce import token_weighted_mean
 from .spec import Chart, ProbeSpec, Rule, on_prompts

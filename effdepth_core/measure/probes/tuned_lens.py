@@ -27,23 +27,23 @@ import polars as pl
 import torch
 from torch import nn
 
-from ..acquire import model_files_digest
-from ..cache import (
+from ...cache import (
     NotARegularFile,
     atomic_write_bytes,
     atomic_write_json,
+    cache_dir,
     check_file,
     file_record,
     make_dirs,
     read_json,
 )
-from ..errors import EffdepthError
-from ..models import LoadedModel, model_fingerprint, takes_plain_models
-from ..options import MAX_LENS_STEPS, MAX_LENS_TOKENS
-from ..paths import names_path, short_name
-from ..terminal import progress_bar
+from ...errors import EffdepthError
+from ...options import MAX_LENS_STEPS, MAX_LENS_TOKENS
+from ...paths import short_name
+from ...terminal import progress_bar
+from ..identity import model_identity
 from ..trace import residual_states, show_progress, tokenize
-from ..zoo import ZOO, cache_dir
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
 from .shared.reduce import token_weighted_mean
 from .spec import Context, Option, ProbeSpec, Shape, prompts_of
@@ -277,7 +277,7 @@ def train_tuned_lens(
     if states.shape[0] < training.train_tokens:  # done otherwise than asked: said, and recorded as done
         import warnings
 
-        from ..errors import EffdepthWarning
+        from ...errors import EffdepthWarning
 
         warnings.warn(
             f"tuned lens of {loaded.name}: the corpus holds {states.shape[0]} training tokens, fewer than the "
@@ -339,20 +339,6 @@ def fit_frame(lens: TunedLens) -> pl.DataFrame:
     return pl.DataFrame(rows, schema={"layer": pl.Int64, "metric": pl.String, "value": pl.Float64}, orient="row")
 
 
-def model_identity(spec: str, loaded: LoadedModel) -> dict:
-    """What pins a model: an alias's sha256, a path's files, or a hub revision — each only for the
-    model exactly as ``load_model(spec)`` gave it; any other model (one built or edited in memory,
-    another tokenizer, a name that says nothing) by ``model_fingerprint``."""
-    if not loaded.is_as_loaded(spec, loaded.dtype):
-        return {"in_memory": model_fingerprint(loaded)}
-    if spec in ZOO:
-        return {"alias": spec, "sha256": ZOO[spec].sha256}
-    path = names_path(spec) or Path(spec)
-    if path.exists():  # every file of the model (weights, config): a change to any is another model
-        return {"path": str(path.resolve()), "files_sha256": model_files_digest(path)}
-    return {"hub": spec, "revision": getattr(loaded.model.config, "_commit_hash", None)}
-
-
 def corpus_digest(texts: Sequence[str | torch.Tensor]) -> str:
     """sha256 of the training texts (a changed corpus is another lens)."""
     digest = hashlib.sha256()
@@ -377,7 +363,7 @@ def tuned_lens_path(spec: str, loaded: LoadedModel, training: LensTraining, corp
         "format": LENS_FORMAT,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    if spec in ZOO:
+    if "alias" in key["model"]:  # an offline alias as loaded: beside its GGUF
         return cache_dir() / "models" / spec / f"tuned-lens-{digest}.safetensors"
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in loaded.name).strip("._") or "model"
     return cache_dir() / "tuned-lens" / f"{short_name(name, loaded.name)}-{digest}.safetensors"
@@ -424,7 +410,7 @@ def _load_fitting(path: Path, loaded: LoadedModel) -> TunedLens:
 def _training_lock(path: Path, poll_seconds: float = 2.0) -> Iterator[None]:
     """Hold the lock of the lens's own lock folder (``.<file>.lock.d``), waiting while another
     effdepth process holds it."""
-    from ..cache import DirectoryLock, LockHeldError
+    from ...cache import DirectoryLock, LockHeldError
 
     folder = path.with_name(f".{path.name}.lock.d")
     try:
@@ -508,7 +494,7 @@ def check_lens_cache(settings, facts: Mapping | None = None) -> None:
     """Before any model loads: the cache the trained lens goes to must be a writable directory."""
     import os
 
-    from ..zoo import check_cache_dir
+    from ...cache import check_cache_dir
 
     root = check_cache_dir()
     if root.exists() and not os.access(root, os.W_OK | os.X_OK):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import EffdepthError
-from ...models import LoadedModel
+from ....errors import EffdepthError
+from ...wrapping import LoadedModel
 from ..spec import Option
 
 HEAD_TOKENS = 512  # tokens per head matmul

@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import torch
 
-from ...errors import EffdepthError
-from ...models import LoadedModel
+from ....errors import EffdepthError
 from ...tasks import Example
+from ...wrapping import LoadedModel
 
 
 class AnswerSplit(NamedTuple):

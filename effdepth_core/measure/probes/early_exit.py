@@ -10,11 +10,11 @@ from collections.abc import Sequence
 import polars as pl
 import torch
 
-from ..errors import require_whole
-from ..models import LoadedModel, takes_plain_models
+from ...errors import require_whole
+from ...terminal import progress_bar
 from ..replay import clean_run
-from ..terminal import progress_bar
 from ..trace import require_finite, show_progress
+from ..wrapping import LoadedModel, takes_plain_models
 from .shared.answers import AnswerInput, answer_splits
 from .shared.lens import LENS, Translator
 from .shared.reduce import token_weighted_mean

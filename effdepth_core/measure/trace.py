@@ -14,8 +14,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from .errors import EffdepthError, NonFiniteActivationError
-from .models import LoadedModel, arguments_by_name, model_configs, named_arguments, sublayer_write
+from ..errors import EffdepthError, NonFiniteActivationError
+from .checks import arguments_by_name, named_arguments, sublayer_write
+from .identity import model_configs
+from .wrapping import LoadedModel
 
 
 @dataclass

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import polars as pl
 
+from ....errors import EffdepthError
 from ... import registry
 from ...depth import N_BOOTSTRAP_RUN, DepthResult, effective_depths
-from ...errors import EffdepthError
 from .lens import KL_FRACTION, OVERLAP_THRESHOLD
 
 
