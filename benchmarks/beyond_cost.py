@@ -22,11 +22,11 @@ import time
 
 from measure import PeakRSS, WorkCounter, median_time
 
-from effdepth_core.measure.linear_map import cross_model_map
-from effdepth_core.measure.probes import early_exit, layer_pruning, logit_lens
-from effdepth_core.measure.probes.tuned_lens import LensTraining, train_tuned_lens
-from effdepth_core.measure.tasks import lens_corpus, load_task
-from effdepth_core.measure.trace import forward, iter_batches, tokenize
+from effdepth_core.linear_map import cross_model_map
+from effdepth_core.measurement.probes import early_exit, layer_pruning, logit_lens
+from effdepth_core.measurement.probes.tuned_lens import LensTraining, train_tuned_lens
+from effdepth_core.measurement.tasks import lens_corpus, load_task
+from effdepth_core.measurement.trace import forward, iter_batches, tokenize
 from effdepth_core.models import load_model
 
 

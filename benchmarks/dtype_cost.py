@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from effdepth_core.measure.probes import logit_lens, residual_cosine
-from effdepth_core.measure.tasks import load_task
+from effdepth_core.measurement.probes import logit_lens, residual_cosine
+from effdepth_core.measurement.tasks import load_task
 from effdepth_core.models import load_model
 from effdepth_core.results import RunSettings, run
 

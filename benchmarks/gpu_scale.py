@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from effdepth_core.measure.probes import erasure_map, integrated_gradients, skip_effects
-from effdepth_core.measure.tasks import load_task
+from effdepth_core.measurement.probes import erasure_map, integrated_gradients, skip_effects
+from effdepth_core.measurement.tasks import load_task
 from effdepth_core.models import load_model
 from effdepth_core.results import RunSettings, run
 from effdepth_core.settings import slug

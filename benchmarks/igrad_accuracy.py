@@ -38,11 +38,11 @@ import warnings
 
 import torch
 
-from effdepth_core.measure.probes import integrated_gradients
-from effdepth_core.measure.probes.igrad import LayerPath, PathIntegral, gap_floor, make_baseline, quadrature_rule
-from effdepth_core.measure.probes.shared.answers import answer_splits
-from effdepth_core.measure.replay import clean_run
-from effdepth_core.measure.tasks import load_task
+from effdepth_core.measurement.probes import integrated_gradients
+from effdepth_core.measurement.probes.igrad import LayerPath, PathIntegral, gap_floor, make_baseline, quadrature_rule
+from effdepth_core.measurement.probes.shared.answers import answer_splits
+from effdepth_core.measurement.replay import clean_run
+from effdepth_core.measurement.tasks import load_task
 from effdepth_core.models import load_model
 
 

@@ -36,10 +36,10 @@ import polars as pl
 import torch
 from measure import PeakRSS, WorkCounter
 
-from effdepth_core.measure.probes import erasure_map, integrated_gradients, skip_effects
-from effdepth_core.measure.probes.shared.answers import answer_split
-from effdepth_core.measure.probes.skip import sample_positions
-from effdepth_core.measure.tasks import load_task
+from effdepth_core.measurement.probes import erasure_map, integrated_gradients, skip_effects
+from effdepth_core.measurement.probes.shared.answers import answer_split
+from effdepth_core.measurement.probes.skip import sample_positions
+from effdepth_core.measurement.tasks import load_task
 from effdepth_core.models import load_model
 
 KEYS = {

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from effdepth_core.measure.depth import N_BOOTSTRAP, N_BOOTSTRAP_RUN, interval, resample_weights
-from effdepth_core.measure.probes.prune import FINAL_KEPT, after_ed_block
+from effdepth_core.measurement.depth import N_BOOTSTRAP, N_BOOTSTRAP_RUN, interval, resample_weights
+from effdepth_core.measurement.probes.prune import FINAL_KEPT, after_ed_block
 
 from .study import Study, pruning_comparison
 
@@ -313,7 +313,7 @@ def _threshold_eds(study: Study, model: str, task: str, rule: str) -> dict[str, 
     """The ED of ``rule`` at every other threshold of its range (the robustness rule's checks):
     ``{"at overlap threshold 0.2": ed, …}`` from the ED run's own curves; an ED that is a rule
     artefact there (``depth.artefact``: it fires in the first layers) is no depth, and no check."""
-    from effdepth_core.measure.depth import artefact, ed_samples, variants
+    from effdepth_core.measurement.depth import artefact, ed_samples, variants
 
     from .evidence import _frames, _rule
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
-from effdepth_core.measure.probes.prune import FINAL_KEPT
+from effdepth_core.measurement.probes.prune import FINAL_KEPT
 
 from .findings import (
     MINUS,

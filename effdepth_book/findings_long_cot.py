@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
-from effdepth_core.measure.depth import artefact
+from effdepth_core.measurement.depth import artefact
 
 from .findings import CLAIMS, TASK_ORDER, WORDS, count_of, defined_cells, signed, task_name
 from .reference import RULE_LABELS

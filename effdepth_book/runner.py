@@ -264,7 +264,7 @@ def _imports_in(path: Path | None, text: str, packages: tuple) -> tuple[Path, ..
 
 
 def _module_name(path: Path) -> str:
-    """``effdepth_core/measure/probes/cosine.py``: a module file named by its package, the same on every machine."""
+    """``effdepth_core/measurement/probes/cosine.py``: a module file named by its package, the same on every machine."""
     package, root = next((n, r) for n, r in _PACKAGES.items() if r in path.parents)
     return f"{package}/{path.relative_to(root).as_posix()}"
 
@@ -310,10 +310,10 @@ def _probe_revision(path: Path, content: bytes) -> tuple[str, str] | None:
     """(name, revision) of a probe's own module (one that declares ``SPEC = ProbeSpec(``), else None."""
     if path.parent.name != "probes" or b"\nSPEC = ProbeSpec(" not in content:
         return None
-    from effdepth_core.measure import registry
+    from effdepth_core.measurement import registry
 
     for name, spec in registry.specs().items():
-        if spec.compute.__module__ == f"effdepth_core.measure.probes.{path.stem}" or name == path.stem:
+        if spec.compute.__module__ == f"effdepth_core.measurement.probes.{path.stem}" or name == path.stem:
             return name, str(spec.revision)
     return path.stem, "unregistered"
 

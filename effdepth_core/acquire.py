@@ -18,7 +18,7 @@ from torch import nn
 
 from .cache import NotARegularFile, make_dirs, read_json, remove_recorded_folder
 from .errors import EffdepthError, ModelNotFoundError
-from .measure.identity import file_hashes, model_files_digest  # noqa: F401 (the identity home; named here too)
+from .measurement.identity import file_hashes, model_files_digest  # noqa: F401 (the identity home; named here too)
 from .network import hub_reachable
 from .paths import exists, user_path
 from .zoo import ZOO, cache_dir, check_private, ensure_model, gguf_header, model_path

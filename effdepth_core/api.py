@@ -18,9 +18,9 @@ from typing import Any
 from .cache import atomic_write_bytes, make_dirs, remove_dead_temporaries
 from .display import RunResult
 from .errors import EffdepthError, nearest_name
-from .measure import registry
-from .measure.tasks import TASKS, Example, _encodable, looks_like_task_file, missing_task_file, task_pool
-from .measure.trace import show_progress
+from .measurement import registry
+from .measurement.tasks import TASKS, Example, _encodable, looks_like_task_file, missing_task_file, task_pool
+from .measurement.trace import show_progress
 from .models import LoadedModel, as_the_caller_had, check_tokenizer, resolve_dtype, with_tokenizer, wrap_model
 from .paths import exists, names_path, user_path
 from .results import run, run_in_memory

@@ -29,8 +29,8 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def _settings(args: argparse.Namespace):
     """RunSettings from the command line, with the checks only the command line can make (was an
     option given at all?)."""
-    from .measure import registry
-    from .measure.tasks import ARITHMETIC, check_task
+    from .measurement import registry
+    from .measurement.tasks import ARITHMETIC, check_task
     from .settings import RunSettings
 
     if not args.model:
@@ -124,7 +124,7 @@ def _measured_text(out_dir: Path) -> str | None:
 
 def _check_used(args: argparse.Namespace, settings, probes: list[str]) -> None:
     """A probe option given on the command line that none of the probes run uses is a mistake."""
-    from .measure import registry
+    from .measurement import registry
     from .settings import parse_probes
 
     for name, option in registry.options().items():
@@ -145,7 +145,7 @@ def _cmd_probes(args: argparse.Namespace) -> int:
     """Every registered probe (built-in and plugins): its name, what it measures, its ED rules and
     its options, one block each; `effdepth run --probes` takes the names."""
     from .cli_args import _option_users
-    from .measure import registry
+    from .measurement import registry
 
     users = _option_users()
     for name, spec in registry.specs().items():
@@ -261,7 +261,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from .measure import registry
+    from .measurement import registry
     from .rundir import check_recorded, read_cached_frame, read_metadata
 
     run_dir, out = args.run_dir.expanduser(), args.out.expanduser()

@@ -11,9 +11,9 @@ import torch
 from .acquire import hub_error, resolve_model, save_dequantized
 from .cache import read_json
 from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError
-from .measure.adapters import _REJECTED, _unsupported_message
-from .measure.identity import config_digest, weights_state
-from .measure.wrapping import LoadedModel, wrap_model
+from .measurement.adapters import _REJECTED, _unsupported_message
+from .measurement.identity import config_digest, weights_state
+from .measurement.wrapping import LoadedModel, wrap_model
 from .paths import exists, user_path
 from .zoo import ZOO, is_gguf
 

@@ -12,7 +12,7 @@ import polars as pl
 
 from . import __version__
 from .errors import EffdepthError
-from .measure.tasks import Example, load_task
+from .measurement.tasks import Example, load_task
 from .models import LoadedModel, load_model
 from .results import peak_rss_mb, require_finite_frame
 from .rundir import FORMAT, RunDirectory
@@ -63,7 +63,7 @@ def run_map(settings: MapSettings, out_dir: Path | str | None = None, overwrite:
     counts (``n_train_prompts``, ``n_train_tokens``, ``n_validation_prompts``, ``n_test_prompts``,
     ``small_width``); with ``out_dir``, kept in a run directory as ``run`` keeps a probe's results:
     read (verified) when there, else computed and written under the lock."""
-    from .measure.linear_map import cross_model_map, map_measurement
+    from .linear_map import cross_model_map, map_measurement
 
     settings.check()
     key = settings.key()

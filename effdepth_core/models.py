@@ -1,6 +1,6 @@
 """The models API in one place, re-exported from the modules that do each job: the layout and the
-adapter table (``measure.layout``, ``measure.adapters``), the load-time checks (``measure.checks``), a
-model's identity (``measure.identity``), a model in memory made measurable (``measure.wrapping``) and
+adapter table (``measurement.layout``, ``measurement.adapters``), the load-time checks (``measurement.checks``), a
+model's identity (``measurement.identity``), a model in memory made measurable (``measurement.wrapping``) and
 loading by name (``loading``). Import from here or from the module itself."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from .loading import (  # noqa: F401
     resolve_device,
     resolve_dtype,
 )
-from .measure.adapters import (  # noqa: F401
+from .measurement.adapters import (  # noqa: F401
     ADAPTERS,
     MAX_CANDIDATES,
     infer_adapter,
     supported_model_types,
 )
-from .measure.checks import (  # noqa: F401
+from .measurement.checks import (  # noqa: F401
     KEY_SELECTION_FIELDS,
     PADDING_NOISE_FACTOR,
     PADDING_TOLERANCE,
@@ -33,7 +33,7 @@ from .measure.checks import (  # noqa: F401
     sublayer_write,
     verify_adapter,
 )
-from .measure.identity import (  # noqa: F401
+from .measurement.identity import (  # noqa: F401
     LIBRARY_HOOKS,
     PLACEMENT_HOOKS,
     STATE_SAMPLE,
@@ -54,14 +54,14 @@ from .measure.identity import (  # noqa: F401
     weights_fingerprint,
     weights_state,
 )
-from .measure.layout import (  # noqa: F401
+from .measurement.layout import (  # noqa: F401
     Adapter,
     decoder_stack,
     execution_device,
     residual_scale,
     write_modules,
 )
-from .measure.wrapping import (  # noqa: F401
+from .measurement.wrapping import (  # noqa: F401
     LoadedModel,
     as_the_caller_had,
     check_tokenizer,

@@ -29,10 +29,10 @@ from . import __version__
 from .cache import read_regular
 from .display import RunResult
 from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError, TaskError
-from .measure import registry
-from .measure.depth import N_BOOTSTRAP_RUN, effective_depths
-from .measure.probes.spec import Context, ProbeSpec
-from .measure.tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example, load_task
+from .measurement import registry
+from .measurement.depth import N_BOOTSTRAP_RUN, effective_depths
+from .measurement.probes.spec import Context, ProbeSpec
+from .measurement.tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example, load_task
 from .models import (
     LoadedModel,
     load_model,
@@ -580,7 +580,7 @@ def canary(loaded: LoadedModel, examples: Sequence[Example]) -> str:
     it is always recomputed at the recorded batch shape (one prompt), on the same device type and
     dtype (both in the key); a machine whose kernels round otherwise recomputes the run, never
     reuses it. Cost: one forward pass of ≤ 32 tokens and one head product."""
-    from .measure.trace import residual_states
+    from .measurement.trace import residual_states
 
     ids = loaded.encode(getattr(examples[0], "prompt", examples[0]))[:CANARY_TOKENS]
     states = next(iter(residual_states(loaded, [ids], batch_size=1)))  # [token, L+1, d_model] float32
@@ -695,7 +695,7 @@ class Overall:
     cost model's measure) at the rate the probes before it ran, so the first probe has no estimate."""
 
     def __init__(self, names: Sequence[str], loaded: LoadedModel, examples: Sequence[Example], settings: RunSettings):
-        from .measure.probes.spec import Shape
+        from .measurement.probes.spec import Shape
 
         self.names = list(names)
         n_params = sum(p.numel() for p in loaded.model.parameters())

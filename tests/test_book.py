@@ -336,11 +336,11 @@ def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
     (package / "depth.py").write_text((package / "depth.py").read_text() + "\n# the statistics change\n")
     assert runner.page_inputs(ROOT, item) != fresh
     names = [name for name, _ in runner.page_code(ROOT / "book" / "templates" / "scale.ipynb")]
-    assert "effdepth_core/measure/depth.py" in names and "effdepth_book/findings.py" in names
+    assert "effdepth_core/measurement/depth.py" in names and "effdepth_book/findings.py" in names
     # the section's spec module, which the registry imports by name, and what only it imports
     assert {"effdepth_book/sections/scale.py", "effdepth_book/evidence.py"} <= set(names)
     assert "effdepth_book/sections/beyond.py" not in names
-    assert "effdepth_core/cli.py" not in names and "effdepth_core/measure/probes/cosine.py" not in names
+    assert "effdepth_core/cli.py" not in names and "effdepth_core/measurement/probes/cosine.py" not in names
     assert "probe:cosine" in names
     (copies["effdepth_book"] / "grid.py").write_text((copies["effdepth_book"] / "grid.py").read_text() + "\n# grid\n")
     stale = runner.page_inputs(ROOT, item)

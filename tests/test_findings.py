@@ -179,7 +179,7 @@ def test_two_tests_per_comparison_and_a_margin_of_at_least_one_layer():
 def test_the_robustness_rule_judges_the_papers_cells_and_ours_by_one_artefact_test():
     """(c) an ED in the first layers is an artefact on either side: the paper's lens-KL ED 1 of 28
     and our lens-KL ED 2 of 30 alike; ours is then degenerate and decides nothing."""
-    from effdepth_core.measure import depth as stats
+    from effdepth_core.measurement import depth as stats
 
     assert stats.artefact(1, 28) and stats.artefact(2, 30) and stats.artefact(3, 30)
     assert stats.artefact(4, 30) is None and stats.artefact(3, 18) is None  # max(2, ⌈0.1 L⌉): 3 of 30, 2 of 18
@@ -199,7 +199,7 @@ def test_the_robustness_rule_judges_the_papers_cells_and_ours_by_one_artefact_te
 
 
 def test_robust_names_the_first_check_that_differs():
-    from effdepth_core.measure import depth as stats
+    from effdepth_core.measurement import depth as stats
 
     assert stats.robust([("", "agree"), ("at x 1", "agree")]) == ("agree", None)
     verdict, why = stats.robust([("", "agree"), ("at x 1", "agree"), ("under bootstrap seed 2", "disagree")])
@@ -210,8 +210,8 @@ def test_the_cosine_rule_moves_with_its_zero_level():
     """A hand-checked curve: the mean cosine crosses 0 at layer 2→3 and +0.02 at layer 4→5 only."""
     import numpy as np
 
-    from effdepth_core.measure import depth as stats
-    from effdepth_core.measure.probes.cosine import COSINE_PARTS, SPEC
+    from effdepth_core.measurement import depth as stats
+    from effdepth_core.measurement.probes.cosine import COSINE_PARTS, SPEC
 
     rule = SPEC.rules[0]
     curve = np.array([0.05, -0.05, -0.01, 0.01, 0.015, 0.03, 0.04])
@@ -650,7 +650,7 @@ def _prune_study(after: list[float], angular: list[float], influence: list[float
     from types import SimpleNamespace
 
     from effdepth_book.study import RunRecord, Study
-    from effdepth_core.measure.probes import prune_summary
+    from effdepth_core.measurement.probes import prune_summary
 
     rows = []
     for e, t in enumerate(tokens):
@@ -709,7 +709,7 @@ def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():
 
     from effdepth_book.evidence_beyond import pruning_costs
     from effdepth_book.study import RunRecord, Study
-    from effdepth_core.measure.probes import prune_summary
+    from effdepth_core.measurement.probes import prune_summary
 
     cost = {1: 2.0, 4: 2.0, 5: 0.5, 6: 1.0}  # angular distance picks layer 1, block influence layer 6
     rows = []

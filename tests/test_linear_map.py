@@ -7,8 +7,7 @@ import torch
 from conftest import char_tokenizer, make_tiny, random_prompts
 
 from effdepth_core.errors import EffdepthError
-from effdepth_core.measure.linear_map import fit_errors
-from effdepth_core.measure.probes import cross_model_map
+from effdepth_core.linear_map import cross_model_map, fit_errors
 from effdepth_core.models import wrap_model
 
 
@@ -75,7 +74,7 @@ def test_the_map_command_prints_the_best_layers_and_writes_the_frame(tiny_dir, t
 
 
 def test_the_measured_map_chooses_its_ridge_and_beats_a_shuffled_baseline():
-    from effdepth_core.measure.linear_map import RIDGES, fit_map
+    from effdepth_core.linear_map import RIDGES, fit_map
 
     generator = torch.Generator().manual_seed(1)
     n_train, n_val, n_test, d_small, d_big = 400, 80, 80, 6, 9
@@ -101,7 +100,7 @@ def test_the_measured_map_chooses_its_ridge_and_beats_a_shuffled_baseline():
 def test_a_model_measured_onto_itself(tmp_path, monkeypatch):
     import polars as pl
 
-    from effdepth_core.measure.linear_map import map_measurement
+    from effdepth_core.linear_map import map_measurement
 
     loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
     prompts = random_prompts([40] * 12, seed=3)
@@ -147,7 +146,7 @@ def test_the_map_run_directory_is_read_back_without_models(tiny_dir, tmp_path, m
 def test_the_self_map_check_runs_the_maps_own_ridge_choice(monkeypatch):
     """The self-map check must test the procedure the map used, ridge choice included (it once fitted
     without a ridge and so hid that the choice shrank the diagonal)."""
-    from effdepth_core.measure import linear_map
+    from effdepth_core.measurement import linear_map
 
     calls = []
     real = linear_map.fit_map
@@ -167,7 +166,7 @@ def test_each_map_chooses_its_own_ridge_so_a_self_map_is_the_identity():
     """One ridge per small layer, chosen over every big layer, is pulled up by targets that gain from
     shrinkage (here a noise layer, overfitted with 3 tokens per unknown) and shrinks the identity map
     beside them; chosen per map, the identity keeps ridge 0."""
-    from effdepth_core.measure.linear_map import fit_map
+    from effdepth_core.linear_map import fit_map
 
     generator = torch.Generator().manual_seed(4)
     small = torch.randn(160, 1, 16, generator=generator, dtype=torch.float64)
@@ -193,7 +192,7 @@ def test_a_ridge_is_a_share_of_each_dimension_so_a_self_map_stays_the_identity()
     """A residual stream's massive dimension must not set every dimension's penalty: with a ridge of
     1e-3 of each dimension's own second moment a self-map shrinks by about 1e-3; as a share of the
     mean diagonal (dimension 0 a thousand times the others) it would shrink the rest by ~10 %."""
-    from effdepth_core.measure.linear_map import fit_map
+    from effdepth_core.linear_map import fit_map
 
     generator = torch.Generator().manual_seed(2)
     states = torch.randn(600, 2, 16, generator=generator, dtype=torch.float64)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from effdepth_core import cli, results
 from effdepth_core.cli_args import build_parser
 from effdepth_core.errors import EffdepthError, OptionError
-from effdepth_core.measure import registry
+from effdepth_core.measurement import registry
 from effdepth_core.options import CORE_OPTIONS, MAP_OPTIONS, OTHER_OPTIONS, Option
 from effdepth_core.settings import MapSettings, RunSettings, check_settings
 

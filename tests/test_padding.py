@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_coverage import _build, _reference, _shrink
 
-from effdepth_core.measure.probes import logit_lens, residual_cosine, token_weighted_mean
+from effdepth_core.measurement.probes import logit_lens, residual_cosine, token_weighted_mean
 from effdepth_core.models import wrap_model
 
 SPARSE_TYPES = ("deepseek_v32", "glm_moe_dsa", "axk2", "dots3_note_text")
@@ -85,7 +85,7 @@ def test_sparse_attention_at_a_runs_lengths_gives_each_prompts_own_numbers(model
     indexer's 16 keys) passes these models, so only the check at the run's own lengths — or the
     rule that an indexer keeping fewer keys than the prompts have is never padded — keeps them
     right. Without either (every batch padded), the same probes are off."""
-    import effdepth_core.measure.wrapping as wrapping
+    import effdepth_core.measurement.wrapping as wrapping
 
     model = _sparse_model(model_type, monkeypatch)
     if not selection_rule:  # the run-length check alone, as for a selector no config field names

@@ -11,7 +11,7 @@ import pytest
 
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
-from effdepth_core.measure import registry
+from effdepth_core.measurement import registry
 from effdepth_core.settings import RunSettings
 
 

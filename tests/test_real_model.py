@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from effdepth_core.cli import main
-from effdepth_core.measure.probes import logit_lens, residual_cosine, token_weighted_mean
-from effdepth_core.measure.tasks import load_task
+from effdepth_core.measurement.probes import logit_lens, residual_cosine, token_weighted_mean
+from effdepth_core.measurement.tasks import load_task
 
 pytestmark = pytest.mark.real_model
 
@@ -100,12 +100,12 @@ def test_cli_run_on_the_default_model(tmp_path, capsys):
 
 def test_pruning_and_early_exit_on_the_real_model(smollm2):
     """Removing layers equals the skip probe's all-token skip in a full forward; exiting at L is the model."""
-    from effdepth_core.measure.probes.early_exit import early_exit
-    from effdepth_core.measure.probes.prune import pruned_final
-    from effdepth_core.measure.probes.skip import skip_hooks
-    from effdepth_core.measure.probes.tuned_lens import TunedLens
-    from effdepth_core.measure.replay import clean_run
-    from effdepth_core.measure.trace import intervene
+    from effdepth_core.measurement.probes.early_exit import early_exit
+    from effdepth_core.measurement.probes.prune import pruned_final
+    from effdepth_core.measurement.probes.skip import skip_hooks
+    from effdepth_core.measurement.probes.tuned_lens import TunedLens
+    from effdepth_core.measurement.replay import clean_run
+    from effdepth_core.measurement.trace import intervene
 
     example = load_task("addition", n=1, digits=6, seed=3)[0]
     ids = smollm2.encode(example.prompt)
@@ -153,7 +153,7 @@ def test_dequantized_weights_equal_the_gguf_parse(smollm2):
 
 def test_arithmetic_answer_tokens_are_the_digits(smollm2):
     # as the published code measures them: the space before the result belongs to the question
-    from effdepth_core.measure.probes.shared.answers import answer_split
+    from effdepth_core.measurement.probes.shared.answers import answer_split
 
     for example in load_task("addition", n=4, digits=6):
         split = answer_split(smollm2, example)

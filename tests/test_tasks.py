@@ -7,7 +7,7 @@ import json
 import pytest
 
 from effdepth_core.errors import TaskError
-from effdepth_core.measure.tasks import first_solution, gsm8k_example, hellaswag_example, load_task
+from effdepth_core.measurement.tasks import first_solution, gsm8k_example, hellaswag_example, load_task
 
 
 def test_gsm8k_format_is_the_papers():

@@ -8,7 +8,7 @@ from functools import cached_property
 
 import polars as pl
 
-from effdepth_core.measure.depth import curve_bands
+from effdepth_core.measurement.depth import curve_bands
 
 from .. import evidence, findings, plots, reference, specification, tables
 from ..pages import Page

@@ -27,15 +27,15 @@ ENTRY_POINT_GROUP = "effdepth.probes"
 
 # name → "module:attribute" of its ProbeSpec; the order is the order of tables and of a run
 BUILTIN: dict[str, str] = {
-    "cosine": "effdepth_core.measure.probes.cosine:SPEC",
-    "logit_lens": "effdepth_core.measure.probes.logit_lens:SPEC",
-    "skip": "effdepth_core.measure.probes.skip:SPEC",
-    "erasure": "effdepth_core.measure.probes.erasure:SPEC",
-    "igrad": "effdepth_core.measure.probes.igrad:SPEC",
-    "tuned_lens": "effdepth_core.measure.probes.tuned_lens:SPEC",
-    "prune": "effdepth_core.measure.probes.prune:SPEC",
-    "early_exit": "effdepth_core.measure.probes.early_exit:SPEC",
-    "norm": "effdepth_core.measure.probes.norm:SPEC",
+    "cosine": "effdepth_core.measurement.probes.cosine:SPEC",
+    "logit_lens": "effdepth_core.measurement.probes.logit_lens:SPEC",
+    "skip": "effdepth_core.measurement.probes.skip:SPEC",
+    "erasure": "effdepth_core.measurement.probes.erasure:SPEC",
+    "igrad": "effdepth_core.measurement.probes.igrad:SPEC",
+    "tuned_lens": "effdepth_core.measurement.probes.tuned_lens:SPEC",
+    "prune": "effdepth_core.measurement.probes.prune:SPEC",
+    "early_exit": "effdepth_core.measurement.probes.early_exit:SPEC",
+    "norm": "effdepth_core.measurement.probes.norm:SPEC",
 }
 DEFAULT = ("cosine", "logit_lens")  # what `effdepth run` measures unless told otherwise
 

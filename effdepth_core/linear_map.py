@@ -24,10 +24,10 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from ..errors import EffdepthError
-from ..terminal import progress_bar
-from .trace import residual_states, show_progress, tokenize
-from .wrapping import LoadedModel, takes_plain_models
+from .errors import EffdepthError
+from .measurement.trace import residual_states, show_progress, tokenize
+from .measurement.wrapping import LoadedModel, takes_plain_models
+from .terminal import progress_bar
 
 StateStream = Callable[[], Iterable[torch.Tensor]]  # each call: batches of [token, layer 0..L, d] float32
 

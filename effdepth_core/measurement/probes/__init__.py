@@ -1,7 +1,6 @@
 """Probes: each a function (LoadedModel, prompts or examples, ...) -> long-format Polars frame,
-declared with its spec (``spec.ProbeSpec``) in the same module; ``effdepth_core.measure.registry`` collects them."""
+declared with its spec (``spec.ProbeSpec``) in the same module; ``effdepth_core.measurement.registry`` collects them."""
 
-from ..linear_map import cross_model_map
 from .cosine import residual_cosine
 from .early_exit import early_exit, early_exit_summary
 from .erasure import erasure_map, residual_means
@@ -19,7 +18,6 @@ __all__ = [
     "LensTraining",
     "TunedLens",
     "cached_tuned_lens",
-    "cross_model_map",
     "depth_score",
     "depth_scores",
     "early_exit",

@@ -392,7 +392,7 @@ def check_lens(lens: object) -> None:
     if lens is not None and not (hasattr(lens, "translate") and isinstance(getattr(lens, "n_layers", None), int)):
         shown = repr(lens) if isinstance(lens, str | int | float) else type(lens).__name__
         raise EffdepthError(
-            f"lens= takes a TunedLens (effdepth_core.measure.probes.cached_tuned_lens(name, loaded)) or None for "
+            f"lens= takes a TunedLens (effdepth_core.measurement.probes.cached_tuned_lens(name, loaded)) or None for "
             f"the logit lens, got {shown}; the name 'tuned' is a setting of measure(..., lens='tuned') and "
             "effdepth run --lens"
         )
