@@ -356,8 +356,8 @@ def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
     modules = {name.split("::")[0] for name in names}
     assert "effdepth_core/measurement/depth.py::primary_statistic" in names and "effdepth_book/findings.py" in modules
     # the section's spec module, which the registry imports by name, and what only it calls
-    assert {"effdepth_book/sections/scale.py", "effdepth_book/evidence.py"} <= modules
-    assert "effdepth_book/sections/beyond.py" not in modules
+    assert {"effdepth_book/sections/scale/__init__.py", "effdepth_book/evidence.py"} <= modules
+    assert "effdepth_book/sections/beyond/__init__.py" not in modules
     assert "effdepth_core/cli.py" not in modules and "effdepth_core/measurement/probes/cosine.py" not in modules
     assert "probe:cosine" in names
     stale = runner.page_inputs(ROOT, item)

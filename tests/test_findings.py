@@ -11,7 +11,10 @@ import re
 import polars as pl
 import pytest
 
-from effdepth_book import findings, findings_beyond, findings_long_cot, plots, reference, tables
+from effdepth_book import findings, plots, reference, tables
+from effdepth_book.sections.beyond import charts as beyond_charts
+from effdepth_book.sections.beyond import findings as findings_beyond
+from effdepth_book.sections.long_cot import findings as findings_long_cot
 
 
 def _summary(rows: list[tuple]) -> pl.DataFrame:
@@ -461,7 +464,7 @@ def test_lens_finding_verdict_follows_the_intervals():
 def test_early_exit_costs_read_the_layer_after_the_counted_ed():
     from types import SimpleNamespace
 
-    from effdepth_book.evidence_beyond import early_exit_costs
+    from effdepth_book.sections.beyond.evidence import early_exit_costs
     from effdepth_book.study import RunRecord, Study
 
     rows = []
@@ -491,7 +494,7 @@ def test_early_exit_is_judged_at_every_threshold_of_its_rule():
     0.2 the curve fires at layer 0, a rule artefact (§10): no depth, and no check."""
     from types import SimpleNamespace
 
-    from effdepth_book.evidence_beyond import early_exit_costs
+    from effdepth_book.sections.beyond.evidence import early_exit_costs
     from effdepth_book.study import RunRecord, Study
 
     rows, lens = [], []
@@ -546,7 +549,7 @@ def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 
 
 
 def test_map_finding_verdict_follows_the_numbers():
-    from effdepth_book.evidence_beyond import map_statistic
+    from effdepth_book.sections.beyond.evidence import map_statistic
 
     stretched = _map([0, 2, 4, 6, 8])
     said = findings_beyond.map_finding(stretched, "small", "big", map_statistic(stretched))
@@ -589,7 +592,7 @@ def test_map_finding_verdict_follows_the_numbers():
 def test_the_map_verdict_names_its_interval_and_holds_under_other_seeds():
     """An interval between ⅓ and ⅔ is said as such (it once said "straddles both thresholds" of
     [52 %, 70 %]); a verdict that another bootstrap seed turns is cannot tell, naming the seed."""
-    from effdepth_book.evidence_beyond import map_statistic
+    from effdepth_book.sections.beyond.evidence import map_statistic
 
     stretched = _map([0, 2, 4, 6, 8])
     statistic = map_statistic(stretched)
@@ -615,7 +618,7 @@ def test_a_column_bias_alone_cannot_decide_the_map():
     one ("no"); removing each big layer's mean error finds the diagonal ("yes"). The two shares
     decide differently, so by the documented rule (method.md §7b) the verdict is cannot tell, each
     share named."""
-    from effdepth_book.evidence_beyond import map_statistic
+    from effdepth_book.sections.beyond.evidence import map_statistic
 
     biased = _map([0, 2, 4, 6, 8], error=lambda m, b: 0.6 + abs(b - 2 * m) / 100 - 0.06 * b)
     statistic = map_statistic(biased)
@@ -633,13 +636,13 @@ def test_beyond_charts_build_from_probe_frames():
         {"model": ["m"] * 2, "layer": [0, 0], "metric": ["heldout_kl_logit", "heldout_kl_tuned"], "value": [5.0, 2.0]}
     )
     for chart in (
-        plots.lens_ed_comparison(summary),
-        plots.lens_fit_curves(fit),
-        plots.map_heatmap(_map([0, 2, 4, 6, 8])),
+        beyond_charts.lens_ed_comparison(summary),
+        beyond_charts.lens_fit_curves(fit),
+        beyond_charts.map_heatmap(_map([0, 2, 4, 6, 8])),
     ):
         spec = plots.themed_spec(chart)
         assert spec["datasets"], spec
-    assert isinstance(plots.pruning_curves(pl.DataFrame()), plots.Note)
+    assert isinstance(beyond_charts.pruning_curves(pl.DataFrame()), plots.Note)
 
 
 def _prune_study(after: list[float], angular: list[float], influence: list[float], tokens: list[int], ed: int = 3):
@@ -672,7 +675,7 @@ def _prune_study(after: list[float], angular: list[float], influence: list[float
 
 
 def test_pruning_costs_against_hand_computed_means():
-    from effdepth_book.evidence_beyond import pruning_costs
+    from effdepth_book.sections.beyond.evidence import pruning_costs
 
     tokens = [3, 5, 2, 4, 6, 1, 3, 2, 5, 4]
     after = [0.4 + 0.02 * e for e in range(10)]
@@ -707,7 +710,7 @@ def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():
     budget is unclear, naming the threshold."""
     from types import SimpleNamespace
 
-    from effdepth_book.evidence_beyond import pruning_costs
+    from effdepth_book.sections.beyond.evidence import pruning_costs
     from effdepth_book.study import RunRecord, Study
     from effdepth_core.measurement.probes import prune_summary
 
@@ -742,7 +745,7 @@ def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():
 
 
 def test_pruning_finding_verdict_follows_the_intervals():
-    from effdepth_book.evidence_beyond import pruning_costs
+    from effdepth_book.sections.beyond.evidence import pruning_costs
 
     tokens = [1] * 10
     cheaper = pruning_costs(_prune_study([0.5] * 10, [2.0] * 10, [1.0] * 10, tokens))

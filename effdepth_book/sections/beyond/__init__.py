@@ -8,10 +8,13 @@ from functools import cached_property
 
 import polars as pl
 
-from .. import evidence, evidence_beyond, findings_beyond, plots, specification, tables
-from ..pages import Page, markdown
-from ..spec import SectionSpec, StudyPlan, models_of
-from ..study import map_study, pruning_comparison
+from ... import evidence, plots, specification, tables
+from ...pages import Page, markdown
+from ...spec import SectionSpec, StudyPlan, models_of
+from ...study import map_study, pruning_comparison
+from . import charts
+from . import evidence as evidence_beyond
+from . import findings as findings_beyond
 
 
 def plans(parameters: Mapping) -> list[StudyPlan]:
@@ -64,24 +67,24 @@ class BeyondPage(Page):
 
     def chart(self, name: str):
         if name == "lens":
-            return plots.show(plots.lens_ed_comparison(self.summary))
+            return plots.show(charts.lens_ed_comparison(self.summary))
         if name == "fit":
             fit = self.runs.frame("tuned_lens_fit")
             if not fit.height:
                 return plots.note("No tuned lens was trained for this page's models (see params/beyond.yml).")
-            return plots.show(plots.lens_fit_curves(fit))
+            return plots.show(charts.lens_fit_curves(fit))
         if name == "sensitivity":
             return plots.show(plots.threshold_sensitivity(self.runs.sensitivity()))
         if name == "pruning":
             return self.probe_chart(
-                self.runs, "prune", lambda: plots.pruning_curves(self.runs.frame("prune"), self.summary)
+                self.runs, "prune", lambda: charts.pruning_curves(self.runs.frame("prune"), self.summary)
             )
         if name == "exit":
             return self.probe_chart(
-                self.runs, "early_exit", lambda: plots.early_exit_curves(self.runs.frame("early_exit"), self.summary)
+                self.runs, "early_exit", lambda: charts.early_exit_curves(self.runs.frame("early_exit"), self.summary)
             )
         pair = self.p["pair"]
-        return plots.show(plots.map_heatmap(self.mapped, pair["small"], pair["big"]))
+        return plots.show(charts.map_heatmap(self.mapped, pair["small"], pair["big"]))
 
     def ed_table(self):
         return tables.ed_summary(self.summary)

@@ -8,10 +8,10 @@ from functools import cached_property
 
 import polars as pl
 
-from .. import evidence, findings, plots, reference, specification, tables
-from ..pages import Page
-from ..spec import SectionSpec, StudyPlan, models_of
-from ..study import Study, difficulty_specs, task_label
+from ... import evidence, findings, plots, reference, specification, tables
+from ...pages import Page
+from ...spec import SectionSpec, StudyPlan, models_of
+from ...study import Study, difficulty_specs, task_label
 
 
 def plans(parameters: Mapping) -> list[StudyPlan]:

@@ -10,10 +10,10 @@ import polars as pl
 
 from effdepth_core.measurement.depth import curve_bands
 
-from .. import evidence, findings, plots, reference, specification, tables
-from ..pages import Page
-from ..spec import SectionSpec, StudyPlan, models_of
-from ..study import Study
+from ... import evidence, findings, plots, reference, specification, tables
+from ...pages import Page
+from ...spec import SectionSpec, StudyPlan, models_of
+from ...study import Study
 
 
 def plans(parameters: Mapping) -> list[StudyPlan]:

@@ -10,8 +10,8 @@ import polars as pl
 
 from effdepth_core.measurement.depth import artefact
 
-from .findings import CLAIMS, TASK_ORDER, WORDS, count_of, defined_cells, signed, task_name
-from .reference import RULE_LABELS
+from ...findings import CLAIMS, TASK_ORDER, WORDS, count_of, defined_cells, signed, task_name
+from ...reference import RULE_LABELS
 
 
 def long_cot_headline(pages: Sequence) -> dict:
@@ -72,7 +72,7 @@ def long_cot_finding(
         text.append(f"Not measured here ({', '.join(models)}): {reason}.")
     largest = None
     if paper is not None and pairs:
-        from .reference import pair_deltas
+        from ...reference import pair_deltas
 
         depth = {str(m).rsplit("/", 1)[-1]: n for m, n in paper.select("model", "n_layers").unique().iter_rows()}
         deltas = pair_deltas(paper, list(pairs))

@@ -12,7 +12,7 @@ import polars as pl
 
 from effdepth_core.measurement.probes.prune import FINAL_KEPT
 
-from .findings import (
+from ...findings import (
     MINUS,
     SMALL,
     count_of,
@@ -113,7 +113,7 @@ def _nats(value: float) -> str:
 
 
 def _prune_verdict(rows: pl.DataFrame) -> str:
-    """The verdict over a variant's counted budgets (``evidence_beyond.pruning_costs`` rows)."""
+    """The verdict over a variant's counted budgets (``evidence.pruning_costs`` rows)."""
     counts = {v: rows.filter(verdict=v).height for v in ("cheaper", "costlier", "unclear", "tie")}
     total = rows.height
     ties = f", {count_of(counts['tie'], 'tie')} (the same layers)" if counts["tie"] else ""
@@ -146,10 +146,10 @@ def _rank(row: Mapping) -> str:
 def pruning_finding(costs: pl.DataFrame, ed_rule: str = "lens overlap") -> str:
     """Is the block right after ED (of ``ed_rule``, one rule so that the verdict is not the best of
     several tries) cheaper to cut than the layers angular distance or block influence choose, budget
-    by budget, with intervals over prompts? ``costs``: ``evidence_beyond.pruning_costs`` rows. The plain
+    by budget, with intervals over prompts? ``costs``: ``evidence.pruning_costs`` rows. The plain
     block and the one that keeps the final layer each get a verdict; runs with fewer prompts than
-    ``evidence_beyond.MIN_PRUNE_N`` are named, never counted."""
-    from .evidence_beyond import MIN_PRUNE_N
+    ``evidence.MIN_PRUNE_N`` are named, never counted."""
+    from .evidence import MIN_PRUNE_N
 
     question = (
         f"**Is the block right after ED ({ed_rule}) cheaper to cut than the layers angular distance or block "
@@ -213,8 +213,8 @@ def early_exit_finding(costs: pl.DataFrame, rule: str = "lens overlap") -> str:
     """What exiting right after ED buys (layers saved) and costs (tokens whose top-1 changes, the
     answer NLL), with intervals over prompts, and what it says of the layers after ED: if exiting
     there costs answer likelihood in every counted run, they are not idle. ``costs``:
-    ``evidence_beyond.early_exit_costs`` rows."""
-    from .evidence_beyond import MIN_PRUNE_N
+    ``evidence.early_exit_costs`` rows."""
+    from .evidence import MIN_PRUNE_N
 
     question = f"**What does exiting at ED (the {rule} rule) cost?**"
     if not costs.height:
@@ -296,9 +296,9 @@ def map_finding(
     seed_checks: Sequence[Mapping] = (),
 ) -> str:
     """Does the big model stretch the small one? The share of the small model's inner layers whose
-    best-predicted big layer lies within ``evidence_beyond.STRETCH_SLACK`` of equal relative depth,
+    best-predicted big layer lies within ``evidence.STRETCH_SLACK`` of equal relative depth,
     column bias removed, with its bootstrap interval over test prompts (``statistic``:
-    ``evidence_beyond.map_statistic``), against the shuffled-pairing baseline and the self-map check;
+    ``evidence.map_statistic``), against the shuffled-pairing baseline and the self-map check;
     ``seed_checks``, the same statistic under other bootstrap seeds, must give the same verdict."""
     question = f"**Does {big} stretch the computation of {small}?**"
     if not {"small_layer", "big_layer", "metric", "value"} <= set(mapped.columns) or statistic is None:
@@ -361,7 +361,7 @@ def beyond_finding(
     seed_checks: Sequence[Mapping] = (),
 ) -> str:
     """The paragraphs of a "beyond the paper" page: the map's, or the lens, pruning and early-exit ones
-    (``costs``: ``evidence_beyond.pruning_costs``; ``exits``: ``evidence_beyond.early_exit_costs``)."""
+    (``costs``: ``evidence.pruning_costs``; ``exits``: ``evidence.early_exit_costs``)."""
     paragraphs = []
     if pair:
         mapped = mapped if mapped is not None else pl.DataFrame()

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 
 import polars as pl
 
-from .. import findings_long_cot, plots, reference, tables
-from ..pages import Page
-from ..spec import SectionSpec, StudyPlan
+from ... import plots, reference, tables
+from ...pages import Page
+from ...spec import SectionSpec, StudyPlan
+from . import findings as findings_long_cot
 
 
 def plans(parameters: Mapping) -> list[StudyPlan]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
-from .chart_parts import (
+from ...chart_parts import (
     DEGENERATE_NOTE,
     NOTE_TITLE,
     _lens_scale,
@@ -19,7 +19,7 @@ from .chart_parts import (
     _symlog,
     ratio_with_interval,
 )
-from .render import (
+from ...render import (
     CONTENT_WIDTH,
 )
 

@@ -10,7 +10,7 @@ import polars as pl
 from effdepth_core.measurement.depth import N_BOOTSTRAP, N_BOOTSTRAP_RUN, interval, resample_weights
 from effdepth_core.measurement.probes.prune import FINAL_KEPT, after_ed_block
 
-from .study import Study, pruning_comparison
+from ...study import Study, pruning_comparison
 
 # a small layer's best big layer is *on the diagonal* when it lies within STRETCH_SLACK of L_big (at
 # least one layer) of equal relative depth; the map *beats* the baseline at a layer when its error
@@ -315,7 +315,7 @@ def _threshold_eds(study: Study, model: str, task: str, rule: str) -> dict[str, 
     artefact there (``depth.artefact``: it fires in the first layers) is no depth, and no check."""
     from effdepth_core.measurement.depth import artefact, ed_samples, variants
 
-    from .evidence import _frames, _rule
+    from ...evidence import _frames, _rule
 
     record, frame = _frames(study, model, task, rule)
     if record is None:
