@@ -169,6 +169,7 @@ class _Reach:
         self.modules: dict[str, _Module | None] = {}
         self.done: set[tuple[str, str]] = set()
         self.whole: set[str] = set()
+        self.resolving: set[tuple[str, str]] = set()
         self.code: dict[str, bytes] = {}
         self.probes: dict[str, str] = {}
         self.registries = {PACKAGES[package] / path for package, path in REGISTRIES}
@@ -209,6 +210,15 @@ class _Reach:
 
     def name(self, module: _Module, name: str) -> _Module | None:
         """Reach ``name`` as ``module`` binds it; the module it is, if it is one."""
+        if (module.name, name) in self.resolving:  # an import that names itself (a package and its submodule)
+            return None
+        self.resolving.add((module.name, name))
+        try:
+            return self._name(module, name)
+        finally:
+            self.resolving.discard((module.name, name))
+
+    def _name(self, module: _Module, name: str) -> _Module | None:
         if name in module.defs:
             self.define(module, name)
             return None

@@ -8,7 +8,8 @@ from functools import cached_property
 
 import polars as pl
 
-from ... import evidence, plots, specification, tables
+from ... import evidence as shared_evidence  # the book's; this section's own is .evidence
+from ... import plots, specification, tables
 from ...pages import Page, markdown
 from ...spec import SectionSpec, StudyPlan, models_of
 from ...study import map_study, pruning_comparison
@@ -43,7 +44,7 @@ class BeyondPage(Page):
             "fit": self.runs.frame("tuned_lens_fit"),
             "costs": evidence_beyond.pruning_costs(self.runs, seed=self.bootstrap_seed),
             "exits": evidence_beyond.early_exit_costs(self.runs, self.summary, seed=self.bootstrap_seed),
-            "lenses": evidence.between_lenses(self.runs, seed=self.bootstrap_seed),
+            "lenses": shared_evidence.between_lenses(self.runs, seed=self.bootstrap_seed),
             "mapped": self.mapped,
             "pair": self.p.get("pair"),
             "statistic": statistics[0] if statistics else None,
