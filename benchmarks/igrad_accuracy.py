@@ -42,8 +42,8 @@ from effdepth_core.measurement.probes import integrated_gradients
 from effdepth_core.measurement.probes.igrad import LayerPath, PathIntegral, gap_floor, make_baseline, quadrature_rule
 from effdepth_core.measurement.probes.shared.answers import answer_splits
 from effdepth_core.measurement.replay import clean_run
-from effdepth_core.measurement.tasks import load_task
 from effdepth_core.models import load_model
+from effdepth_core.task_loading import load_task
 
 
 def midpoint(n: int) -> tuple[torch.Tensor, torch.Tensor]:

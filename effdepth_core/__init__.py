@@ -42,7 +42,7 @@ _EXPORTS = {
     "layer_pruning": "measurement.probes",
     "lens_by_token": "measurement.probes",
     "load_model": "models",
-    "load_task": "measurement.tasks",
+    "load_task": "task_loading",
     "logit_lens": "measurement.probes",
     "measure": "api",
     "plot": "api",
@@ -108,10 +108,11 @@ if TYPE_CHECKING:
         train_tuned_lens,
     )
     from .measurement.probes.norm import residual_norm
-    from .measurement.tasks import Example, load_task
+    from .measurement.tasks import Example
     from .models import LoadedModel, load_model, wrap_model
     from .results import run
     from .settings import RunSettings
+    from .task_loading import load_task
 
 
 def __getattr__(name: str):

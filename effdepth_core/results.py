@@ -32,7 +32,7 @@ from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError, Ta
 from .measurement import registry
 from .measurement.depth import N_BOOTSTRAP_RUN, effective_depths
 from .measurement.probes.spec import Context, ProbeSpec
-from .measurement.tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example, load_task
+from .measurement.tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example
 from .models import (
     LoadedModel,
     load_model,
@@ -63,6 +63,7 @@ from .settings import (
     parse_probes,
     slug,
 )
+from .task_loading import load_task
 from .zoo import cache_dir
 
 __all__ = [

@@ -132,10 +132,11 @@ def test_a_run_is_keyed_by_the_weights_and_the_prompts_it_measured(tmp_path, mon
     """Two models wrapped under one name, and one's own prompts run under a task's name, never share
     a run directory or rows: each run's numbers equal the probe computed directly on its model."""
     from effdepth_core.measurement.probes import residual_cosine
-    from effdepth_core.measurement.tasks import Example, load_task
+    from effdepth_core.measurement.tasks import Example
     from effdepth_core.models import wrap_model
     from effdepth_core.results import run
     from effdepth_core.settings import RunSettings
+    from effdepth_core.task_loading import load_task
 
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))  # where run() keeps results by default
     a = wrap_model(make_tiny("llama", seed=1).model, char_tokenizer(), name="tiny")

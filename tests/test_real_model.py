@@ -10,7 +10,7 @@ import torch
 
 from effdepth_core.cli import main
 from effdepth_core.measurement.probes import logit_lens, residual_cosine, token_weighted_mean
-from effdepth_core.measurement.tasks import load_task
+from effdepth_core.task_loading import load_task
 
 pytestmark = pytest.mark.real_model
 

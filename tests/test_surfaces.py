@@ -548,7 +548,7 @@ def test_a_deeply_nested_summary_is_skipped_not_a_crash(tmp_path, capsys):
 
 
 def test_a_huge_task_file_is_refused_unread(tmp_path, capsys, tiny_dir):
-    from effdepth_core.measurement import tasks
+    from effdepth_core import task_loading as tasks
 
     huge = tmp_path / "huge.jsonl"
     with huge.open("wb") as handle:
