@@ -264,7 +264,7 @@ def _task_texts(
 
 def task_lengths(settings: RunSettings, n: int | None = None) -> list[int]:
     """The estimated token lengths of the run's first ``n`` prompts (no tokenizer is loaded)."""
-    from effdepth_core.measurement.tasks import TaskError
+    from effdepth_core.errors import TaskError
 
     try:
         texts = _task_texts(

@@ -146,7 +146,7 @@ def test_the_map_run_directory_is_read_back_without_models(tiny_dir, tmp_path, m
 def test_the_self_map_check_runs_the_maps_own_ridge_choice(monkeypatch):
     """The self-map check must test the procedure the map used, ridge choice included (it once fitted
     without a ridge and so hid that the choice shrank the diagonal)."""
-    from effdepth_core.measurement import linear_map
+    from effdepth_core import linear_map
 
     calls = []
     real = linear_map.fit_map

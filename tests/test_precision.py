@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import char_tokenizer, make_tiny, random_prompts, save_tiny_dir
 
+from effdepth_core.linear_map import cross_model_map
 from effdepth_core.measurement import registry
 from effdepth_core.measurement.probes import (
     TunedLens,
-    cross_model_map,
     depth_scores,
     early_exit,
     erasure_map,

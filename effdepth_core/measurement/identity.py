@@ -1,6 +1,14 @@
-"""A model's identity, for every route and every cache keyed on a model: what a load-time check's
-verdict depends on (checked once), the fingerprint keying a run of a model in memory, the digests of
-its config, tokenizer and hooks, and the digest of a local model's files."""
+"""A model's identity, in one place for every route and every cache keyed on a model.
+
+Routes: an offline alias by its pinned sha256, a folder or GGUF file by every file's sha256
+(``model_files_digest``, records in the cache's ``fingerprints/``), a hub id by its revision
+(``source_identity``); a ``LoadedModel`` exactly as ``load_model`` gave it by where it came from
+(``is_as_loaded``), and anything else in memory — a plain transformers model, a model edited since
+it loaded — by what it is (``model_fingerprint``: weights, config, tokenizer, layout).
+Caches: the run key (``run_weights``, and ``settings`` hashes a local model's files through
+``model_files_digest``), the tuned-lens cache (``model_identity``) and the load-time checks'
+checked-once cache (``_what_checks_see``, whose verdict is reused only while the model's canary,
+``_check_canary``, computes the same logits)."""
 
 from __future__ import annotations
 
