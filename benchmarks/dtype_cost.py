@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from effdepth_core.measurement.probes import logit_lens, residual_cosine
 from effdepth_core.models import load_model
-from effdepth_core.probes import logit_lens, residual_cosine
 from effdepth_core.results import RunSettings, run
-from effdepth_core.tasks import load_task
+from effdepth_core.task_loading import load_task
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::_scaled_dot_product")
 

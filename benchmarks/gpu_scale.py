@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
+from effdepth_core.measurement.probes import erasure_map, integrated_gradients, skip_effects
 from effdepth_core.models import load_model
-from effdepth_core.probes import erasure_map, integrated_gradients, skip_effects
 from effdepth_core.results import RunSettings, run
 from effdepth_core.settings import slug
-from effdepth_core.tasks import load_task
+from effdepth_core.task_loading import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("hellaswag", "gsm8k", "aime24")

@@ -38,12 +38,12 @@ import warnings
 
 import torch
 
+from effdepth_core.measurement.probes import integrated_gradients
+from effdepth_core.measurement.probes.igrad import LayerPath, PathIntegral, gap_floor, make_baseline, quadrature_rule
+from effdepth_core.measurement.probes.shared.answers import answer_splits
+from effdepth_core.measurement.replay import clean_run
 from effdepth_core.models import load_model
-from effdepth_core.probes import integrated_gradients
-from effdepth_core.probes.igrad import LayerPath, PathIntegral, gap_floor, make_baseline, quadrature_rule
-from effdepth_core.probes.shared.answers import answer_splits
-from effdepth_core.replay import clean_run
-from effdepth_core.tasks import load_task
+from effdepth_core.task_loading import load_task
 
 
 def midpoint(n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,11 +36,11 @@ import polars as pl
 import torch
 from measure import PeakRSS, WorkCounter
 
+from effdepth_core.measurement.probes import erasure_map, integrated_gradients, skip_effects
+from effdepth_core.measurement.probes.shared.answers import answer_split
+from effdepth_core.measurement.probes.skip import sample_positions
 from effdepth_core.models import load_model
-from effdepth_core.probes import erasure_map, integrated_gradients, skip_effects
-from effdepth_core.probes.shared.answers import answer_split
-from effdepth_core.probes.skip import sample_positions
-from effdepth_core.tasks import load_task
+from effdepth_core.task_loading import load_task
 
 KEYS = {
     "skip": ["example", "variant", "position", "part", "skipped_layer", "layer", "metric"],

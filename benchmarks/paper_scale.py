@@ -35,8 +35,14 @@ import transformers
 from measure import repeated
 
 from effdepth_core.errors import EffdepthWarning
+from effdepth_core.measurement.probes import (
+    erasure_map,
+    integrated_gradients,
+    logit_lens,
+    residual_cosine,
+    skip_effects,
+)
 from effdepth_core.models import wrap_model
-from effdepth_core.probes import erasure_map, integrated_gradients, logit_lens, residual_cosine, skip_effects
 
 # the hub configurations (config.json of Qwen/Qwen2.5-{1.5B,7B,14B,32B}): layers, widths, heads,
 # KV heads, intermediate size, vocabulary, RoPE, norm epsilon, tied head (the 1.5B only)
@@ -302,8 +308,8 @@ def paper_grid() -> None:
     """The paper's whole grid on one H200, from the rates this script measured there (the cost
     model's ``GPU_RATES``) and the tasks' real prompts (tokens estimated as characters / 4)."""
     from effdepth_book.cost import gpu_rate, task_lengths
-    from effdepth_core import registry
-    from effdepth_core.probes.spec import Shape
+    from effdepth_core.measurement import registry
+    from effdepth_core.measurement.probes.spec import Shape
     from effdepth_core.settings import RunSettings
 
     print("\nThe paper's grid (12 models × HellaSwag 10, GSM8K 10, AIME24 5 prompts; cosine + logit lens) on one H200:")

@@ -85,14 +85,14 @@ PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "tuned-lens"
 
 def effdepth_lens(model, _, tokenizer, prompts):
     import effdepth_core
-    from effdepth_core.probes import token_weighted_mean
+    from effdepth_core.measurement.probes import token_weighted_mean
 
     frame = effdepth_core.logit_lens(model, prompts, tokenizer=tokenizer)
     return token_weighted_mean(frame).filter(metric="kl").sort("layer")["value"].to_numpy()
 
 
 def effdepth_tokens(model, _, tokenizer, prompt):
-    from effdepth_core.probes import lens_by_token, prediction_table
+    from effdepth_core.measurement.probes import lens_by_token, prediction_table
 
     table = prediction_table(lens_by_token(model, prompt, tokenizer=tokenizer, top_k=1), 0)
     return [list(row[1:]) for row in table.iter_rows()]  # [layer][position], column 0 is the layer
@@ -100,7 +100,7 @@ def effdepth_tokens(model, _, tokenizer, prompt):
 
 def effdepth_skip(model, _, tokenizer, prompts):
     import effdepth_core
-    from effdepth_core.probes import skip_summary
+    from effdepth_core.measurement.probes import skip_summary
 
     frame = effdepth_core.skip_effects(
         model, prompts, tokenizer=tokenizer, skip_parts="layer", skip_variants="current", output_metric="kl"

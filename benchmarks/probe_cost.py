@@ -17,10 +17,10 @@ import argparse
 import torch
 from measure import PeakRSS, median_time
 
+from effdepth_core.measurement.probes import logit_lens, residual_cosine
+from effdepth_core.measurement.trace import forward, iter_batches, tokenize
 from effdepth_core.models import load_model, truncate_layers
-from effdepth_core.probes import logit_lens, residual_cosine
-from effdepth_core.tasks import load_task
-from effdepth_core.trace import forward, iter_batches, tokenize
+from effdepth_core.task_loading import load_task
 
 
 def main() -> None:

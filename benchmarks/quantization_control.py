@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from effdepth_core import registry
-from effdepth_core.depth import difference_draws, interval, primary_statistic
+from effdepth_core.measurement import registry
+from effdepth_core.measurement.depth import difference_draws, interval, primary_statistic
+from effdepth_core.measurement.probes import logit_lens, residual_cosine
 from effdepth_core.models import load_model
-from effdepth_core.probes import logit_lens, residual_cosine
 from effdepth_core.settings import RunSettings
 
 RESULTS = Path(__file__).resolve().parents[1] / "book" / "results"
@@ -113,7 +113,7 @@ def main() -> None:
 
 
 def _point(rule, frame, n_layers, settings, statistic) -> float | None:
-    from effdepth_core.depth import depth_samples
+    from effdepth_core.measurement.depth import depth_samples
 
     point, _ = depth_samples(rule, frame, n_layers, settings, np.ones((0, frame["example"].n_unique())), statistic)
     return point

@@ -16,7 +16,7 @@ HEADER = (
 # (module, names) in the order of the page: the top-level names first, then the probes' helpers
 SECTIONS: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
     ("effdepth_core", "Top level (`import effdepth_core`)", None),
-    ("effdepth_core.probes", "More probe functions (`effdepth_core.probes`)", None),
+    ("effdepth_core.measurement.probes", "More probe functions (`effdepth_core.measurement.probes`)", None),
 )
 _CODE = re.compile(r"(``[^`]+``|`[^`]+`)")
 _SPECIAL = re.compile(r"([\\*_<>\[\]|$])")

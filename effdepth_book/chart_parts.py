@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import altair as alt
 import polars as pl
 
-from effdepth_core.probes import skip_summary, token_weighted_mean
+from effdepth_core.measurement.probes import skip_summary, token_weighted_mean
 
 from .reference import OURS, PAPER, RULE_LABELS
 from .render import (

@@ -29,7 +29,7 @@ def contribution_bars(
     the three cosines the ED rule reads (line) and, where ``summary`` gives them (rows of ``rule``
     "cosine" with ``ed``, and ``model``/``task``), its ED (dashed) — and each write's size relative to
     that residual (bottom); dropdowns pick the model and task, the legend highlights a sublayer."""
-    from effdepth_core.probes.cosine import COSINE_PARTS
+    from effdepth_core.measurement.probes.cosine import COSINE_PARTS
 
     frame = cosine.select("model", "task", "layer", "metric", "value").with_columns(
         pl.col("metric").str.split("_").list.get(0).alias("kind"),
@@ -152,7 +152,7 @@ def lens_curves(
         if summary is not None and {"model", "task"} <= set(summary.columns):
             summary = relabel(summary)
     if summary is not None:
-        from effdepth_core import registry
+        from effdepth_core.measurement import registry
 
         labels = {key: rule.label for key, (_, rule) in registry.rules().items()}
         summary = summary.with_columns(pl.col("rule").replace(labels))

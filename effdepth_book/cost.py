@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from effdepth_core import registry
-from effdepth_core.probes.spec import Shape
+from effdepth_core.measurement import registry
+from effdepth_core.measurement.probes.spec import Shape
 from effdepth_core.rundir import EXAMPLES, METADATA, read_metadata
 from effdepth_core.settings import RunSettings
 
@@ -253,7 +253,7 @@ def estimate(
 def _task_texts(
     task: str, n: int, seed: int, level: int | None, digits: int, max_tokens: int | None
 ) -> tuple[str, ...]:
-    from effdepth_core.tasks import load_task
+    from effdepth_core.task_loading import load_task
 
     def tokens(text: str) -> int:  # the same estimate as everywhere here (aime24 drops prompts > 400 tokens)
         return token_lengths([text])[0]
@@ -264,14 +264,14 @@ def _task_texts(
 
 def task_lengths(settings: RunSettings, n: int | None = None) -> list[int]:
     """The estimated token lengths of the run's first ``n`` prompts (no tokenizer is loaded)."""
-    from effdepth_core.tasks import TaskError
+    from effdepth_core.errors import TaskError
 
     try:
         texts = _task_texts(
             settings.task, n or settings.n, settings.seed, settings.level, settings.digits, settings.max_tokens
         )
     except TaskError:  # more than the data set has: all of it (the run stops there too)
-        from effdepth_core.tasks import task_pool
+        from effdepth_core.task_loading import task_pool
 
         texts = tuple(e.prompt for e in task_pool(settings.task, level=settings.level))
     return token_lengths(texts)

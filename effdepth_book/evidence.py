@@ -29,8 +29,8 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from effdepth_core import registry
-from effdepth_core.depth import (
+from effdepth_core.measurement import registry
+from effdepth_core.measurement.depth import (
     N_BOOTSTRAP,
     difference_draws,
     interval,

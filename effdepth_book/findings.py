@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import polars as pl
 
-from effdepth_core.depth import ALPHA, artefact, compare, margin, robust
+from effdepth_core.measurement.depth import ALPHA, artefact, compare, margin, robust
 
 from .reference import COMPARABLE, RULE_LABELS
 

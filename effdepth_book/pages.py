@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from effdepth_core import registry
+from effdepth_core.measurement import registry
 
 from . import params_schema, plots, reference, sections, tables
 from .spec import StudyPlan

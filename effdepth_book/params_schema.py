@@ -199,7 +199,7 @@ def _list(value: Any, where: str, fix: str) -> list:
 
 
 def _int_setting_names() -> dict[str, tuple[int, int]]:
-    from effdepth_core import registry
+    from effdepth_core.measurement import registry
 
     bounds = {
         "n": (1, MAX_N),

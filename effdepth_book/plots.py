@@ -1,5 +1,5 @@
 """Altair charts of the probes, in one theme, sized to the book's content column: the builders
-(``charts_probe``, ``charts_across``, ``charts_beyond``, sharing ``chart_parts``) and their rendering
+(``charts_probe``, ``charts_across``, sharing ``chart_parts``) and their rendering
 (``render``), under one name. Every builder takes the long frames of ``study.Study`` (or what a
 probe function returns, labelled with ``model=`` / ``task=``) and returns an Altair chart; a probe's
 ``Chart`` names its builder here."""
@@ -33,7 +33,6 @@ from .charts_across import (
     specification_curve,
     threshold_sensitivity,
 )
-from .charts_beyond import early_exit_curves, lens_ed_comparison, lens_fit_curves, map_heatmap, pruning_curves
 from .charts_probe import (
     attribution_heatmap,
     completeness_bars,
@@ -86,19 +85,14 @@ __all__ = [
     "contribution_bars",
     "depth_score_bars",
     "differences_against_margin",
-    "early_exit_curves",
     "ed_against_scale",
     "ed_by_task",
     "erasure_heatmap",
     "lens_curves",
-    "lens_ed_comparison",
-    "lens_fit_curves",
-    "map_heatmap",
     "metric_curves",
     "note",
     "output_effect_bars",
     "paper_vs_ours",
-    "pruning_curves",
     "relative_depth_curves",
     "save",
     "show",

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from effdepth_core import registry
-from effdepth_core.depth import N_BOOTSTRAP_RUN
 from effdepth_core.errors import EffdepthError
+from effdepth_core.measurement import registry
+from effdepth_core.measurement.depth import N_BOOTSTRAP_RUN
 from effdepth_core.models import LoadedModel
 from effdepth_core.results import RunResult, run
 from effdepth_core.rundir import is_complete

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from effdepth_core import registry
+from effdepth_core.measurement import registry
 
 # The paper's three ED rules (its Table 1), in its order, and the tuned-lens rules the fourth section
 # adds: which rules the book reports is the book's choice (the registry has every probe's rules).

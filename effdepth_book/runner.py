@@ -9,7 +9,6 @@ sets. Each set is executed from ``book/templates/<section>.ipynb`` into
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import time
@@ -19,11 +18,11 @@ from pathlib import Path
 
 import yaml
 
-import effdepth_core
 from effdepth_core.cache import read_regular
 from effdepth_core.errors import EffdepthError
 
 from . import params_schema, sections
+from .freshness import page_code
 
 PROFILES = ("quick", "full")
 TOC_PROFILE = "full"
@@ -179,10 +178,10 @@ def write_toc(root: Path) -> Path:
 def page_inputs(root: Path, item: ParameterSet) -> str:
     """A digest of what an executed page is made from: its template, its resolved parameters, the
     finished runs (metadata and summaries) under its results folder, and the code it runs — the
-    modules of ``effdepth_core`` and ``effdepth_book`` its template imports, its section's spec
-    module and, transitively, those they import (``page_code``). Stored in the page when it is
-    executed; ``effdepth book --check`` recomputes it, so a page is stale only when something it
-    reads changed."""
+    definitions of ``effdepth_core`` and ``effdepth_book`` its template's cells and its section's
+    spec module reach, name by name (``freshness.page_code``). Stored in the page when it is
+    executed; ``effdepth book --check`` recomputes it, so a page is stale only when something that
+    could change what it shows changed."""
     digest = hashlib.sha256()
     results = root / str(item.parameters.get("results_dir", "results"))
     template = root / "book" / "templates" / f"{item.section}.ipynb"
@@ -196,126 +195,6 @@ def page_inputs(root: Path, item: ParameterSet) -> str:
     for name, content in page_code(template):
         digest.update(name.encode() + b"\0" + hashlib.sha256(content).digest())
     return digest.hexdigest()
-
-
-# the packages whose modules a page's code is followed through: the core and this book package
-_PACKAGES = {
-    "effdepth_core": Path(effdepth_core.__file__).resolve().parent,
-    "effdepth_book": Path(__file__).resolve().parent,
-}
-# Modules whose text a page's digest leaves out, with the reason: the two registries list every probe
-# and every section by name only (adding one stales no page; a page counts its own section's module),
-# and a probe's module is stood for by its name and ``revision`` (a change that gives other numbers
-# bumps the revision; the cached numbers are what a page reads).
-_REGISTRIES = (("effdepth_core", "registry.py"), ("effdepth_book", "sections/registry.py"))
-
-
-def page_code(template: Path) -> list[tuple[str, bytes]]:
-    """The code a page runs, as (name, content) pairs in a stable order: every module of
-    ``effdepth_core`` and ``effdepth_book`` its template's cells import, its section's spec module
-    (which the registry imports by name: ``sections.BUILTIN``), and every module those import (found
-    by reading their ``import`` statements, functions' included), except the two registries (probes
-    and sections: names only) and the probes' own modules, which count by ``probe:<name>`` and their
-    revision."""
-    sources = []
-    try:
-        notebook = json.loads(read_regular(template).decode("utf-8"))
-        sources = ["".join(c.get("source", "")) for c in notebook.get("cells", []) if c.get("cell_type") == "code"]
-    except (OSError, EffdepthError, ValueError):
-        pass
-    section = template.stem
-    spec_module = sections.BUILTIN.get(section) or (
-        sections.get(section).page.__module__ if section in sections.names() else None
-    )
-    if spec_module is not None:  # the page class and what it calls: reached through the registry's text
-        sources.append(f"import {spec_module}")
-    pending = [(None, text) for text in sources]
-    seen: dict[Path, bytes] = {}
-    probes: dict[str, str] = {}
-    registries = {_PACKAGES[package] / path for package, path in _REGISTRIES}
-    while pending:
-        path, text = pending.pop()
-        for target in _imports_in(path, text, tuple(_PACKAGES.items())):
-            if target in seen or target in registries:
-                continue
-            content = target.read_bytes()
-            spec = _probe_revision(target, content)
-            if spec is not None:
-                probes[spec[0]] = spec[1]
-                continue
-            seen[target] = content
-            pending.append((target, content.decode("utf-8")))
-    code = [(_module_name(p), seen[p]) for p in sorted(seen, key=_module_name)]
-    return code + [(f"probe:{name}", revision.encode()) for name, revision in sorted(probes.items())]
-
-
-@functools.cache
-def _imports_in(path: Path | None, text: str, packages: tuple) -> tuple[Path, ...]:
-    """The package modules ``text`` (the module at ``path``, or a notebook cell) imports, in
-    order: parsed once per text and package roots (``packages``: ``_PACKAGES``'s items, which
-    resolve relative imports) in a process — every page of a ``--check`` reads the same modules."""
-    import ast
-
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:  # a notebook cell with a magic, say: nothing more to follow there
-        return ()
-    return tuple(dict.fromkeys(target for node in ast.walk(tree) for target in _imported(node, path)))
-
-
-def _module_name(path: Path) -> str:
-    """``effdepth_core/probes/cosine.py``: a module file named by its package, the same on every machine."""
-    package, root = next((n, r) for n, r in _PACKAGES.items() if r in path.parents)
-    return f"{package}/{path.relative_to(root).as_posix()}"
-
-
-def _imported(node, path: Path | None) -> list[Path]:
-    """The module files of ``effdepth_core`` and ``effdepth_book`` an import statement names
-    (relative ones from ``path``)."""
-    import ast
-
-    names: list[str] = []
-    if isinstance(node, ast.Import):
-        names = [alias.name for alias in node.names]
-    elif isinstance(node, ast.ImportFrom):
-        if node.level:
-            if path is None:
-                return []
-            base = path.parent
-            for _ in range(node.level - 1):
-                base = base.parent
-            package = next(n for n, root in _PACKAGES.items() if base == root or root in base.parents)
-            parts = (package, *base.relative_to(_PACKAGES[package]).parts)
-            module = ".".join([*parts, *([node.module] if node.module else [])])
-        else:
-            module = node.module or ""
-        names = [module] + [f"{module}.{alias.name}" for alias in node.names]
-    found = []
-    for name in names:
-        package, *parts = name.split(".")
-        root = _PACKAGES.get(package)
-        if root is None:
-            continue
-        candidates = [root / "__init__.py"]
-        if parts:
-            candidates = [root.joinpath(*parts[:-1], parts[-1] + ".py"), root.joinpath(*parts, "__init__.py")]
-        for candidate in candidates:
-            if candidate.is_file():
-                found.append(candidate)
-                break
-    return found
-
-
-def _probe_revision(path: Path, content: bytes) -> tuple[str, str] | None:
-    """(name, revision) of a probe's own module (one that declares ``SPEC = ProbeSpec(``), else None."""
-    if path.parent.name != "probes" or b"\nSPEC = ProbeSpec(" not in content:
-        return None
-    from effdepth_core import registry
-
-    for name, spec in registry.specs().items():
-        if spec.compute.__module__ == f"effdepth_core.probes.{path.stem}" or name == path.stem:
-            return name, str(spec.revision)
-    return path.stem, "unregistered"
 
 
 def execute(

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from effdepth_core.depth import (
+from effdepth_core.measurement.depth import (
     N_BOOTSTRAP,
     _matrix,
     compare,

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import polars as pl
 
-from effdepth_core import registry
 from effdepth_core.acquire import needs_download
-from effdepth_core.depth import N_BOOTSTRAP_RUN
 from effdepth_core.errors import EffdepthError
 from effdepth_core.map_run import run_map
+from effdepth_core.measurement import registry
+from effdepth_core.measurement.depth import N_BOOTSTRAP_RUN
+from effdepth_core.measurement.probes import rule_comparison
 from effdepth_core.models import LoadedModel, load_model, quiet_libraries
-from effdepth_core.probes import rule_comparison
 from effdepth_core.results import RunResult, run
 from effdepth_core.rundir import is_complete
 from effdepth_core.settings import MapSettings, RunSettings, default_out_dir, parse_probes, setting_names
@@ -126,7 +126,7 @@ class Study:
         depth, depth_ratio, depth_low, depth_high``, ``depth_degenerate`` by the same test: the one that
         decides the verdicts), where the sample-size rule
         stopped (``precision``: met, cap, data; null for a fixed n), plus model facts."""
-        from effdepth_core.depth import degenerate
+        from effdepth_core.measurement.depth import degenerate
 
         rows = []
         for r in self.finished:
@@ -197,7 +197,7 @@ class Study:
     def sensitivity(self) -> pl.DataFrame:
         """ED of every rule with a threshold (the lens rules) as the threshold varies, per run:
         ``model, task, rule, setting, threshold, ed, ratio`` (``depth.threshold_sensitivity``)."""
-        from effdepth_core.depth import threshold_sensitivity
+        from effdepth_core.measurement.depth import threshold_sensitivity
 
         parts = []
         for r in self.finished:
@@ -438,7 +438,7 @@ def pruning_comparison(study: Study) -> pl.DataFrame:
     (every rule it has, tuned lens included), plus ``model`` and ``task`` columns. Each ED is the one
     the book counts: from the run of the same model and task that asked for its probe (its own few
     prompts' ED only when there is none). A degenerate ED (``depth.degenerate``) places no block."""
-    from effdepth_core.depth import degenerate
+    from effdepth_core.measurement.depth import degenerate
 
     parts = []
     labels = {**RULES, **TUNED_RULE_LABELS}

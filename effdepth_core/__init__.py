@@ -27,32 +27,32 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "DepthResult": "depth",
+    "DepthResult": "measurement.depth",
     "EffdepthError": "errors",
-    "Example": "tasks",
+    "Example": "measurement.tasks",
     "LoadedModel": "models",
     "Measurement": "api",
     "RunSettings": "settings",
-    "TunedLens": "probes",
-    "cross_model_map": "probes",
-    "early_exit": "probes",
-    "effective_depth": "probes",
-    "erasure_map": "probes",
-    "integrated_gradients": "probes",
-    "layer_pruning": "probes",
-    "lens_by_token": "probes",
+    "TunedLens": "measurement.probes",
+    "cross_model_map": "linear_map",
+    "early_exit": "measurement.probes",
+    "effective_depth": "measurement.probes",
+    "erasure_map": "measurement.probes",
+    "integrated_gradients": "measurement.probes",
+    "layer_pruning": "measurement.probes",
+    "lens_by_token": "measurement.probes",
     "load_model": "models",
-    "load_task": "tasks",
-    "logit_lens": "probes",
+    "load_task": "task_loading",
+    "logit_lens": "measurement.probes",
     "measure": "api",
     "plot": "api",
-    "prediction_table": "probes",
-    "residual_cosine": "probes",
-    "residual_norm": "probes.norm",
+    "prediction_table": "measurement.probes",
+    "residual_cosine": "measurement.probes",
+    "residual_norm": "measurement.probes.norm",
     "run": "results",
-    "skip_effects": "probes",
-    "token_weighted_mean": "probes",
-    "train_tuned_lens": "probes",
+    "skip_effects": "measurement.probes",
+    "token_weighted_mean": "measurement.probes",
+    "train_tuned_lens": "measurement.probes",
     "wrap_model": "models",
 }
 
@@ -89,12 +89,11 @@ assert __all__ == sorted(_EXPORTS)  # one list, checked at import
 
 if TYPE_CHECKING:
     from .api import Measurement, measure, plot
-    from .depth import DepthResult
     from .errors import EffdepthError
-    from .models import LoadedModel, load_model, wrap_model
-    from .probes import (
+    from .linear_map import cross_model_map
+    from .measurement.depth import DepthResult
+    from .measurement.probes import (
         TunedLens,
-        cross_model_map,
         early_exit,
         effective_depth,
         erasure_map,
@@ -108,10 +107,12 @@ if TYPE_CHECKING:
         token_weighted_mean,
         train_tuned_lens,
     )
-    from .probes.norm import residual_norm
+    from .measurement.probes.norm import residual_norm
+    from .measurement.tasks import Example
+    from .models import LoadedModel, load_model, wrap_model
     from .results import run
     from .settings import RunSettings
-    from .tasks import Example, load_task
+    from .task_loading import load_task
 
 
 def __getattr__(name: str):

@@ -18,6 +18,8 @@ from torch import nn
 
 from .cache import NotARegularFile, make_dirs, read_json, remove_recorded_folder
 from .errors import EffdepthError, ModelNotFoundError
+from .measurement.identity import file_hashes, model_files_digest  # noqa: F401 (the identity home; named here too)
+from .network import hub_reachable
 from .paths import exists, user_path
 from .zoo import ZOO, cache_dir, check_private, ensure_model, gguf_header, model_path
 
@@ -106,23 +108,6 @@ def hub_error(spec: str, exc: Exception) -> ModelNotFoundError:
     return ModelNotFoundError(f"cannot load model {spec!r}: {why}. Offline aliases: {aliases}")
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection (a hub id then fails in seconds, not
-    after a minute of retries, on an offline machine)."""
-    import os
-    import socket
-    from urllib.parse import urlparse
-
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def _cached_on_hub_cache(repo_id: str) -> bool:
     try:
         from huggingface_hub import try_to_load_from_cache
@@ -137,44 +122,6 @@ def needs_download(spec: str) -> bool:
     not in the local hub cache; offline aliases, local files and directories never do)."""
     path = user_path(spec)
     return spec not in ZOO and not exists(path) and not _cached_on_hub_cache(spec)
-
-
-def file_hashes(path: Path) -> dict[str, str]:
-    """The sha256 of every file of a local model (a folder's top-level files, or the file itself),
-    by name. Each file is hashed in full once and again only when its size, inode or times change;
-    the records live in effdepth's cache (``fingerprints/``), never in the model's folder."""
-    import hashlib
-
-    from .cache import atomic_write_json, check_file, file_record
-
-    path = Path(path).expanduser().resolve()
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-    store = cache_dir() / "fingerprints" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:32]}.json"
-    try:
-        records = read_json(store)
-        records = records if isinstance(records, dict) else {}
-    except (OSError, ValueError, EffdepthError):
-        records = {}
-    fresh = {}
-    for file in files:
-        target = file.resolve()  # a hub snapshot links its files to blobs: the content is the blob's
-        state, record = check_file(target, records.get(file.name))
-        fresh[file.name] = record if state == "verified" else file_record(target)
-    if fresh != records:
-        try:
-            make_dirs(store.parent, 0o700)
-            atomic_write_json(store, fresh)
-        except (OSError, EffdepthError):  # a read-only cache: hashed again next time
-            pass
-    return {name: record["sha256"] for name, record in fresh.items()}
-
-
-def model_files_digest(path: Path) -> str:
-    """One sha256 over the names and sha256 of a local model's files: what identifies its weights
-    in a run's key (a change to any file is another model)."""
-    import hashlib
-
-    return hashlib.sha256(json.dumps(file_hashes(path), sort_keys=True).encode()).hexdigest()
 
 
 def dequantized_dir(spec: str, gguf: Path, dtype: torch.dtype) -> tuple[Path, str]:

@@ -527,3 +527,66 @@ def locked(folder: Path) -> Iterator[DirectoryLock]:
         yield lock
     finally:
         lock.release()
+
+
+# the cache root: every cache above lives under it
+CACHE_ENV = "EFFDEPTH_CACHE"
+SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr")
+
+
+def cache_dir() -> Path:
+    """Root of effdepth's cache (``$EFFDEPTH_CACHE``, else ``~/.cache/effdepth``), resolved once (a
+    link is followed here, and only here); refused in one line when it is, or links to, the file
+    system's root or a system folder, or when there is no home directory to put it in."""
+    root = os.environ.get(CACHE_ENV)
+    try:
+        path = Path(root).expanduser() if root else Path.home() / ".cache" / "effdepth"
+    except (RuntimeError, KeyError) as exc:  # HOME unset and no passwd entry
+        raise EffdepthError(
+            f"cannot find a home directory for effdepth's cache ({exc}); set {CACHE_ENV} to a folder of your own"
+        ) from None
+    resolved = path.resolve()
+    if (resolved.exists() or path.is_symlink()) and not resolved.is_dir():
+        where = f"{CACHE_ENV}={root}" if root else str(path)
+        raise EffdepthError(
+            f"cannot write the model cache {where}: it is not a directory; set {CACHE_ENV} to a directory"
+        )
+    text = resolved.as_posix()
+    if text == "/" or any(text == folder or text.startswith(folder + "/") for folder in SYSTEM_FOLDERS):
+        link = " a link to" if resolved != path.absolute() else ""
+        raise EffdepthError(
+            f"effdepth's cache {path} is{link} a system folder ({text}); set {CACHE_ENV} to a folder of your own"
+        )
+    if resolved.is_dir():
+        check_private(resolved)  # others could change effdepth's records there, hence its numbers
+    return resolved
+
+
+def check_cache_dir() -> Path:
+    """The cache root, after checking it can be one: a file (or a link to one) at that path is a
+    one-line error naming the setting, never silently "nothing cached"."""
+    root = cache_dir()
+    if (root.exists() or root.is_symlink()) and not root.is_dir():
+        where = f"{CACHE_ENV}={os.environ[CACHE_ENV]}" if os.environ.get(CACHE_ENV) else str(root)
+        raise EffdepthError(
+            f"cannot write the model cache {where}: it is not a directory; set {CACHE_ENV} to a directory"
+        )
+    check_private(root)
+    return root
+
+
+def check_private(path: Path) -> None:
+    """Refuse a cache folder other users can write to (as ssh refuses a key with loose permissions):
+    whoever can change effdepth's records there can change its numbers. A sticky folder (``/tmp``)
+    is fine: others cannot replace what is in it."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise EffdepthError(
+            f"the cache folder {path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); effdepth does "
+            f"not trust records others can change: run `chmod go-w {path}` or set {CACHE_ENV} to a private folder"
+        )

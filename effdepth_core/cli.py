@@ -29,9 +29,10 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def _settings(args: argparse.Namespace):
     """RunSettings from the command line, with the checks only the command line can make (was an
     option given at all?)."""
-    from . import registry
+    from .measurement import registry
+    from .measurement.tasks import ARITHMETIC
     from .settings import RunSettings
-    from .tasks import ARITHMETIC, check_task
+    from .task_loading import check_task
 
     if not args.model:
         raise EffdepthError(
@@ -124,7 +125,7 @@ def _measured_text(out_dir: Path) -> str | None:
 
 def _check_used(args: argparse.Namespace, settings, probes: list[str]) -> None:
     """A probe option given on the command line that none of the probes run uses is a mistake."""
-    from . import registry
+    from .measurement import registry
     from .settings import parse_probes
 
     for name, option in registry.options().items():
@@ -144,8 +145,8 @@ def _check_used(args: argparse.Namespace, settings, probes: list[str]) -> None:
 def _cmd_probes(args: argparse.Namespace) -> int:
     """Every registered probe (built-in and plugins): its name, what it measures, its ED rules and
     its options, one block each; `effdepth run --probes` takes the names."""
-    from . import registry
     from .cli_args import _option_users
+    from .measurement import registry
 
     users = _option_users()
     for name, spec in registry.specs().items():
@@ -261,7 +262,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from . import registry
+    from .measurement import registry
     from .rundir import check_recorded, read_cached_frame, read_metadata
 
     run_dir, out = args.run_dir.expanduser(), args.out.expanduser()

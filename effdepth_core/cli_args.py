@@ -106,7 +106,7 @@ PROBE_COLUMN = 12  # the width of the probe list's name column in run --help
 def _option_users() -> dict[str, list[str]]:
     """Each probe option's probes, in registry order: the probes that declare it, and those whose
     choice of what runs (``expand``) it changes (``--lens`` selects logit_lens's lens)."""
-    from . import registry
+    from .measurement import registry
     from .settings import RunSettings
 
     users: dict[str, list[str]] = {}
@@ -132,7 +132,7 @@ def _option_users() -> dict[str, list[str]]:
 def _add_probe_options(parser: argparse.ArgumentParser) -> None:
     """The probes, one line each, then one argument group per set of probes an option affects
     (``logit_lens and tuned_lens options``), generated from the specs."""
-    from . import registry
+    from .measurement import registry
 
     specs = registry.specs()
     lines = [f"  {name:<{PROBE_COLUMN}}{spec.description or spec.title}" for name, spec in specs.items()]
@@ -161,8 +161,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line. Nothing heavy is imported (no torch) unless ``command`` is one whose
     options come from the probe specs (run, plot, grid): then their flags and choices are added."""
     from . import __version__
-    from .registry import DEFAULT, names
-    from .tasks import TASKS
+    from .measurement.registry import DEFAULT, names
+    from .measurement.tasks import TASKS
     from .zoo import DEFAULT_MODEL
 
     parser = _Parser(prog="effdepth", description="Measure the effective depth of causal LMs.", formatter_class=_Help)
@@ -326,7 +326,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     plot.add_argument("run_dir", type=_path, help="a run directory (effdepth run --out, or results/...)")
     charts = None
     if command == "plot":
-        from . import registry
+        from .measurement import registry
 
         charts = [chart.name for spec in registry.specs().values() for chart in spec.charts]
     plot.add_argument(

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import polars as pl
 
-from . import registry
-from .depth import DepthResult
 from .errors import EffdepthError
 from .labels import CELL_LEGEND, DEPTH_LEGEND, format_depth, format_rule
-from .tasks import ARITHMETIC
+from .measurement import registry
+from .measurement.depth import DepthResult
+from .measurement.tasks import ARITHMETIC
 from .terminal import printable
 
 
@@ -76,7 +76,7 @@ def degenerate_reason(entry: dict | None, n_layers: int, statistic: bool = False
     """Why a rule's ED (or, with ``statistic``, its continuous depth) is degenerate, by the book's
     one rule (``depth.degenerate``: an artefact in the first layers, or an interval over L/2); None
     when it is sound or undefined."""
-    from .depth import degenerate
+    from .measurement.depth import degenerate
 
     if not entry:
         return None
@@ -455,7 +455,7 @@ class RunResult:
         reason``, ``degenerate``: why the ED is a rule artefact or its interval degenerate, by
         docs/method.md §10, else null; then the continuous statistic's columns and its own
         ``depth_degenerate``)."""
-        from .depth import depth_table
+        from .measurement.depth import depth_table
 
         table = depth_table(self.depth)
         n_layers = int(self.summary["n_layers"])

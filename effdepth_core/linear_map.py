@@ -25,9 +25,9 @@ import polars as pl
 import torch
 
 from .errors import EffdepthError
-from .models import LoadedModel, takes_plain_models
+from .measurement.trace import residual_states, show_progress, tokenize
+from .measurement.wrapping import LoadedModel, takes_plain_models
 from .terminal import progress_bar
-from .trace import residual_states, show_progress, tokenize
 
 StateStream = Callable[[], Iterable[torch.Tensor]]  # each call: batches of [token, layer 0..L, d] float32
 

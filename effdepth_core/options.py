@@ -45,7 +45,7 @@ CORE_SETTINGS = (
 # A generated task (addition, multiplication) has no size of its own; a run of more examples than
 # this is a typo, not a study (a data set or task file is further bounded by its own examples).
 MAX_GENERATED = 100_000
-# The most examples any run can hold: a task file is at most 1 GiB (tasks.TASK_FILE_LIMIT) and each
+# The most examples any run can hold: a task file is at most 1 GiB (task_loading.TASK_FILE_LIMIT) and each
 # example is at least a few bytes, so no run has more; also the largest useful batch.
 MAX_EXAMPLES = 10_000_000
 # Operand length: the product of two d-digit numbers has 2d digits, and Python converts at most 4300

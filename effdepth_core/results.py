@@ -25,23 +25,25 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from . import __version__, registry
+from . import __version__
 from .cache import read_regular
-from .depth import N_BOOTSTRAP_RUN, effective_depths
 from .display import RunResult
 from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError, TaskError
+from .measurement import registry
+from .measurement.depth import N_BOOTSTRAP_RUN, effective_depths
+from .measurement.probes.spec import Context, ProbeSpec
+from .measurement.tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example
 from .models import (
     LoadedModel,
     load_model,
-    model_fingerprint,
     preflight_model,
     resolve_device,
     resolve_dtype,
+    run_weights,
     takes_plain_models,
     user_hooks,
 )
 from .paths import exists, names_path, user_path
-from .probes.spec import Context, ProbeSpec
 from .rundir import (
     EXAMPLES,
     FORMAT,
@@ -61,7 +63,7 @@ from .settings import (
     parse_probes,
     slug,
 )
-from .tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example, load_task
+from .task_loading import load_task
 from .zoo import cache_dir
 
 __all__ = [
@@ -187,10 +189,7 @@ def _plan(
                 "name it; remove it (handle.remove()) before measuring, or measure the hooked computation "
                 "with your own code"
             )
-        if canary is not None or not loaded.is_as_loaded(settings.model, asked):
-            weights = model_fingerprint(loaded)
-        if canary is not None:  # what the model computes now, beyond what its weights and config say
-            weights = hashlib.sha256(f"{weights}:canary:{canary}".encode()).hexdigest()
+        weights = run_weights(loaded, settings.model, asked, canary)  # None: keyed by its name (identity)
     base = settings.base_fields(by_name=weights is None)
     key, fields = _run_key(settings, weights, given_examples, base)
     if out_dir is None and results_root is None:
@@ -582,7 +581,7 @@ def canary(loaded: LoadedModel, examples: Sequence[Example]) -> str:
     it is always recomputed at the recorded batch shape (one prompt), on the same device type and
     dtype (both in the key); a machine whose kernels round otherwise recomputes the run, never
     reuses it. Cost: one forward pass of ≤ 32 tokens and one head product."""
-    from .trace import residual_states
+    from .measurement.trace import residual_states
 
     ids = loaded.encode(getattr(examples[0], "prompt", examples[0]))[:CANARY_TOKENS]
     states = next(iter(residual_states(loaded, [ids], batch_size=1)))  # [token, L+1, d_model] float32
@@ -697,7 +696,7 @@ class Overall:
     cost model's measure) at the rate the probes before it ran, so the first probe has no estimate."""
 
     def __init__(self, names: Sequence[str], loaded: LoadedModel, examples: Sequence[Example], settings: RunSettings):
-        from .probes.spec import Shape
+        from .measurement.probes.spec import Shape
 
         self.names = list(names)
         n_params = sum(p.numel() for p in loaded.model.parameters())

@@ -16,12 +16,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, registry
+from . import __version__
 from .errors import EffdepthError, OptionError
+from .measurement import registry
+from .measurement.probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec, spelled
+from .measurement.tasks import ANSWER_FORMAT, ARITHMETIC, DEFAULT_N, TASKS
 from .options import CORE_OPTIONS, MAP_OPTIONS, MAX_GENERATED
 from .paths import NAME_BYTES, exists, names_path, short_name  # noqa: F401 (NAME_BYTES: part of this module's API)
-from .probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec, spelled
-from .tasks import ANSWER_FORMAT, ARITHMETIC, DEFAULT_N, TASKS, check_task, count_examples
+from .task_loading import check_task, count_examples
 
 CORE_DEFAULTS: dict[str, Any] = {
     "n": None,
@@ -368,7 +370,7 @@ class MapSettings:
     def check(self) -> None:
         """One-line errors for everything that can be checked before a model loads."""
         from .models import preflight_model
-        from .tasks import load_task
+        from .task_loading import load_task
 
         for name, option in MAP_OPTIONS.items():  # each number's type and bounds, declared once
             option.check(getattr(self, name))
@@ -390,7 +392,7 @@ class MapSettings:
 
     def pool_size(self) -> int | None:
         """How many prompts the task has (None: a generated task, as many as asked)."""
-        from .tasks import task_pool
+        from .task_loading import task_pool
 
         return None if self.task in ARITHMETIC else len(task_pool(self.task))
 

@@ -9,9 +9,9 @@ import numpy as np
 import polars as pl
 import torch
 
-from effdepth_core.probes.shared.reduce import token_weighted_mean
-from effdepth_core.probes.spec import Chart, Option, ProbeSpec, Rule
-from effdepth_core.replay import clean_run
+from effdepth_core.measurement.probes.shared.reduce import token_weighted_mean
+from effdepth_core.measurement.probes.spec import Chart, Option, ProbeSpec, Rule
+from effdepth_core.measurement.replay import clean_run
 
 
 def residual_max(loaded, examples, context) -> pl.DataFrame:

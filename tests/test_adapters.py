@@ -13,8 +13,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from effdepth_core.errors import EffdepthWarning, NonFiniteActivationError, UnsupportedModelError
+from effdepth_core.measurement.trace import forward, iter_batches, trace_layers
 from effdepth_core.models import supported_model_types, truncate_layers, wrap_model
-from effdepth_core.trace import forward, iter_batches, trace_layers
 
 ATOL = 2e-5
 
@@ -126,8 +126,8 @@ def test_a_model_type_outside_the_table_gets_a_verified_layout_or_one_line(monke
 
     from effdepth_core import models
     from effdepth_core.errors import EffdepthWarning, UnsupportedModelError
+    from effdepth_core.measurement.probes import logit_lens
     from effdepth_core.models import wrap_model
-    from effdepth_core.probes import logit_lens
 
     monkeypatch.delitem(models.ADAPTERS, "granite")  # its row knows the logit scale; inference does not
 
@@ -265,7 +265,7 @@ def test_blocks_read_off_their_outputs_measure_as_the_stock_model_or_are_refused
     module both writes pass through) give the stock Llama's numbers for the same weights, skips of
     each sublayer included; a copy of a write, an MLP before the attention, a post-norm block and a
     rescaled residual are refused in one line saying which."""
-    from effdepth_core.probes import residual_cosine, skip_effects
+    from effdepth_core.measurement.probes import residual_cosine, skip_effects
 
     stock = _tiny_of("llama")
     custom = copy.deepcopy(stock)

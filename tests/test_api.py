@@ -14,7 +14,7 @@ from conftest import char_tokenizer, make_tiny
 
 from effdepth_core import measure
 from effdepth_core.errors import EffdepthError, UnsupportedModelError
-from effdepth_core.probes import logit_lens, residual_cosine
+from effdepth_core.measurement.probes import logit_lens, residual_cosine
 
 PROMPTS = ["the capital of france is", "two plus two is four"]
 
@@ -171,9 +171,9 @@ def test_effective_depth_knows_every_registered_rule_and_gives_a_frame():
     from conftest import random_prompts
 
     from effdepth_core import effective_depth
-    from effdepth_core.depth import depth_table
-    from effdepth_core.probes.norm import ed_norm, residual_norm
-    from effdepth_core.probes.shared.reduce import token_weighted_mean
+    from effdepth_core.measurement.depth import depth_table
+    from effdepth_core.measurement.probes.norm import ed_norm, residual_norm
+    from effdepth_core.measurement.probes.shared.reduce import token_weighted_mean
 
     loaded = make_tiny("llama")
     norm = residual_norm(loaded, random_prompts([9, 12, 7]))
@@ -193,7 +193,7 @@ def test_lens_curves_mark_the_eds_effective_depth_gives():
 
     from effdepth_book import plots
     from effdepth_core import effective_depth
-    from effdepth_core.depth import depth_table
+    from effdepth_core.measurement.depth import depth_table
 
     loaded = make_tiny("llama")
     lens = logit_lens(loaded, random_prompts([9, 12]))
@@ -307,7 +307,7 @@ def test_every_public_function_that_takes_a_loaded_model_takes_a_transformers_mo
     import inspect
 
     import effdepth_core
-    from effdepth_core import probes
+    from effdepth_core.measurement import probes
 
     public = {getattr(m, n) for m in (effdepth_core, probes) for n in m.__all__}
     takers = {fn for fn in public if inspect.isfunction(fn) and _takes_a_loaded_model(fn)}
@@ -318,7 +318,7 @@ def test_every_public_function_that_takes_a_loaded_model_takes_a_transformers_mo
 
 
 def test_a_probe_called_on_a_transformers_model_gives_the_wrapped_models_numbers_and_leaves_it_as_it_was():
-    from effdepth_core.probes import lens_by_token, skip_effects
+    from effdepth_core.measurement.probes import lens_by_token, skip_effects
 
     model, tokenizer = make_tiny("llama").model, char_tokenizer()
     model.train().requires_grad_(True)
@@ -350,14 +350,14 @@ def test_a_model_wrapped_again_unchanged_is_not_checked_again_and_any_change_is_
     """A probe called on a plain model wraps it on every call: the load-time checks run once per
     model as long as nothing they read changed — a replaced forward, a hook, a swapped module, a
     weight edited in place or a config field runs them again, and a model broken since is refused."""
-    from effdepth_core import models
+    from effdepth_core.measurement import adapters, checks
     from effdepth_core.models import wrap_model
 
     model = make_tiny("llama").model
-    models._CHECKED.pop(model)  # make_tiny checked it: start from a model never wrapped
+    adapters._CHECKED.pop(model)  # make_tiny checked it: start from a model never wrapped
     runs = []
-    checked = models.verify_adapter
-    monkeypatch.setattr(models, "verify_adapter", lambda *a, **k: runs.append(1) or checked(*a, **k))
+    checked = checks.verify_adapter
+    monkeypatch.setattr(checks, "verify_adapter", lambda *a, **k: runs.append(1) or checked(*a, **k))
     first = wrap_model(model)
     again = wrap_model(model)
     assert len(runs) == 1 and (again.adapter, again.pads_safely) == (first.adapter, first.pads_safely)
@@ -396,16 +396,16 @@ def test_a_model_wrapped_again_unchanged_is_not_checked_again_and_any_change_is_
 def test_a_model_whose_layout_was_inferred_is_inferred_once(monkeypatch):
     """The cache holds for an inferred layout too (what the check's forwards update is read after
     them), and the inference's warning is given on every wrap."""
-    from effdepth_core import models
     from effdepth_core.errors import EffdepthWarning
+    from effdepth_core.measurement import adapters
     from effdepth_core.models import wrap_model
 
     model = make_tiny("llama").model
-    models._CHECKED.pop(model)
-    monkeypatch.delitem(models.ADAPTERS, "llama")  # not in the table: inferred
+    adapters._CHECKED.pop(model)
+    monkeypatch.delitem(adapters.ADAPTERS, "llama")  # not in the table: inferred
     runs = []
-    inferred = models.infer_adapter
-    monkeypatch.setattr(models, "infer_adapter", lambda *a, **k: runs.append(1) or inferred(*a, **k))
+    inferred = adapters.infer_adapter
+    monkeypatch.setattr(adapters, "infer_adapter", lambda *a, **k: runs.append(1) or inferred(*a, **k))
     for _ in range(2):
         with pytest.warns(EffdepthWarning, match="inferred"):
             wrap_model(model)
@@ -419,8 +419,8 @@ def test_every_probe_option_has_one_spelling_in_python_and_on_the_command_line()
     import inspect
 
     import effdepth_core
-    from effdepth_core import probes, registry
     from effdepth_core.cli_args import build_parser
+    from effdepth_core.measurement import probes, registry
 
     options = set(registry.options())
     short = {o.split("_", 1)[1] for o in options if "_" in o} | {"tolerance", "block_sizes", "n_positions"}
@@ -466,7 +466,7 @@ def test_a_misspelt_or_short_option_name_is_answered_with_the_one_it_means(capsy
 
 
 def test_curves_as_arrays_and_the_one_prompt_prediction_table(cache):
-    from effdepth_core.probes import lens_by_token, prediction_table
+    from effdepth_core.measurement.probes import lens_by_token, prediction_table
 
     tiny = make_tiny("llama")
     result = measure(tiny.model, PROMPTS, tokenizer=char_tokenizer(), progress=False)
@@ -536,7 +536,7 @@ def test_a_task_path_that_does_not_exist_is_refused_with_the_nearest_file_not_me
 
 def _bad_inputs():
     """Each wrong input to the one-prompt functions, the table and curve(): (id, call, what the one line says)."""
-    from effdepth_core.probes import lens_by_token, logit_lens, prediction_table
+    from effdepth_core.measurement.probes import lens_by_token, logit_lens, prediction_table
 
     tiny = make_tiny("llama")
     tiny.tokenizer = char_tokenizer()
@@ -578,7 +578,7 @@ def pl_concat(rows, tiny):
     """Two prompts' lens_by_token rows in one frame."""
     import polars as pl
 
-    from effdepth_core.probes import lens_by_token
+    from effdepth_core.measurement.probes import lens_by_token
 
     return pl.concat([rows, lens_by_token(tiny, PROMPTS[1], top_k=3)])
 
@@ -606,7 +606,7 @@ def test_curve_names_a_non_text_probe_or_metric_in_one_line(cache, given):
 
 def test_one_prompt_as_a_1_by_n_tensor_is_that_prompt():
     """A ``[1, token]`` tensor (a tokenizer's ``return_tensors="pt"``) is one prompt: the same rows as its 1-D ids."""
-    from effdepth_core.probes import lens_by_token
+    from effdepth_core.measurement.probes import lens_by_token
 
     tiny = make_tiny("llama")
     ids = torch.tensor([5, 6, 7, 8])

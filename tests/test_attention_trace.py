@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import make_tiny, random_prompts
 
-from effdepth_core.probes.attention_entropy import attention_entropy
-from effdepth_core.trace import Hook, intervene, iter_batches, trace_layers
+from effdepth_core.measurement.probes.attention_entropy import attention_entropy
+from effdepth_core.measurement.trace import Hook, intervene, iter_batches, trace_layers
 
 ARCHS = ("llama", "gemma3_text", "gpt2", "gpt_neox", "qwen3")
 
@@ -99,7 +99,7 @@ def test_run_with_cache_equals_the_models_own_hidden_states_and_attentions(arch)
     a_l + m_l), its attention is ``output_attentions``'; a subset of layers keeps those layers'
     rows; what would exceed ``max_bytes`` is refused before any forward pass."""
     from effdepth_core.errors import EffdepthError
-    from effdepth_core.trace import run_with_cache
+    from effdepth_core.measurement.trace import run_with_cache
 
     loaded = make_tiny(arch)
     prompts = random_prompts([9, 5, 12])

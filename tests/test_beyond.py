@@ -10,19 +10,19 @@ import pytest
 import torch
 from conftest import make_tiny, random_prompts
 
-from effdepth_core.probes import logit_lens
-from effdepth_core.probes.early_exit import early_exit
-from effdepth_core.probes.prune import (
+from effdepth_core.measurement.probes import logit_lens
+from effdepth_core.measurement.probes.early_exit import early_exit
+from effdepth_core.measurement.probes.prune import (
     after_ed_block,
     layer_pruning,
     prune_summary,
     pruned_final,
     rule_comparison,
 )
-from effdepth_core.probes.skip import skip_hooks
-from effdepth_core.probes.tuned_lens import LensTraining, TunedLens, cached_tuned_lens, train_tuned_lens
-from effdepth_core.replay import clean_run
-from effdepth_core.trace import intervene
+from effdepth_core.measurement.probes.skip import skip_hooks
+from effdepth_core.measurement.probes.tuned_lens import LensTraining, TunedLens, cached_tuned_lens, train_tuned_lens
+from effdepth_core.measurement.replay import clean_run
+from effdepth_core.measurement.trace import intervene
 
 # float32 on values of order 1–10: differences of a few 1e-6 are rounding of reordered sums
 TOL = 1e-5
@@ -76,9 +76,9 @@ def test_regression_start_is_never_worse_than_zero_on_training_tokens():
 def test_tuned_lens_cache_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
     tiny = make_tiny("qwen2")
-    from effdepth_core.probes import tuned_lens as module
+    from effdepth_core.measurement.probes import tuned_lens as module
 
-    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    monkeypatch.setattr("effdepth_core.measurement.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
     training = LensTraining(train_tokens=150, heldout_tokens=60, steps=3, batch_tokens=16)
     first = cached_tuned_lens("tiny-qwen2", tiny, training)
     path = module.tuned_lens_path("tiny-qwen2", tiny, training)
@@ -237,10 +237,10 @@ def test_damaged_or_blocked_lens_cache_is_one_line(tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
     from effdepth_core.errors import EffdepthError
-    from effdepth_core.probes import tuned_lens as module
+    from effdepth_core.measurement.probes import tuned_lens as module
 
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
-    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    monkeypatch.setattr("effdepth_core.measurement.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
     tiny = make_tiny("llama")
     training = LensTraining(train_tokens=150, heldout_tokens=60, steps=2, batch_tokens=16)
     path = module.tuned_lens_path("tiny", tiny, training)

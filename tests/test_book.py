@@ -310,48 +310,91 @@ def test_a_cached_only_study_says_why_a_hub_model_is_missing(tmp_path, monkeypat
     assert all(r.error.startswith("not computed yet") for r in local.records)
 
 
-def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
-    """The page digest follows the template's imports: editing a core module no page imports, a
-    probe's module (it counts by its revision), adding a probe or adding a section leaves every page
-    fresh; editing a module a page runs (the statistics, the sections' functions) stales it."""
+def _copied_packages(tmp_path, monkeypatch) -> dict[str, Path]:
+    """Both packages copied, and the page digest reading the copies (edited by the test, not the checkout)."""
     import shutil
 
+    from effdepth_book import freshness
+
+    copies = {name: tmp_path / name for name in freshness.PACKAGES}
+    for name, root in freshness.PACKAGES.items():
+        shutil.copytree(root, copies[name], ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(freshness, "PACKAGES", copies)
+    return copies
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path.name}: {old!r}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
+    """The page digest follows what the template's cells call, definition by definition: editing a
+    module no page runs, a definition no page reaches (a new function in errors.py or depth.py), a
+    probe's module (it counts by its revision), adding a probe or adding a section leaves every page
+    fresh; editing a function a page calls (the statistics, the sections' functions) stales it."""
     from effdepth_book import runner
 
-    copies = {name: tmp_path / name for name in runner._PACKAGES}
-    for name, root in runner._PACKAGES.items():
-        shutil.copytree(root, copies[name], ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(runner, "_PACKAGES", copies)
+    copies = _copied_packages(tmp_path, monkeypatch)
     package = copies["effdepth_core"]
     item = parameter_sets(ROOT, "scale", "full")[0]
     fresh = runner.page_inputs(ROOT, item)
-    (package / "cli.py").write_text((package / "cli.py").read_text() + "\n# an unrelated edit\n")
-    (package / "probes" / "norm.py").write_text((package / "probes" / "norm.py").read_text() + "\n# same revision\n")
-    (package / "probes" / "mine.py").write_text("SPEC = None  # a new probe's module\n")
-    (package / "registry.py").write_text((package / "registry.py").read_text() + "\n# its registry line\n")
+    (package / "cli.py").write_text((package / "cli.py").read_text() + "\n\ndef unrelated():\n    return 1\n")
+    probes = package / "measurement" / "probes"
+    (probes / "norm.py").write_text((probes / "norm.py").read_text() + "\n# same revision\n")
+    (probes / "mine.py").write_text("SPEC = None  # a new probe's module\n")
+    registry = package / "measurement" / "registry.py"
+    registry.write_text(registry.read_text() + "\n# its registry line\n")
     sections = copies["effdepth_book"] / "sections" / "registry.py"  # a new section's registry line
     sections.write_text(sections.read_text().replace("}\n", '    "mine": "effdepth_book.sections.mine",\n}\n'))
     assert "mine" in sections.read_text()
     assert runner.page_inputs(ROOT, item) == fresh
-    (package / "depth.py").write_text((package / "depth.py").read_text() + "\n# the statistics change\n")
+    _edit(package / "measurement" / "depth.py", "def primary_statistic(", "def primary_statistic(  # changed\n    ")
     assert runner.page_inputs(ROOT, item) != fresh
     names = [name for name, _ in runner.page_code(ROOT / "book" / "templates" / "scale.ipynb")]
-    assert "effdepth_core/depth.py" in names and "effdepth_book/findings.py" in names
-    # the section's spec module, which the registry imports by name, and what only it imports
-    assert {"effdepth_book/sections/scale.py", "effdepth_book/evidence.py"} <= set(names)
-    assert "effdepth_book/sections/beyond.py" not in names
-    assert "effdepth_core/cli.py" not in names and "effdepth_core/probes/cosine.py" not in names
+    modules = {name.split("::")[0] for name in names}
+    assert "effdepth_core/measurement/depth.py::primary_statistic" in names and "effdepth_book/findings.py" in modules
+    # the section's spec module, which the registry imports by name, and what only it calls
+    assert {"effdepth_book/sections/scale/__init__.py", "effdepth_book/evidence.py"} <= modules
+    assert "effdepth_book/sections/beyond/__init__.py" not in modules
+    assert "effdepth_core/cli.py" not in modules and "effdepth_core/measurement/probes/cosine.py" not in modules
     assert "probe:cosine" in names
-    (copies["effdepth_book"] / "grid.py").write_text((copies["effdepth_book"] / "grid.py").read_text() + "\n# grid\n")
     stale = runner.page_inputs(ROOT, item)
-    (copies["effdepth_book"] / "findings.py").write_text(
-        (copies["effdepth_book"] / "findings.py").read_text() + "\n#\n"
-    )
+    (copies["effdepth_book"] / "grid.py").write_text((copies["effdepth_book"] / "grid.py").read_text() + "\n# grid\n")
+    findings = copies["effdepth_book"] / "findings.py"
+    _edit(findings, "\ndef ", "\ndef _a_new_helper():\n    return 1\n\n\ndef ")
+    assert runner.page_inputs(ROOT, item) == stale  # grid.py (no page runs it), a definition nothing calls
+    assert "effdepth_book/findings.py::_deciding" in names
+    _edit(findings, "def _deciding(", "def _deciding(  # changed\n    ")
     assert runner.page_inputs(ROOT, item) != stale  # the book's own modules count as the core's do
     stale = runner.page_inputs(ROOT, item)
     init = copies["effdepth_book"] / "sections" / "__init__.py"  # get(), plans(): what a page runs
-    init.write_text(init.read_text() + "\n#\n")
+    _edit(init, "def get(", "def get(  # changed\n    ")
     assert runner.page_inputs(ROOT, item) != stale
+
+
+def test_an_edit_stales_exactly_the_pages_that_run_it(tmp_path, monkeypatch):
+    """Stale means the output could change: a new function in errors.py (or any edit no page's cells
+    reach) leaves every page fresh; an edit of a depth statistic stales the pages that read it and
+    only those — the permutation test (``spearman_test``) is read by the scale and difficulty pages'
+    trend findings, not by the beyond or long-CoT pages."""
+    from effdepth_book import runner
+
+    copies = _copied_packages(tmp_path, monkeypatch)
+    package = copies["effdepth_core"]
+    items = {
+        section: parameter_sets(ROOT, section, "full")[0] for section in ("scale", "difficulty", "beyond", "long_cot")
+    }
+    fresh = {section: runner.page_inputs(ROOT, item) for section, item in items.items()}
+    errors = package / "errors.py"
+    errors.write_text(errors.read_text() + '\n\ndef unused_helper() -> str:\n    return "nothing calls this"\n')
+    assert {section: runner.page_inputs(ROOT, item) for section, item in items.items()} == fresh
+    _edit(package / "measurement" / "depth.py", "def spearman_test(", "def spearman_test(  # changed\n    ")
+    now = {section: runner.page_inputs(ROOT, item) for section, item in items.items()}
+    assert {section for section in items if now[section] != fresh[section]} == {"scale", "difficulty"}
+    _edit(errors, "class EffdepthError(", "class EffdepthError(  # changed\n    ")  # a class every page may raise
+    assert all(runner.page_inputs(ROOT, item) != now[section] for section, item in items.items())
 
 
 def test_the_section_registry_holds_names_only():

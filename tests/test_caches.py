@@ -14,7 +14,7 @@ from effdepth_core import acquire, zoo
 from effdepth_core.acquire import save_dequantized
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
-from effdepth_core.probes.tuned_lens import LensTraining, cached_tuned_lens, record_path, tuned_lens_path
+from effdepth_core.measurement.probes.tuned_lens import LensTraining, cached_tuned_lens, record_path, tuned_lens_path
 
 SHA = "ab" * 32
 
@@ -84,7 +84,7 @@ def test_a_damaged_dequantized_cache_is_rebuilt_and_a_markerless_one_refused(smo
 
 def _lens(tmp_path, monkeypatch):
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
-    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    monkeypatch.setattr("effdepth_core.measurement.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
     tiny = make_tiny("llama")
     training = LensTraining(train_tokens=150, heldout_tokens=60, steps=2, batch_tokens=16)
     cached_tuned_lens("tiny", tiny, training)
@@ -131,11 +131,12 @@ def test_a_local_model_changed_in_place_is_another_model(tmp_path, capsys):
 def test_a_run_is_keyed_by_the_weights_and_the_prompts_it_measured(tmp_path, monkeypatch):
     """Two models wrapped under one name, and one's own prompts run under a task's name, never share
     a run directory or rows: each run's numbers equal the probe computed directly on its model."""
+    from effdepth_core.measurement.probes import residual_cosine
+    from effdepth_core.measurement.tasks import Example
     from effdepth_core.models import wrap_model
-    from effdepth_core.probes import residual_cosine
     from effdepth_core.results import run
     from effdepth_core.settings import RunSettings
-    from effdepth_core.tasks import Example, load_task
+    from effdepth_core.task_loading import load_task
 
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))  # where run() keeps results by default
     a = wrap_model(make_tiny("llama", seed=1).model, char_tokenizer(), name="tiny")
@@ -162,8 +163,8 @@ def test_a_run_is_keyed_by_everything_that_decides_its_numbers(tmp_path):
     from conftest import char_tokenizer, make_tiny
 
     from effdepth_core.errors import EffdepthError
+    from effdepth_core.measurement.probes import residual_cosine
     from effdepth_core.models import wrap_model
-    from effdepth_core.probes import residual_cosine
     from effdepth_core.results import RunSettings, run
 
     prompts = tmp_path / "p.jsonl"
@@ -201,8 +202,8 @@ def test_a_tuned_lens_is_stored_under_the_models_identity_not_its_name(tmp_path,
     never decoded with the first one's lens); the same model twice gets the same one."""
     from conftest import char_tokenizer, make_tiny
 
+    from effdepth_core.measurement.probes.tuned_lens import LensTraining, tuned_lens_path
     from effdepth_core.models import wrap_model
-    from effdepth_core.probes.tuned_lens import LensTraining, tuned_lens_path
 
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
     training = LensTraining()

@@ -11,8 +11,8 @@ import torch
 
 from effdepth_core import measure
 from effdepth_core.errors import EffdepthError
+from effdepth_core.measurement.probes import residual_cosine
 from effdepth_core.models import load_model
-from effdepth_core.probes import residual_cosine
 
 PROMPTS = ["the capital of france is", "two plus two is four"]
 
@@ -74,8 +74,8 @@ def test_a_changed_model_in_a_named_folder_is_refused_in_one_line(cache, tiny_di
 
 
 def test_the_canary_sees_every_byte_and_nothing_else(tiny_dir):
+    from effdepth_core.measurement.tasks import Example
     from effdepth_core.results import canary
-    from effdepth_core.tasks import Example
 
     loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
     examples = [Example(PROMPTS[0], "")]
@@ -89,7 +89,7 @@ def test_the_canary_sees_every_byte_and_nothing_else(tiny_dir):
 def test_a_changed_model_borrows_no_rows_from_its_earlier_runs(cache, tiny_dir, monkeypatch):
     """A larger run borrows the first examples' rows of an earlier one with the same probe key: a
     model in memory only from a run whose model computed the same canary."""
-    from effdepth_core.tasks import load_task
+    from effdepth_core.task_loading import load_task
 
     loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
     options = dict(probes="cosine", progress=False, cache=True, digits=2)

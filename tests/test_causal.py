@@ -12,16 +12,16 @@ import pytest
 import torch
 from conftest import ARCHS, make_tiny, random_prompts
 
-from effdepth_core import replay
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
-from effdepth_core.probes import depth_score, depth_scores, erasure_map, integrated_gradients, skip_effects
-from effdepth_core.probes.erasure import _map_fast
-from effdepth_core.probes.igrad import make_baseline, quadrature_rule
-from effdepth_core.probes.shared.answers import AnswerSplit, answer_split
-from effdepth_core.probes.skip import Intervention, _effects_fast, sample_positions
-from effdepth_core.replay import clean_run, run_suffix_layer
-from effdepth_core.tasks import Example
+from effdepth_core.measurement import replay
+from effdepth_core.measurement.probes import depth_score, depth_scores, erasure_map, integrated_gradients, skip_effects
+from effdepth_core.measurement.probes.erasure import _map_fast
+from effdepth_core.measurement.probes.igrad import make_baseline, quadrature_rule
+from effdepth_core.measurement.probes.shared.answers import AnswerSplit, answer_split
+from effdepth_core.measurement.probes.skip import Intervention, _effects_fast, sample_positions
+from effdepth_core.measurement.replay import clean_run, run_suffix_layer
+from effdepth_core.measurement.tasks import Example
 
 SKIP_KEYS = ["example", "variant", "position", "part", "skipped_layer", "layer", "metric"]
 
@@ -127,7 +127,7 @@ def test_a_short_prompt_records_the_skip_positions_measured_not_those_asked():
     """A 17-token prompt has room for one cut position (8; 16 is past T−5) where 4 are asked: the
     call says so in one warning, and the summary records the positions measured per prompt (by
     hand: 37 tokens → range(8, 33, 8) = 4 positions; 17 tokens → 1)."""
-    from effdepth_core.probes.skip import _summarize, positions_used
+    from effdepth_core.measurement.probes.skip import _summarize, positions_used
 
     loaded = make_tiny("llama")
     prompts = [torch.arange(3, 40) % 60 + 3, torch.arange(3, 20)]
@@ -249,7 +249,7 @@ def test_adaptive_rule_halving_several_panels_per_round_meets_the_same_tolerance
 
 
 def test_igrad_rows_follow_the_memory_budget():
-    from effdepth_core.probes.igrad import rows_for_budget
+    from effdepth_core.measurement.probes.igrad import rows_for_budget
 
     loaded = make_tiny("llama")
     small = rows_for_budget(loaded, n_tokens=32, first_layer=1, n_answer=3, budget_bytes=1 << 20)
@@ -422,7 +422,7 @@ def test_the_kl_change_at_the_output_fast_equals_slow_and_leaves_the_layer_effec
 
 
 def test_the_output_change_by_hand():
-    from effdepth_core.probes.shared.output_change import change_of
+    from effdepth_core.measurement.probes.shared.output_change import change_of
 
     clean = torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]])  # [token, vocab]
     logits = torch.log(torch.tensor([[[0.25, 0.5, 0.25], [0.1, 0.8, 0.1]]]))  # one row; token 1 unchanged
@@ -436,7 +436,7 @@ def test_the_output_change_by_hand():
 def test_skip_summary_is_the_same_bytes_whatever_the_row_order():
     """Identical runs write identical files: the summary's sums see each group's prompts in one order
     (the per-prompt maxima came out of a hash group-by in any order, and a std's 17th digit moved)."""
-    from effdepth_core.probes.skip import skip_summary
+    from effdepth_core.measurement.probes.skip import skip_summary
 
     frame = skip_effects(make_tiny("llama"), random_prompts([21, 24, 19, 22]), skip_positions=2, skip_parts=("layer",))
     summary = skip_summary(frame)
@@ -453,7 +453,7 @@ def test_skip_summary_is_the_same_bytes_whatever_the_row_order():
 def test_a_layer_failing_in_a_replay_is_one_line_but_running_out_of_memory_stays_itself():
     """A layer that raises on recorded arguments is a model effdepth cannot replay (one line, a
     ``ReplayError``); an out-of-memory error is the caller's memory, never reported as the model."""
-    from effdepth_core.replay import ReplayError, clean_run, run_layer
+    from effdepth_core.measurement.replay import ReplayError, clean_run, run_layer
 
     loaded = make_tiny("llama")
     run = clean_run(loaded, random_prompts([9])[0])

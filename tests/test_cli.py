@@ -11,9 +11,9 @@ import pytest
 from conftest import save_tiny_dir
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from effdepth_core import registry
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
+from effdepth_core.measurement import registry
 
 
 def _run(capsys, *argv):
@@ -244,8 +244,8 @@ def test_run_help_describes_every_probe_and_every_option(capsys):
     (its spec's description) and every option of ``run`` has help text."""
     import argparse
 
-    from effdepth_core import registry
     from effdepth_core.cli_args import build_parser
+    from effdepth_core.measurement import registry
 
     text = _run_help(capsys)
     probes = text.split("probes (--probes", 1)[1].split("\n\n", 1)[0]  # the heading and its block
@@ -262,7 +262,7 @@ def test_run_help_describes_every_probe_and_every_option(capsys):
 def test_options_sit_under_every_probe_they_affect(capsys):
     """--lens chooses logit_lens's lens as well as early_exit's: it sits under a group naming
     both (it sat under early_exit alone); an option two probes declare sits under both names."""
-    from effdepth_core import registry
+    from effdepth_core.measurement import registry
 
     text = _run_help(capsys)
     groups: dict[str, str] = {}  # each heading (a line at column 0 ending in ':') and what follows it
@@ -287,7 +287,7 @@ def test_options_sit_under_every_probe_they_affect(capsys):
 def test_effdepth_probes_lists_every_probe(capsys):
     """``effdepth probes`` (named by measure()'s docstring and the API page) exists: each probe with
     its description, its ED rules and its options."""
-    from effdepth_core import registry
+    from effdepth_core.measurement import registry
 
     code, stdout, err = _run(capsys, "probes")
     assert code == 0 and not err
@@ -324,7 +324,7 @@ def test_a_cached_rerun_says_so_and_the_default_table_is_narrow(tiny_dir, tmp_pa
 def test_probes_run_in_the_tables_order(tiny_dir, tmp_path):
     """--probes logit_lens,cosine computed the lens first while the table shows cosine first: the
     probes now run in the table's (the registry's) order, on disk and in memory."""
-    from effdepth_core import registry
+    from effdepth_core.measurement import registry
     from effdepth_core.results import RunSettings, run, run_in_memory
 
     settings = RunSettings(str(tiny_dir), "addition", n=1, digits=2, progress=False)

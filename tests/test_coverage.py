@@ -21,8 +21,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from effdepth_core.errors import UnsupportedModelError
+from effdepth_core.measurement.probes import logit_lens, residual_cosine, token_weighted_mean
 from effdepth_core.models import mixer_kind, wrap_model
-from effdepth_core.probes import logit_lens, residual_cosine, token_weighted_mean
 
 # every size field a config may have, shrunk (only those it has are set; sub-configs too)
 SMALL = dict(
@@ -202,7 +202,7 @@ def _replay_outcome(loaded, ids: torch.Tensor) -> tuple[str, str]:
     equal their oracles (whole forwards with a hook) — skip and erasure — or the model is refused
     for them in one line (``measured (no replay)``); never different numbers."""
     from effdepth_core.errors import EffdepthError
-    from effdepth_core.probes import erasure_map, skip_effects
+    from effdepth_core.measurement.probes import erasure_map, skip_effects
 
     def gap(fast, slow) -> float:  # over the largest value: 1e-4 separates float32 rounding from a wrong replay
         keys = [c for c in fast.columns if c != "value"]
@@ -361,7 +361,7 @@ def test_writes_no_name_list_knows_are_read_off_the_blocks_outputs(model_type, a
     """Post-sublayer norms under names no layout lists are found as the two outputs that add up to
     each block's change; what the trace reads then is the block's own split (the measured numbers
     against the independent reference: the coverage test)."""
-    from effdepth_core.trace import trace_layers
+    from effdepth_core.measurement.trace import trace_layers
 
     loaded = _wrapped_or_refusal(model_type)
     assert not isinstance(loaded, str), loaded
@@ -386,7 +386,7 @@ def test_a_head_with_more_than_a_norm_and_an_unembedding_is_found_and_its_scale_
     """ModernBERT-decoder's head runs a prediction head between the final norm and the unembedding:
     it is found among the LM's own modules, and the lens's last layer then reproduces the model's
     distribution. Cohere 2 MoE (no row) scales its logits by ``config.logit_scale``: read from there."""
-    from effdepth_core.probes import logit_lens
+    from effdepth_core.measurement.probes import logit_lens
 
     loaded = _wrapped_or_refusal("modernbert-decoder")
     assert not isinstance(loaded, str), loaded
@@ -497,8 +497,8 @@ def test_a_sublayer_that_returns_the_residual_with_its_write_is_read_and_skipped
     The trace's writes equal the block's own split — the attention's is the input of the norm before
     the MLP less h_l, the MLP's the rest — and skipping the attention leaves the block the MLP
     module's own output on h_l: h_l + mlp(norm(h_l))."""
-    from effdepth_core.probes.skip import skip_hooks
-    from effdepth_core.trace import intervene, trace_layers
+    from effdepth_core.measurement.probes.skip import skip_hooks
+    from effdepth_core.measurement.trace import intervene, trace_layers
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -544,8 +544,8 @@ def test_a_write_flattened_over_batch_and_tokens_is_read_and_skipped_per_token()
     the write per token (the block's own split: the MLP's is h_(l+1) less the input of the norm
     before it), and skipping the MLP of one row at some positions leaves exactly those positions of
     that row at that input, the rest of the batch as it was."""
-    from effdepth_core.probes.skip import skip_hooks
-    from effdepth_core.trace import intervene, trace_layers
+    from effdepth_core.measurement.probes.skip import skip_hooks
+    from effdepth_core.measurement.trace import intervene, trace_layers
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -585,8 +585,8 @@ def test_a_block_with_a_third_write_and_a_residual_scale_is_measured_through_its
     the residual's own rescale — and the coverage outcome (against the independent reference) is
     measured. The same row without the third write, or without the scale, is refused at load, the
     refusal keeping what the blocks' outputs show (three writes, at a scale of 1)."""
+    from effdepth_core.measurement.trace import trace_layers
     from effdepth_core.models import ADAPTERS, Adapter
-    from effdepth_core.trace import trace_layers
 
     loaded = _wrapped_or_refusal("gemma4_text")
     assert not isinstance(loaded, str), loaded

@@ -11,7 +11,7 @@ import torch
 from conftest import ARCHS, make_tiny, random_prompts
 
 from effdepth_core.errors import EffdepthWarning
-from effdepth_core.probes import (
+from effdepth_core.measurement.probes import (
     early_exit,
     erasure_map,
     integrated_gradients,
@@ -20,7 +20,7 @@ from effdepth_core.probes import (
     residual_cosine,
     skip_effects,
 )
-from effdepth_core.replay import cache_keyword, clean_run, run_suffix_layer
+from effdepth_core.measurement.replay import cache_keyword, clean_run, run_suffix_layer
 
 
 def _answered(loaded) -> list[tuple[torch.Tensor, int]]:

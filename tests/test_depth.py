@@ -8,10 +8,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from effdepth_core.depth import depth_table
-from effdepth_core.probes import effective_depth
-from effdepth_core.probes.cosine import ed_cosine
-from effdepth_core.probes.shared.lens import ed_kl, ed_overlap
+from effdepth_core.measurement.depth import depth_table
+from effdepth_core.measurement.probes import effective_depth
+from effdepth_core.measurement.probes.cosine import ed_cosine
+from effdepth_core.measurement.probes.shared.lens import ed_kl, ed_overlap
 
 
 def test_cosine_takes_the_last_negative_to_nonnegative_crossing():
@@ -108,7 +108,7 @@ def test_curve_with_missing_layers_is_rejected():
 
 
 def test_lens_centroids_by_hand():
-    from effdepth_core.probes.shared.lens import centroid_kl, centroid_overlap
+    from effdepth_core.measurement.probes.shared.lens import centroid_kl, centroid_overlap
 
     # a step: all 8 nats removed by layer 2 (h_2 → h_3); kl[5] = 0 is implied
     assert centroid_kl(np.array([8.0, 8.0, 8.0, 0.0, 0.0])) == 2.0
@@ -122,8 +122,8 @@ def test_lens_centroids_by_hand():
 
 
 def test_crossings_read_between_layers_by_hand():
-    from effdepth_core.probes.cosine import crossing_cosine
-    from effdepth_core.probes.shared.lens import crossing_kl, crossing_overlap
+    from effdepth_core.measurement.probes.cosine import crossing_cosine
+    from effdepth_core.measurement.probes.shared.lens import crossing_kl, crossing_overlap
 
     # KL threshold 0.5 × 8 = 4, reached between kl[1] = 6 and kl[2] = 2 half the way: 1 + (6 − 4) / (6 − 2)
     assert crossing_kl(np.array([8.0, 6.0, 2.0, 1.0, 0.5])) == 1.5
@@ -139,8 +139,8 @@ def test_crossings_read_between_layers_by_hand():
 def test_the_crossing_is_averaged_over_the_rule_threshold_range():
     from types import SimpleNamespace
 
-    from effdepth_core import registry
-    from effdepth_core.depth import averaged_crossing
+    from effdepth_core.measurement import registry
+    from effdepth_core.measurement.depth import averaged_crossing
 
     rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_overlap")
     # an overlap hovering at 0.3 before it rises: each threshold's crossing by hand
@@ -157,8 +157,8 @@ def test_the_crossing_is_averaged_over_the_rule_threshold_range():
 def test_the_statistics_move_continuously_where_the_integer_ed_jumps():
     from types import SimpleNamespace
 
-    from effdepth_core import registry
-    from effdepth_core.depth import statistic_of
+    from effdepth_core.measurement import registry
+    from effdepth_core.measurement.depth import statistic_of
 
     rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_kl")
     settings = SimpleNamespace(kl_fraction=0.5)
@@ -192,7 +192,7 @@ def test_effective_depth_gives_the_primary_statistic_with_its_interval():
 
 
 def test_the_two_tests_of_a_comparison_by_hand():
-    from effdepth_core.depth import compare, margin
+    from effdepth_core.measurement.depth import compare, margin
 
     assert margin(0.02, 28) == 1 / 28 and margin(0.1, 28) == 0.1  # never under one layer of the deeper model
     assert compare(-0.01, 0.02, 0.05).verdict == "agree"
@@ -212,8 +212,8 @@ def test_the_two_tests_of_a_comparison_by_hand():
 
 
 def test_a_difference_of_centroids_paired_and_independent():
-    from effdepth_core import registry
-    from effdepth_core.depth import difference_draws
+    from effdepth_core.measurement import registry
+    from effdepth_core.measurement.depth import difference_draws
 
     rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_kl")
     settings = SimpleNamespace(kl_fraction=0.5)
@@ -231,14 +231,14 @@ def test_a_difference_of_centroids_paired_and_independent():
 
 
 def test_the_norm_crossing_and_nonfinite_curves_by_hand():
-    from effdepth_core.probes.norm import crossing_norm
-    from effdepth_core.probes.shared.lens import crossing_overlap
+    from effdepth_core.measurement.probes.norm import crossing_norm
+    from effdepth_core.measurement.probes.shared.lens import crossing_overlap
 
     # final norm 10: half of it (5) is passed between layer 1 (4) and layer 2 (8): 1 + 1/4
     assert crossing_norm(np.array([1.0, 4.0, 8.0, 9.0, 10.0]), 0.5) == 1.25
     assert crossing_norm(np.array([6.0, 7.0, 10.0]), 0.5) == 0.0  # layer 0 already past it
-    from effdepth_core import registry
-    from effdepth_core.depth import statistic_of
+    from effdepth_core.measurement import registry
+    from effdepth_core.measurement.depth import statistic_of
 
     rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_overlap")
     curve = np.array([0.0, np.nan, 0.5, 1.0])
@@ -302,8 +302,8 @@ def test_the_per_prompt_statistic_reads_each_prompts_own_curve():
     """Per prompt, the centroid of its own KL curve (not the pooled one), NaN where it is undefined:
     a step at layer 2 (8 nats removed by h_2 → h_3), a ramp (1.5, as in the hand-computed case) and a
     flat zero curve (nothing removed)."""
-    from effdepth_core import registry
-    from effdepth_core.depth import per_prompt
+    from effdepth_core.measurement import registry
+    from effdepth_core.measurement.depth import per_prompt
 
     rule = next(r for r in registry.get("logit_lens").rules if r.key == "logit_lens_kl")
     frame = _per_example([[8.0, 8.0, 8.0, 0.0], [4.0, 3.0, 2.0, 1.0], [0.0] * 4], "kl", [3, 5, 2])
@@ -343,8 +343,8 @@ def test_the_bootstraps_row_paths_equal_each_rules_own_functions_row_by_row(key,
     """``statistic_rows`` (the bootstrap's path) through a rule's ``find_rows``/``crossing_rows``/
     ``centroid_rows`` equals ``statistic_of`` row by row, exactly: the row forms do the same float operations in the
     same order, so any difference is a bug, not rounding."""
-    from effdepth_core import registry
-    from effdepth_core.depth import statistic_of, statistic_rows
+    from effdepth_core.measurement import registry
+    from effdepth_core.measurement.depth import statistic_of, statistic_rows
     from effdepth_core.settings import RunSettings
 
     _, rule = registry.rules()[key]

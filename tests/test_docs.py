@@ -154,8 +154,8 @@ def test_the_probe_list_a_reader_is_sent_to_is_the_registrys():
     import contextlib
     import io
 
-    from effdepth_core import registry
     from effdepth_core.cli_args import build_parser
+    from effdepth_core.measurement import registry
 
     page = (ROOT / "book" / "using" / "cli.md").read_text()
     assert "`effdepth run --help` lists them" in page and f"(default: `{','.join(registry.DEFAULT)}`)" in page

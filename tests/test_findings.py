@@ -11,7 +11,10 @@ import re
 import polars as pl
 import pytest
 
-from effdepth_book import findings, findings_beyond, findings_long_cot, plots, reference, tables
+from effdepth_book import findings, plots, reference, tables
+from effdepth_book.sections.beyond import charts as beyond_charts
+from effdepth_book.sections.beyond import findings as findings_beyond
+from effdepth_book.sections.long_cot import findings as findings_long_cot
 
 
 def _summary(rows: list[tuple]) -> pl.DataFrame:
@@ -179,7 +182,7 @@ def test_two_tests_per_comparison_and_a_margin_of_at_least_one_layer():
 def test_the_robustness_rule_judges_the_papers_cells_and_ours_by_one_artefact_test():
     """(c) an ED in the first layers is an artefact on either side: the paper's lens-KL ED 1 of 28
     and our lens-KL ED 2 of 30 alike; ours is then degenerate and decides nothing."""
-    from effdepth_core import depth as stats
+    from effdepth_core.measurement import depth as stats
 
     assert stats.artefact(1, 28) and stats.artefact(2, 30) and stats.artefact(3, 30)
     assert stats.artefact(4, 30) is None and stats.artefact(3, 18) is None  # max(2, ⌈0.1 L⌉): 3 of 30, 2 of 18
@@ -199,7 +202,7 @@ def test_the_robustness_rule_judges_the_papers_cells_and_ours_by_one_artefact_te
 
 
 def test_robust_names_the_first_check_that_differs():
-    from effdepth_core import depth as stats
+    from effdepth_core.measurement import depth as stats
 
     assert stats.robust([("", "agree"), ("at x 1", "agree")]) == ("agree", None)
     verdict, why = stats.robust([("", "agree"), ("at x 1", "agree"), ("under bootstrap seed 2", "disagree")])
@@ -210,8 +213,8 @@ def test_the_cosine_rule_moves_with_its_zero_level():
     """A hand-checked curve: the mean cosine crosses 0 at layer 2→3 and +0.02 at layer 4→5 only."""
     import numpy as np
 
-    from effdepth_core import depth as stats
-    from effdepth_core.probes.cosine import COSINE_PARTS, SPEC
+    from effdepth_core.measurement import depth as stats
+    from effdepth_core.measurement.probes.cosine import COSINE_PARTS, SPEC
 
     rule = SPEC.rules[0]
     curve = np.array([0.05, -0.05, -0.01, 0.01, 0.015, 0.03, 0.04])
@@ -461,7 +464,7 @@ def test_lens_finding_verdict_follows_the_intervals():
 def test_early_exit_costs_read_the_layer_after_the_counted_ed():
     from types import SimpleNamespace
 
-    from effdepth_book.evidence_beyond import early_exit_costs
+    from effdepth_book.sections.beyond.evidence import early_exit_costs
     from effdepth_book.study import RunRecord, Study
 
     rows = []
@@ -491,7 +494,7 @@ def test_early_exit_is_judged_at_every_threshold_of_its_rule():
     0.2 the curve fires at layer 0, a rule artefact (§10): no depth, and no check."""
     from types import SimpleNamespace
 
-    from effdepth_book.evidence_beyond import early_exit_costs
+    from effdepth_book.sections.beyond.evidence import early_exit_costs
     from effdepth_book.study import RunRecord, Study
 
     rows, lens = [], []
@@ -546,7 +549,7 @@ def _map(best: list[int], n_big: int = 8, n_prompts: int = 4, baseline: float = 
 
 
 def test_map_finding_verdict_follows_the_numbers():
-    from effdepth_book.evidence_beyond import map_statistic
+    from effdepth_book.sections.beyond.evidence import map_statistic
 
     stretched = _map([0, 2, 4, 6, 8])
     said = findings_beyond.map_finding(stretched, "small", "big", map_statistic(stretched))
@@ -589,7 +592,7 @@ def test_map_finding_verdict_follows_the_numbers():
 def test_the_map_verdict_names_its_interval_and_holds_under_other_seeds():
     """An interval between ⅓ and ⅔ is said as such (it once said "straddles both thresholds" of
     [52 %, 70 %]); a verdict that another bootstrap seed turns is cannot tell, naming the seed."""
-    from effdepth_book.evidence_beyond import map_statistic
+    from effdepth_book.sections.beyond.evidence import map_statistic
 
     stretched = _map([0, 2, 4, 6, 8])
     statistic = map_statistic(stretched)
@@ -615,7 +618,7 @@ def test_a_column_bias_alone_cannot_decide_the_map():
     one ("no"); removing each big layer's mean error finds the diagonal ("yes"). The two shares
     decide differently, so by the documented rule (method.md §7b) the verdict is cannot tell, each
     share named."""
-    from effdepth_book.evidence_beyond import map_statistic
+    from effdepth_book.sections.beyond.evidence import map_statistic
 
     biased = _map([0, 2, 4, 6, 8], error=lambda m, b: 0.6 + abs(b - 2 * m) / 100 - 0.06 * b)
     statistic = map_statistic(biased)
@@ -633,13 +636,13 @@ def test_beyond_charts_build_from_probe_frames():
         {"model": ["m"] * 2, "layer": [0, 0], "metric": ["heldout_kl_logit", "heldout_kl_tuned"], "value": [5.0, 2.0]}
     )
     for chart in (
-        plots.lens_ed_comparison(summary),
-        plots.lens_fit_curves(fit),
-        plots.map_heatmap(_map([0, 2, 4, 6, 8])),
+        beyond_charts.lens_ed_comparison(summary),
+        beyond_charts.lens_fit_curves(fit),
+        beyond_charts.map_heatmap(_map([0, 2, 4, 6, 8])),
     ):
         spec = plots.themed_spec(chart)
         assert spec["datasets"], spec
-    assert isinstance(plots.pruning_curves(pl.DataFrame()), plots.Note)
+    assert isinstance(beyond_charts.pruning_curves(pl.DataFrame()), plots.Note)
 
 
 def _prune_study(after: list[float], angular: list[float], influence: list[float], tokens: list[int], ed: int = 3):
@@ -650,7 +653,7 @@ def _prune_study(after: list[float], angular: list[float], influence: list[float
     from types import SimpleNamespace
 
     from effdepth_book.study import RunRecord, Study
-    from effdepth_core.probes import prune_summary
+    from effdepth_core.measurement.probes import prune_summary
 
     rows = []
     for e, t in enumerate(tokens):
@@ -672,7 +675,7 @@ def _prune_study(after: list[float], angular: list[float], influence: list[float
 
 
 def test_pruning_costs_against_hand_computed_means():
-    from effdepth_book.evidence_beyond import pruning_costs
+    from effdepth_book.sections.beyond.evidence import pruning_costs
 
     tokens = [3, 5, 2, 4, 6, 1, 3, 2, 5, 4]
     after = [0.4 + 0.02 * e for e in range(10)]
@@ -707,9 +710,9 @@ def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():
     budget is unclear, naming the threshold."""
     from types import SimpleNamespace
 
-    from effdepth_book.evidence_beyond import pruning_costs
+    from effdepth_book.sections.beyond.evidence import pruning_costs
     from effdepth_book.study import RunRecord, Study
-    from effdepth_core.probes import prune_summary
+    from effdepth_core.measurement.probes import prune_summary
 
     cost = {1: 2.0, 4: 2.0, 5: 0.5, 6: 1.0}  # angular distance picks layer 1, block influence layer 6
     rows = []
@@ -742,7 +745,7 @@ def test_pruning_is_judged_at_every_threshold_of_its_ed_rule():
 
 
 def test_pruning_finding_verdict_follows_the_intervals():
-    from effdepth_book.evidence_beyond import pruning_costs
+    from effdepth_book.sections.beyond.evidence import pruning_costs
 
     tokens = [1] * 10
     cheaper = pruning_costs(_prune_study([0.5] * 10, [2.0] * 10, [1.0] * 10, tokens))

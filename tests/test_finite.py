@@ -9,11 +9,18 @@ import pytest
 import torch
 from conftest import char_tokenizer, make_tiny, random_prompts
 
-from effdepth_core import registry, results
+from effdepth_core import results
 from effdepth_core.errors import NonFiniteActivationError
+from effdepth_core.measurement import registry
+from effdepth_core.measurement.probes import (
+    erasure_map,
+    integrated_gradients,
+    logit_lens,
+    residual_cosine,
+    skip_effects,
+)
+from effdepth_core.measurement.tasks import Example
 from effdepth_core.models import wrap_model
-from effdepth_core.probes import erasure_map, integrated_gradients, logit_lens, residual_cosine, skip_effects
-from effdepth_core.tasks import Example
 
 
 def _poisoned(where: str):
@@ -55,7 +62,7 @@ def test_a_broken_final_norm_is_named(probe):
 
 def test_early_exit_names_the_head_not_a_layers_input():
     # before: "the early-exit decode of layer 0's input", as if the residual were broken
-    from effdepth_core.probes import early_exit
+    from effdepth_core.measurement.probes import early_exit
 
     prompts = random_prompts([16])
     with pytest.raises(NonFiniteActivationError, match=r"early-exit decode \(final norm \+ LM head\)"):
@@ -83,8 +90,8 @@ def test_deferred_finite_checks_raise_the_first_failing_one_when_the_block_ends(
     and the block raises at its end, naming the first failing check (the CPU made to defer too)."""
     import torch
 
-    from effdepth_core import trace
     from effdepth_core.errors import NonFiniteActivationError
+    from effdepth_core.measurement import trace
 
     monkeypatch.setattr(trace, "_CHECKED_AT_ONCE", ())  # CPU tensors take the accelerator's road
 

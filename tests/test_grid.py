@@ -315,8 +315,8 @@ def test_the_gpu_rates_are_those_paper_scale_measured():
     from types import SimpleNamespace
 
     from effdepth_book.cost import GPU_RATES, gpu_rate
-    from effdepth_core import registry
-    from effdepth_core.probes.spec import Shape
+    from effdepth_core.measurement import registry
+    from effdepth_core.measurement.probes.spec import Shape
 
     shapes = {"smollm2-135m": Shape(30, 576, 49152, 134515008), "Qwen2.5-1.5B": Shape(28, 1536, 151936, 1543714304),
               "Qwen2.5-7B": Shape(28, 3584, 152064, 7615616512), "Qwen2.5-14B": Shape(48, 5120, 152064, 14770033664),

@@ -308,7 +308,13 @@ def test_a_real_process_exits_2_with_one_line(argv, tmp_path):
 
 
 def _numbers_cases():
-    from effdepth_core.probes import early_exit, erasure_map, integrated_gradients, layer_pruning, skip_effects
+    from effdepth_core.measurement.probes import (
+        early_exit,
+        erasure_map,
+        integrated_gradients,
+        layer_pruning,
+        skip_effects,
+    )
 
     return [
         (lambda m, ex: early_exit(m, ex, chunk=0), "chunk must be a whole number of at least 1, got 0"),
@@ -403,9 +409,9 @@ def test_the_review_cases_of_read_once_layers_and_padding(tiny_dir, tmp_path, mo
     from conftest import make_tiny
 
     from effdepth_core.errors import require_layers
+    from effdepth_core.measurement.tasks import Example
     from effdepth_core.models import pads_safely
     from effdepth_core.results import RunSettings, run
-    from effdepth_core.tasks import Example
 
     task = tmp_path / "t.jsonl"
     task.write_text('{"prompt": "the cat sat on the mat"}\n')

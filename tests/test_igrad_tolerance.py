@@ -14,14 +14,14 @@ import pytest
 import torch
 from conftest import make_tiny, random_prompts
 
-from effdepth_core import registry
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
-from effdepth_core.probes import integrated_gradients
-from effdepth_core.probes.igrad import LayerPath
-from effdepth_core.probes.shared.answers import AnswerSplit
+from effdepth_core.measurement import registry
+from effdepth_core.measurement.probes import integrated_gradients
+from effdepth_core.measurement.probes.igrad import LayerPath
+from effdepth_core.measurement.probes.shared.answers import AnswerSplit
+from effdepth_core.measurement.trace import Hook, intervene
 from effdepth_core.results import EffdepthWarning, RunSettings, check_settings
-from effdepth_core.trace import Hook, intervene
 
 ROUNDING = 1e-4  # the rule's float32 floor: this share of the target's magnitude counts as met
 

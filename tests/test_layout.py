@@ -12,21 +12,27 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "effdepth_core"
 
 
-def _layer_map(text: str) -> dict[str, int]:
-    """module → layer from docs/design.md's table: rows ``N name name …  description``; a row
-    without a number continues the one above."""
-    block = text.split("The layers import one way", 1)[1].split("```", 2)[1]
+def _layer_map(text: str, start: str = "The layers import one way", block: int = 0) -> dict[str, int]:
+    """module → layer from a table of docs/design.md (the ``block``-th fenced block after ``start``):
+    rows ``N name name …  description``; a row without a number continues the one above."""
+    block_text = text.split(start, 1)[1].split("```")[1 + 2 * block]
     layers = {}
-    for row in block.splitlines():
+    for row in block_text.splitlines():
         match = re.match(r"(\d+) ((?:[a-z_]+ )+) ", row + " ")
         if match:
             layers.update(dict.fromkeys(match.group(2).split(), int(match.group(1))))
     return layers
 
 
-# lower layers never import higher ones (modules of one layer may import each other): the one map,
-# in docs/design.md, read here so the documented layers are the checked ones
-LAYERS = _layer_map((PACKAGE.parent / "docs" / "design.md").read_text())
+# lower layers never import higher ones (modules of one layer may import each other): the two maps,
+# in docs/design.md, read here so the documented layers are the checked ones — the core's floors, and
+# the measurement layer's own floors (effdepth_core/measurement/)
+DESIGN = (PACKAGE.parent / "docs" / "design.md").read_text()
+LAYERS = _layer_map(DESIGN)
+MEASURE_LAYERS = _layer_map(DESIGN, block=1)
+MEASURE = LAYERS["measurement"]
+FOUNDATION = {name for name, layer in LAYERS.items() if layer < MEASURE}
+
 
 # The doors from the core to the book layer: `effdepth book` (the papermill runner), `effdepth plot`
 # (the charts) and `effdepth grid` import it inside their command functions, after checking the [book] extra.
@@ -39,12 +45,15 @@ BOOK_ENTRIES = {
 }
 
 
-def _layer(module: str) -> int:
-    """Layer of ``effdepth_core.x.y`` (by its first part below the package)."""
+def _layer(module: str) -> tuple[int, int]:
+    """Layer of ``effdepth_core.x.y`` (by its first part below the package; within the measurement
+    layer, by its part below ``measure`` too): compared as (floor of the core, floor within measure)."""
     parts = module.split(".")
     if len(parts) == 1 or parts[1].startswith("__"):  # the package itself (lazy exports, __version__)
-        return -1
-    return LAYERS[parts[1]]  # a KeyError: a new module needs its layer in LAYERS
+        return (-1, 0)
+    if parts[1] == "measurement" and len(parts) > 2 and not parts[2].startswith("__"):
+        return (LAYERS["measurement"], MEASURE_LAYERS[parts[2]])  # a KeyError: a new module needs its floor
+    return (LAYERS[parts[1]], 0)  # a KeyError: a new module needs its layer in LAYERS
 
 
 def _imports(path: Path) -> set[str]:
@@ -52,25 +61,92 @@ def _imports(path: Path) -> set[str]:
     return _imports_of_tree(ast.parse(path.read_text()), path)
 
 
+def _modules_of(folder: Path) -> set[str]:
+    """A package folder's modules and subpackages, by name."""
+    modules = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("__")}
+    return modules | {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+
+
 def test_the_documented_layer_map_names_every_core_module_once():
-    modules = {p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("__")}
-    modules |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    modules = _modules_of(PACKAGE)
     assert set(LAYERS) == modules, (
         f"docs/design.md's layer map: missing {modules - set(LAYERS)}, stale {set(LAYERS) - modules}"
     )
+    measured = _modules_of(PACKAGE / "measurement")
+    assert set(MEASURE_LAYERS) == measured, (
+        f"docs/design.md's map of the measurement layer: missing {measured - set(MEASURE_LAYERS)}, "
+        f"stale {set(MEASURE_LAYERS) - measured}"
+    )
+    assert not set(LAYERS) & set(MEASURE_LAYERS), "a module named in both maps"
     assert _layer_map("The layers import one way\n```\n0 a b   x\n    c\n1 d  y\n```") == {"a": 0, "b": 0, "d": 1}
+
+
+def test_every_module_opens_with_a_line_that_says_its_job():
+    # the contributor's map, module by module: every module of either package opens with a
+    # docstring whose first line says what it is for
+    for root in (PACKAGE, PACKAGE.parent / "effdepth_book"):
+        for path in sorted(root.rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            first = doc.strip().splitlines()[0] if doc.strip() else ""
+            assert len(first.split()) >= 4, f"{path.relative_to(PACKAGE.parent)} opens with no line saying its job"
+
+
+def _upward_imports(path: Path) -> list[str]:
+    """The imports of ``path`` (a module of the core) that run up the floors."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+    if module == "effdepth_core":
+        return []
+    own = _layer(module)
+    found = []
+    for target in _imports(path):
+        if target == "effdepth_core" or target.startswith("effdepth_book"):  # __version__; the book: below
+            continue
+        if _layer(target) > own:
+            found.append(f"{module} (layer {own}) imports {target} (layer {_layer(target)})")
+    return found
+
+
+def _measurement_leaks(path: Path) -> list[str]:
+    """What a module of the measurement layer imports from outside it and the foundation: the run
+    store, the command line, acquisition, the book (function-level imports count: they run)."""
+    leaks = []
+    for target in _imports(path):
+        parts = target.split(".")
+        if target.startswith("effdepth_book"):
+            leaks.append(target)
+        elif len(parts) > 1 and parts[1] != "measurement" and parts[1] not in FOUNDATION:
+            leaks.append(target)
+    return leaks
+
+
+def test_the_measurement_layer_imports_nothing_above_it():
+    for path in sorted((PACKAGE / "measurement").rglob("*.py")):
+        leaks = _measurement_leaks(path)
+        assert not leaks, f"{path.relative_to(PACKAGE.parent)} imports above the measurement layer: {leaks}"
+
+
+def test_an_upward_import_from_the_measurement_layer_is_caught(tmp_path):
+    # the demonstration: a probe that reaches the run store (or a function-level import of the book)
+    # fails both the floors test and the measurement layer's own test
+    bad = tmp_path / "effdepth_core" / "measurement" / "probes" / "cosine.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("from ...results import run\n\n\ndef f():\n    from effdepth_book import plots\n")
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path / "effdepth_core"
+    try:
+        assert sorted(_measurement_leaks(bad)) == ["effdepth_book", "effdepth_core.results"]
+        assert any("effdepth_core.results" in line for line in _upward_imports(bad))
+        within = tmp_path / "effdepth_core" / "measurement" / "trace.py"
+        within.write_text("from .probes import cosine\n")  # floor 5 reaching floor 7 of the same layer
+        assert _upward_imports(within)
+    finally:
+        PACKAGE = saved
 
 
 def test_every_module_has_a_layer_and_imports_only_downwards():
     for path in sorted(PACKAGE.rglob("*.py")):
-        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
-        if module == "effdepth_core":
-            continue
-        own = _layer(module)
-        for target in _imports(path):
-            if target == "effdepth_core" or target.startswith("effdepth_book"):  # __version__; the book: below
-                continue
-            assert _layer(target) <= own, f"{module} (layer {own}) imports {target} (layer {_layer(target)})"
+        upward = _upward_imports(path)
+        assert not upward, upward[0]
 
 
 def test_the_core_never_imports_the_book_package():
@@ -173,14 +249,14 @@ def _strings(path: Path) -> list[tuple[int, str]]:
 def test_outside_probes_and_the_book_no_core_module_names_a_probe():
     # a probe is its spec: the orchestrator, cache, settings, table and command line learn of it from
     # the registry, whose one line per built-in probe is the only place its name stands outside probes/
-    from effdepth_core import registry
+    from effdepth_core.measurement import registry
 
     names = set(registry.BUILTIN)
     for spec in registry.specs().values():
         names |= set(spec.frames) | {rule.key for rule in spec.rules}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE).parts
-        if parts[0] == "probes" or path.name in ("registry.py", "__init__.py"):
+        if parts[:2] == ("measurement", "probes") or path.name in ("registry.py", "__init__.py"):
             continue  # __init__ exports the probe functions of the Python API by name
         for line, text in _strings(path):
             assert not (names & set(text.replace(",", " ").split())), f"{path.name}:{line} names a probe: {text!r}"
@@ -237,12 +313,14 @@ def test_the_probes_api_names_stay_functions_after_every_probe_module_loaded():
     # the package when it is first imported, unless the package imported it before binding the name
     import types
 
-    import effdepth_core.probes as probes
-    from effdepth_core import registry
+    import effdepth_core.measurement.probes as probes
+    from effdepth_core.measurement import registry
 
     registry.specs()  # imports every probe module
     for name in probes.__all__:
-        assert not isinstance(getattr(probes, name), types.ModuleType), f"effdepth_core.probes.{name} is a module"
+        assert not isinstance(getattr(probes, name), types.ModuleType), (
+            f"effdepth_core.measurement.probes.{name} is a module"
+        )
 
 
 def test_the_public_api_is_discoverable_and_typed():

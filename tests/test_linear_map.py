@@ -7,9 +7,8 @@ import torch
 from conftest import char_tokenizer, make_tiny, random_prompts
 
 from effdepth_core.errors import EffdepthError
-from effdepth_core.linear_map import fit_errors
+from effdepth_core.linear_map import cross_model_map, fit_errors
 from effdepth_core.models import wrap_model
-from effdepth_core.probes import cross_model_map
 
 
 def _streams(states: torch.Tensor, batch: int):

@@ -39,7 +39,7 @@ def test_a_lens_trained_on_fewer_tokens_than_asked_says_so():
     asked for more tokens than its corpus holds is trained on those it holds (its record's
     ``train_tokens``) with a warning naming both."""
     from effdepth_core.errors import EffdepthWarning
-    from effdepth_core.probes import LensTraining, train_tuned_lens
+    from effdepth_core.measurement.probes import LensTraining, train_tuned_lens
 
     tiny = make_tiny("llama")
     texts = random_prompts([20] * 6, seed=7)  # 120 tokens in all

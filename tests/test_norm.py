@@ -9,8 +9,8 @@ import pytest
 from conftest import ARCHS, make_tiny, random_prompts
 
 from effdepth_core.cli import main
-from effdepth_core.probes.norm import ed_norm, residual_norm
-from effdepth_core.replay import clean_run
+from effdepth_core.measurement.probes.norm import ed_norm, residual_norm
+from effdepth_core.measurement.replay import clean_run
 from effdepth_core.settings import RunSettings
 
 

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from effdepth_core import cli, registry, results
+from effdepth_core import cli, results
 from effdepth_core.cli_args import build_parser
 from effdepth_core.errors import EffdepthError, OptionError
+from effdepth_core.measurement import registry
 from effdepth_core.options import CORE_OPTIONS, MAP_OPTIONS, OTHER_OPTIONS, Option
 from effdepth_core.settings import MapSettings, RunSettings, check_settings
 

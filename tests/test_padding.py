@@ -13,8 +13,8 @@ import pytest
 import torch
 from test_coverage import _build, _reference, _shrink
 
+from effdepth_core.measurement.probes import logit_lens, residual_cosine, token_weighted_mean
 from effdepth_core.models import wrap_model
-from effdepth_core.probes import logit_lens, residual_cosine, token_weighted_mean
 
 SPARSE_TYPES = ("deepseek_v32", "glm_moe_dsa", "axk2", "dots3_note_text")
 INDEX_TOPK = 16  # below every prompt's length but one: the indexer really selects among real keys
@@ -85,11 +85,11 @@ def test_sparse_attention_at_a_runs_lengths_gives_each_prompts_own_numbers(model
     indexer's 16 keys) passes these models, so only the check at the run's own lengths — or the
     rule that an indexer keeping fewer keys than the prompts have is never padded — keeps them
     right. Without either (every batch padded), the same probes are off."""
-    import effdepth_core.models as models
+    import effdepth_core.measurement.wrapping as wrapping
 
     model = _sparse_model(model_type, monkeypatch)
     if not selection_rule:  # the run-length check alone, as for a selector no config field names
-        monkeypatch.setattr(models, "key_selection", lambda model: None)
+        monkeypatch.setattr(wrapping, "key_selection", lambda model: None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = wrap_model(model, None, name=model_type)

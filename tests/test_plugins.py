@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from effdepth_core import registry
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
+from effdepth_core.measurement import registry
 from effdepth_core.settings import RunSettings
 
 

@@ -10,11 +10,10 @@ import pytest
 import torch
 from conftest import char_tokenizer, make_tiny, random_prompts, save_tiny_dir
 
-from effdepth_core import registry
-from effdepth_core.models import LoadedModel, load_model, wrap_model
-from effdepth_core.probes import (
+from effdepth_core.linear_map import cross_model_map
+from effdepth_core.measurement import registry
+from effdepth_core.measurement.probes import (
     TunedLens,
-    cross_model_map,
     depth_scores,
     early_exit,
     erasure_map,
@@ -25,9 +24,10 @@ from effdepth_core.probes import (
     skip_effects,
     train_tuned_lens,
 )
-from effdepth_core.probes.norm import residual_norm
-from effdepth_core.probes.spec import Context
-from effdepth_core.probes.tuned_lens import LensTraining
+from effdepth_core.measurement.probes.norm import residual_norm
+from effdepth_core.measurement.probes.spec import Context
+from effdepth_core.measurement.probes.tuned_lens import LensTraining
+from effdepth_core.models import LoadedModel, load_model, wrap_model
 from effdepth_core.settings import RunSettings
 
 TOP_K = 5
@@ -271,7 +271,7 @@ def test_a_new_probe_is_run_here_without_an_edit():
     residual norm under another name) is measured by ``every_probe`` through its own spec."""
     from dataclasses import replace
 
-    from effdepth_core.probes import norm
+    from effdepth_core.measurement.probes import norm
 
     copy = replace(
         norm.SPEC, name="norm_copy", rules=tuple(replace(r, key=f"{r.key}_copy") for r in norm.SPEC.rules), charts=()

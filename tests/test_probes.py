@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import arch_of, make_tiny, random_prompts
 
-from effdepth_core.probes import logit_lens, residual_cosine, token_weighted_mean
-from effdepth_core.probes.cosine import RESIDUAL_METRICS
+from effdepth_core.measurement.probes import logit_lens, residual_cosine, token_weighted_mean
+from effdepth_core.measurement.probes.cosine import RESIDUAL_METRICS
 
 LENGTHS = [7, 12, 3, 10]
 
@@ -169,9 +169,9 @@ def test_every_prompt_probe_takes_one_input_contract():
     from conftest import char_tokenizer
 
     from effdepth_core.errors import EffdepthError
+    from effdepth_core.measurement.probes.norm import residual_norm
+    from effdepth_core.measurement.tasks import Example
     from effdepth_core.models import wrap_model
-    from effdepth_core.probes.norm import residual_norm
-    from effdepth_core.tasks import Example
 
     loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
     texts = ["hello world", "abc"]
@@ -226,8 +226,8 @@ def test_a_model_whose_attention_reads_padded_positions_is_measured_one_prompt_a
     from conftest import char_tokenizer, make_tiny
 
     from effdepth_core.errors import EffdepthWarning
+    from effdepth_core.measurement.probes import residual_cosine
     from effdepth_core.models import wrap_model
-    from effdepth_core.probes import residual_cosine
 
     tiny = make_tiny("llama")
 
@@ -268,8 +268,8 @@ def test_the_lens_by_token_averages_to_the_logit_lens_and_names_its_tokens(arch)
     import torch
     from conftest import char_tokenizer, make_tiny
 
+    from effdepth_core.measurement.probes import lens_by_token, logit_lens
     from effdepth_core.models import wrap_model
-    from effdepth_core.probes import lens_by_token, logit_lens
 
     loaded = wrap_model(make_tiny(arch).model, char_tokenizer(), name=arch)
     prompt = "what is 12 + 30? it is 42."
@@ -284,7 +284,7 @@ def test_the_lens_by_token_averages_to_the_logit_lens_and_names_its_tokens(arch)
         assert means[metric].to_numpy() == pytest.approx(theirs, rel=1e-4, abs=1e-5)
     assert rows.filter(layer=loaded.n_layers)["kl"].abs().max() < 1e-5  # the output decoded is p itself
     row = rows.filter(layer=1, position=4).row(0, named=True)
-    from effdepth_core.trace import residual_states
+    from effdepth_core.measurement.trace import residual_states
 
     with torch.inference_mode():
         states = torch.cat(list(residual_states(loaded, [loaded.encode(prompt)], 1)))  # [token, L+1, d_model]
@@ -299,8 +299,8 @@ def test_the_lens_by_token_is_the_same_in_chunks_of_any_size(monkeypatch):
     per chunk (the smallest) gives the rows of one chunk for all, in the same order."""
     from conftest import char_tokenizer, make_tiny
 
+    from effdepth_core.measurement.probes import lens_by_token, lens_tokens
     from effdepth_core.models import wrap_model
-    from effdepth_core.probes import lens_by_token, lens_tokens
 
     loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="llama")
     prompt = "what is 12 + 30? it is 42."
@@ -357,7 +357,7 @@ def test_per_token_means_leave_padding_out_whatever_it_holds_and_refuse_a_prompt
     lengths equal the hand-computed ones (1 + position, averaged), and a NaN at a prompt's own token
     is refused in one line."""
     from effdepth_core.errors import NonFiniteActivationError
-    from effdepth_core.probes.shared.activations import per_token_means
+    from effdepth_core.measurement.probes.shared.activations import per_token_means
 
     loaded = make_tiny("llama")
     prompts = random_prompts([3, 6])
@@ -385,8 +385,8 @@ def test_the_lens_by_token_at_top_1_is_the_first_of_its_top_3_and_averages_to_th
     top 3, and the overlap at k = 1 averages to the logit-lens probe's at k = 1."""
     from conftest import char_tokenizer
 
+    from effdepth_core.measurement.probes import lens_by_token
     from effdepth_core.models import wrap_model
-    from effdepth_core.probes import lens_by_token
 
     loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="llama")
     prompt = "what is 12 + 30? it is 42."

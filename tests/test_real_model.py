@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from effdepth_core.cli import main
-from effdepth_core.probes import logit_lens, residual_cosine, token_weighted_mean
-from effdepth_core.tasks import load_task
+from effdepth_core.measurement.probes import logit_lens, residual_cosine, token_weighted_mean
+from effdepth_core.task_loading import load_task
 
 pytestmark = pytest.mark.real_model
 
@@ -100,12 +100,12 @@ def test_cli_run_on_the_default_model(tmp_path, capsys):
 
 def test_pruning_and_early_exit_on_the_real_model(smollm2):
     """Removing layers equals the skip probe's all-token skip in a full forward; exiting at L is the model."""
-    from effdepth_core.probes.early_exit import early_exit
-    from effdepth_core.probes.prune import pruned_final
-    from effdepth_core.probes.skip import skip_hooks
-    from effdepth_core.probes.tuned_lens import TunedLens
-    from effdepth_core.replay import clean_run
-    from effdepth_core.trace import intervene
+    from effdepth_core.measurement.probes.early_exit import early_exit
+    from effdepth_core.measurement.probes.prune import pruned_final
+    from effdepth_core.measurement.probes.skip import skip_hooks
+    from effdepth_core.measurement.probes.tuned_lens import TunedLens
+    from effdepth_core.measurement.replay import clean_run
+    from effdepth_core.measurement.trace import intervene
 
     example = load_task("addition", n=1, digits=6, seed=3)[0]
     ids = smollm2.encode(example.prompt)
@@ -153,7 +153,7 @@ def test_dequantized_weights_equal_the_gguf_parse(smollm2):
 
 def test_arithmetic_answer_tokens_are_the_digits(smollm2):
     # as the published code measures them: the space before the result belongs to the question
-    from effdepth_core.probes.shared.answers import answer_split
+    from effdepth_core.measurement.probes.shared.answers import answer_split
 
     for example in load_task("addition", n=4, digits=6):
         split = answer_split(smollm2, example)
@@ -164,7 +164,7 @@ def test_arithmetic_answer_tokens_are_the_digits(smollm2):
 def test_loading_an_alias_resolves_it_once(smollm2, monkeypatch):
     """Acquisition is one step: ``load_model`` asks ``acquire.resolve_model`` once, which fetches or
     verifies the GGUF once (then the verified dequantized folder is read)."""
-    from effdepth_core import acquire, models
+    from effdepth_core import acquire, loading, models
 
     calls = {"resolve": 0, "ensure": 0}
     resolve, ensure = acquire.resolve_model, acquire.ensure_model
@@ -177,7 +177,7 @@ def test_loading_an_alias_resolves_it_once(smollm2, monkeypatch):
         calls["ensure"] += 1
         return ensure(*args, **kwargs)
 
-    monkeypatch.setattr(models, "resolve_model", counted_resolve)
+    monkeypatch.setattr(loading, "resolve_model", counted_resolve)  # load_model's home
     monkeypatch.setattr(acquire, "ensure_model", counted_ensure)
     loaded = models.load_model("smollm2-135m", device="cpu", dtype="float32", progress=False)
     assert calls == {"resolve": 1, "ensure": 1} and loaded.n_layers == 30

@@ -80,7 +80,7 @@ def test_a_larger_run_reuses_the_first_examples_and_equals_a_fresh_one(tiny_dir,
 def test_only_the_missing_examples_are_computed_and_a_changed_option_reuses_nothing(tiny_dir, tmp_path, monkeypatch):
     import dataclasses
 
-    from effdepth_core import registry
+    from effdepth_core.measurement import registry
 
     seen: list[int] = []
     spec = registry.get("cosine")

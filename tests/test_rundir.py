@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from effdepth_core import registry, results
+from effdepth_core import results
 from effdepth_core.cli import main
+from effdepth_core.measurement import registry
 from effdepth_core.results import RunSettings, default_out_dir
 from effdepth_core.rundir import LOCK_NAME, RunDirectory
 

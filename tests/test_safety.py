@@ -16,7 +16,7 @@ from effdepth_core import cache, rundir
 from effdepth_core.cli import main
 from effdepth_core.models import wrap_model
 from effdepth_core.results import RunSettings, run
-from effdepth_core.tasks import load_task
+from effdepth_core.task_loading import load_task
 
 LOCK = cache.LOCK_NAME
 
@@ -255,7 +255,7 @@ def test_a_cache_root_that_is_a_file_or_open_to_others_is_refused_for_every_use(
 
 def test_a_task_number_beyond_a_float_is_refused_not_recorded_as_infinity(tmp_path):
     from effdepth_core.errors import TaskError
-    from effdepth_core.tasks import load_task
+    from effdepth_core.task_loading import load_task
 
     path = tmp_path / "t.jsonl"
     path.write_text('{"prompt": "a", "x": 1e400}\n')

@@ -101,7 +101,7 @@ def test_every_derived_name_fits_a_file_system_and_a_path_is_named_by_its_own_na
     from conftest import make_tiny
 
     from effdepth_core.cache import atomic_write_bytes
-    from effdepth_core.probes.tuned_lens import lens_training, tuned_lens_path
+    from effdepth_core.measurement.probes.tuned_lens import lens_training, tuned_lens_path
     from effdepth_core.settings import MapSettings
 
     mapped = MapSettings("x" * 300, "y" * 300, str(long_task)).name()

@@ -13,9 +13,9 @@ import pytest
 
 from effdepth_book import findings, reference, specification
 from effdepth_book.precision import Precision
-from effdepth_core import registry
-from effdepth_core.depth import difference_draws, early_layers, interval
-from effdepth_core.probes.shared.lens import centroid_overlap
+from effdepth_core.measurement import registry
+from effdepth_core.measurement.depth import difference_draws, early_layers, interval
+from effdepth_core.measurement.probes.shared.lens import centroid_overlap
 
 
 def _rule(key: str):

@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from effdepth_core import depth as stats
-from effdepth_core import registry
+from effdepth_core.measurement import depth as stats
+from effdepth_core.measurement import registry
 
 SETTINGS = SimpleNamespace(kl_fraction=0.5, overlap_threshold=0.3)
 

@@ -21,9 +21,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from effdepth_core import acquire, cache, registry, zoo
+from effdepth_core import acquire, cache, zoo
 from effdepth_core.cli import main
 from effdepth_core.errors import EffdepthError
+from effdepth_core.measurement import registry
 
 
 def _cli(capsys, *argv) -> tuple[int, str, str]:
@@ -109,7 +110,7 @@ def test_refetch_deletes_only_the_files_effdepth_recorded(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("reader", ["marker", "verified", "lens", "metadata", "read_regular"])
 def test_a_fifo_where_a_record_belongs_never_blocks(tmp_path, monkeypatch, reader):
-    from effdepth_core.probes import tuned_lens
+    from effdepth_core.measurement.probes import tuned_lens
     from effdepth_core.rundir import read_metadata
 
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))
@@ -261,7 +262,8 @@ def _plugin_module(tmp_path: Path, monkeypatch, body: str) -> str:
     """A plugin module of its own name (modules are imported once per process)."""
     name = f"hostile_plugin_{abs(hash(body))}"
     (tmp_path / f"{name}.py").write_text(
-        "from dataclasses import replace\nimport plugin_probe\nfrom effdepth_core.probes.spec import Option\n" + body
+        "from dataclasses import replace\nimport plugin_probe\n"
+        "from effdepth_core.measurement.probes.spec import Option\n" + body
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     return name
@@ -546,7 +548,7 @@ def test_a_deeply_nested_summary_is_skipped_not_a_crash(tmp_path, capsys):
 
 
 def test_a_huge_task_file_is_refused_unread(tmp_path, capsys, tiny_dir):
-    from effdepth_core import tasks
+    from effdepth_core import task_loading as tasks
 
     huge = tmp_path / "huge.jsonl"
     with huge.open("wb") as handle:

@@ -1,4 +1,4 @@
-"""The book's sections, one ``SectionSpec`` each (``effdepth_book/sections/<name>.py``), in one
+"""The book's sections, one ``SectionSpec`` each (``effdepth_book/sections/<name>/__init__.py``), in one
 registry: the command line's ``--section`` choices, the runner, the params schema, the table of
 contents, the grid and the intro's findings all read it. A new section is its spec file, its params
 file, its template and one line in ``registry.BUILTIN`` (``sections/registry.py``, which no page's

@@ -1,7 +1,7 @@
 """The book's sections, one line each: name → the module that defines its ``SPEC``, in the book's
 order (the paper's three questions, then what goes beyond it). Only names: a page's freshness
 digest leaves this file out (adding a section stales no page) and counts its own section's module
-instead (``runner.page_code``)."""
+instead (``freshness.page_code``)."""
 
 BUILTIN = {
     "scale": "effdepth_book.sections.scale",
