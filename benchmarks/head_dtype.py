@@ -26,8 +26,15 @@ import torch
 from effdepth_core.models import load_model
 from effdepth_core.probes import logit_lens
 from effdepth_core.probes.shared import lens as lens_module
-from effdepth_core.probes.shared.lens import centroid_kl, centroid_overlap, crossing_kl, crossing_overlap, ed_kl
-from effdepth_core.probes.shared.lens import ed_overlap, fast_bfloat16
+from effdepth_core.probes.shared.lens import (
+    centroid_kl,
+    centroid_overlap,
+    crossing_kl,
+    crossing_overlap,
+    ed_kl,
+    ed_overlap,
+    fast_bfloat16,
+)
 from effdepth_core.probes.shared.reduce import token_weighted_mean
 from effdepth_core.tasks import load_task
 

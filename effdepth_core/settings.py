@@ -58,7 +58,8 @@ COMPATIBILITY: tuple[tuple[str, str], ...] = (
         "resolved options",
         "an option that resolves on the machine (head_dtype auto: bfloat16 where the hardware has fast bfloat16) "
         "enters the keys as what it resolves to, and only when that differs from what runs computed before it "
-        "(head_dtype: float32), so float32 runs keep their keys",
+        "(head_dtype: float32), so float32 runs keep their keys; a record written before the option read back "
+        "(RunSettings.recorded) takes that value",
     ),
     ("task files", "a task file adds the sha256 of its content (`task_sha256`)"),
     (
@@ -136,6 +137,17 @@ class RunSettings:
     def __reduce__(self):  # pickling (worker processes, Ray): rebuilt from its values
         values = self.as_dict()
         return (_rebuild, (values,))
+
+    @classmethod
+    def recorded(cls, values: Mapping[str, Any]) -> RunSettings:
+        """The settings a run's ``metadata.json`` records (``numbers()``), as that run computed: an
+        option that resolves on the machine and is missing from an older record takes its
+        ``key_absent`` (head_dtype: float32, what every run multiplied in before the option)."""
+        values = {k: v for k, v in values.items() if k != "progress"}
+        for name, option in registry.options().items():
+            if option.resolve is not None and name not in values:
+                values[name] = option.key_absent
+        return cls(values.pop("model"), values.pop("task"), **values)
 
     def as_dict(self) -> dict[str, Any]:
         """Every setting by name: the core ones, then each probe option."""
