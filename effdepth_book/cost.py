@@ -93,8 +93,7 @@ def shape_from(metadata: dict) -> Shape | None:
 def _settings(metadata: dict) -> RunSettings | None:
     values = dict(metadata.get("settings") or {})
     try:
-        known = {k: v for k, v in values.items() if k not in ("model", "task", "progress")}
-        return RunSettings(values["model"], values["task"], **known)
+        return RunSettings.recorded(values)
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -32,6 +32,9 @@ RULES = RULE_LABELS
 MIN_INTERVAL_N = 20  # a bootstrap over fewer prompts gives intervals that look precise and are not
 _SETTING_NAMES = set(setting_names())
 _SPEC_ONLY = {"task", "probes", "label", "precision"}
+# The book's lens multiplies its head in float32 on every machine (``effdepth run`` defaults to
+# ``auto``: bfloat16 where the hardware has it): its committed results were, and their keys stay.
+BOOK_HEAD_DTYPE = "float32"
 
 
 def task_label(spec: Mapping) -> str:
@@ -59,6 +62,7 @@ def task_settings(model: str, spec: Mapping, defaults: Mapping | None = None) ->
     if "task" not in merged:
         raise EffdepthError(f"task spec {dict(spec)} has no 'task'")
     values = {k: v for k, v in merged.items() if k in _SETTING_NAMES}
+    values.setdefault("head_dtype", BOOK_HEAD_DTYPE)
     return RunSettings(model=model, task=str(merged["task"]), **values)
 
 

@@ -104,6 +104,11 @@ class Option:
     flag: str | None = None  # default: --<name with dashes>
     check_value: Callable[[Any], str | None] | None = None  # further check: a message, or None when fine
     normalize: Callable[[Any], Any] | None = None  # one spelling per value (before checks and the key)
+    # (value, settings) → what a run uses on this machine ("auto" → what the hardware picks): the key
+    # holds the resolved value instead of the value, left out where it equals ``key_absent`` (what runs
+    # computed before the option existed, so their keys stay); each probe's record names it too
+    resolve: Callable[[Any, Any], Any] | None = None
+    key_absent: Any = None
 
     @property
     def cli_flag(self) -> str:
@@ -158,6 +163,17 @@ class Option:
         if self.check_value is not None:
             return self.check_value(value)
         return None
+
+    def keyed(self, value: Any, settings: Any, probe: bool = False) -> tuple[bool, Any]:
+        """Whether ``value`` enters a cache key, and as what: a run's key (``probe=False``) holds it
+        by ``key`` (KEY_WHEN_SET: only when not the default), a probe's key whenever it is not
+        KEY_NEVER; an option that ``resolve``s holds its resolved value, unless that is ``key_absent``."""
+        if self.resolve is not None:
+            resolved = self.resolve(value, settings)
+            return resolved != self.key_absent, resolved
+        if probe:
+            return self.key != KEY_NEVER, value
+        return self.key == KEY_ALWAYS or (self.key == KEY_WHEN_SET and value != self.default), value
 
     def check(self, value: Any) -> None:
         """One line (``OptionError``) naming the option in both spellings when ``value`` is not valid."""

@@ -791,11 +791,18 @@ def _measure(
         "threads": torch.get_num_threads(),
         "key": key,
         "revision": spec.revision,
+        **({"resolved": resolved} if (resolved := _resolved(spec, settings)) else {}),
         **({"answer_format": ANSWER_FORMAT} if spec.needs_answers else {}),
         **({"identity": identity} if identity else {}),
         **({"reused": {"from": str(donor.path), "examples": donor.count}} if donor else {}),
     }
     return frames, record
+
+
+def _resolved(spec: ProbeSpec, settings: RunSettings) -> dict:
+    """What each of the probe's options that resolve on the machine resolved to (``head_dtype``
+    auto → float32 or bfloat16): the run records which it used."""
+    return {o.name: o.resolve(getattr(settings, o.name), settings) for o in spec.options if o.resolve is not None}
 
 
 def _new_metadata(

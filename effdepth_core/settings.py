@@ -19,7 +19,7 @@ from typing import Any
 from . import __version__
 from .errors import EffdepthError, OptionError
 from .measurement import registry
-from .measurement.probes.spec import CORE_SETTINGS, KEY_ALWAYS, KEY_NEVER, KEY_WHEN_SET, ProbeSpec, spelled
+from .measurement.probes.spec import CORE_SETTINGS, ProbeSpec, spelled
 from .measurement.tasks import ANSWER_FORMAT, ARITHMETIC, DEFAULT_N, TASKS
 from .options import CORE_OPTIONS, MAP_OPTIONS, MAX_GENERATED
 from .paths import NAME_BYTES, exists, names_path, short_name  # noqa: F401 (NAME_BYTES: part of this module's API)
@@ -56,6 +56,13 @@ COMPATIBILITY: tuple[tuple[str, str], ...] = (
     ("shown, not computed", "device, batch_size, progress, method, device_map and the ED thresholds never enter it"),
     ("dtype", "--dtype auto adds `auto:<dtype>` only when it resolves to other than float32 (older keys: CPU runs)"),
     ("device type", "a run on other than the CPU adds `device_type` (GPU kernels round otherwise)"),
+    (
+        "resolved options",
+        "an option that resolves on the machine (head_dtype auto: bfloat16 where the hardware has fast bfloat16) "
+        "enters the keys as what it resolves to, and only when that differs from what runs computed before it "
+        "(head_dtype: float32), so float32 runs keep their keys; a record written before the option read back "
+        "(RunSettings.recorded) takes that value",
+    ),
     ("task files", "a task file adds the sha256 of its content (`task_sha256`)"),
     (
         "model paths",
@@ -133,6 +140,17 @@ class RunSettings:
         values = self.as_dict()
         return (_rebuild, (values,))
 
+    @classmethod
+    def recorded(cls, values: Mapping[str, Any]) -> RunSettings:
+        """The settings a run's ``metadata.json`` records (``numbers()``), as that run computed: an
+        option that resolves on the machine and is missing from an older record takes its
+        ``key_absent`` (head_dtype: float32, what every run multiplied in before the option)."""
+        values = {k: v for k, v in values.items() if k != "progress"}
+        for name, option in registry.options().items():
+            if option.resolve is not None and name not in values:
+                values[name] = option.key_absent
+        return cls(values.pop("model"), values.pop("task"), **values)
+
     def as_dict(self) -> dict[str, Any]:
         """Every setting by name: the core ones, then each probe option."""
         core = {name: getattr(self, name) for name in CORE_SETTINGS}
@@ -203,8 +221,8 @@ class RunSettings:
         ``base_fields`` (read now when not given)."""
         fields = dict(base) if base is not None else self._base_fields(by_name)
         for name, option in registry.options().items():
-            value = getattr(self, name)
-            if option.key == KEY_ALWAYS or (option.key == KEY_WHEN_SET and value != option.default):
+            enters, value = option.keyed(getattr(self, name), self)
+            if enters:
                 fields[name] = value
         return fields
 
@@ -219,7 +237,8 @@ class RunSettings:
         (not ``n``), the probe's options and revision, and its ``identity`` (a tuned lens's sha256).
         Two runs with equal probe keys and a common first k examples share those examples' rows."""
         base = {k: v for k, v in (base if base is not None else self._base_fields(by_name)).items() if k != "n"}
-        options = {o.name: getattr(self, o.name) for o in spec.options if o.key != KEY_NEVER}
+        keyed = {o.name: o.keyed(getattr(self, o.name), self, probe=True) for o in spec.options}
+        options = {name: value for name, (enters, value) in keyed.items() if enters}
         payload = {"base": base, "probe": spec.name, "revision": spec.revision, "options": options}
         if spec.needs_answers:  # which tokens are the answer changes its numbers
             payload["answer_format"] = ANSWER_FORMAT

@@ -16,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _settings(metadata: dict) -> RunSettings:
-    values = dict(metadata["settings"])
-    return RunSettings(values.pop("model"), values.pop("task"), **values)
+    return RunSettings.recorded(metadata["settings"])  # head_dtype, absent from older records: float32
 
 
 def test_a_run_cached_before_the_registry_loads_unchanged(tmp_path, monkeypatch):

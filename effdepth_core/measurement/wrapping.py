@@ -167,16 +167,29 @@ class LoadedModel:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits
 
-    def head_into(self, residual: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def head_into(
+        self, residual: torch.Tensor, out: torch.Tensor, product_dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """``head(residual)`` as float32 written into the preallocated ``out`` ``[token, vocab]``
-        (reusing one buffer across layers avoids re-faulting fresh pages for every layer)."""
+        (reusing one buffer across layers avoids re-faulting fresh pages for every layer).
+        ``product_dtype=torch.bfloat16`` (float32 weights only): the head matmul alone takes bfloat16
+        inputs — the normed residual and a bfloat16 copy of the head made once — and its bfloat16
+        output is widened into ``out``; the norm, bias, scale and soft-cap stay float32."""
         out = out[: residual.shape[0]]
         normed = self.final_norm(residual.to(self.head_device))
         if self.head_transform is not None:
             normed = self.head_transform(normed)
         weight = self.lm_head.weight
         # offloaded, the weight is a meta tensor until lm_head's own forward loads it
-        if weight.dtype == torch.float32 and out.dtype == torch.float32 and weight.device == out.device:
+        plain = weight.dtype == torch.float32 and out.dtype == torch.float32 and weight.device == out.device
+        if plain and product_dtype == torch.bfloat16:
+            made = (weight.data_ptr(), weight._version)  # a weight edited in place is copied again
+            if getattr(self, "_head_bf16", (None,))[0] != made:
+                self._head_bf16 = (made, weight.detach().to(torch.bfloat16))
+            out.copy_(torch.matmul(normed.to(torch.bfloat16), self._head_bf16[1].t()))
+            if getattr(self.lm_head, "bias", None) is not None:
+                out.add_(self.lm_head.bias)
+        elif plain:
             torch.matmul(normed, weight.t(), out=out)
             if getattr(self.lm_head, "bias", None) is not None:
                 out.add_(self.lm_head.bias)

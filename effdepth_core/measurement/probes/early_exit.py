@@ -43,6 +43,9 @@ def early_exit(
 
     Returns:
         The long frame above (metrics ``agreement``, ``answer_nll``, ``answer_accuracy``).
+
+    Every decode multiplies the head in the weights' dtype (float32 for a float32 model): the logit
+    lens's ``head_dtype`` does not apply here.
     """
     require_whole("chunk", chunk)
     rows = []

@@ -338,7 +338,7 @@ def integrated_gradients(
     igrad_tol: float = DEFAULT_TOLERANCE,
     igrad_max_steps: int | None = None,
     slow_block: int = 1,
-    igrad_panels: int | None = None,
+    igrad_panels: int = 1,
     memory_budget_mb: int | None = None,
 ) -> pl.DataFrame:
     """Per-layer integrated-gradient attributions to every position towards the answer tokens.
@@ -358,9 +358,9 @@ def integrated_gradients(
     warning at the end. ``slow_block``: the values of α the slow path evaluates per forward pass
     (1: the oracle; 16: the published script). ``max_rows``: α rows per pass of the fast path
     (default: as many as ``memory_budget_mb`` holds, by default half the GPU's free memory; 16 on
-    a CPU without a budget); ``igrad_panels``: panels the adaptive rule halves per round (default
-    ``default_panels``: 8 on a GPU, 1 elsewhere; 1 always halves the single worst one; more batch
-    its evaluations, a slightly different refinement to the same tolerance).
+    a CPU without a budget); ``igrad_panels``: panels the adaptive rule halves per round (1, the
+    default, always halves the single worst one; more batch its evaluations on a GPU, a slightly
+    different refinement to the same tolerance).
 
     Args:
         loaded: a ``LoadedModel`` (``load_model``/``wrap_model``) or a transformers causal LM.
@@ -381,8 +381,7 @@ def integrated_gradients(
                           (IGRAD_MAX_STEPS, igrad_max_steps), (IGRAD_PANELS, igrad_panels)):  # fmt: skip
         option.check(value)
     steps, quadrature, baseline = igrad_steps, igrad_quadrature, igrad_baseline
-    tolerance, max_steps = igrad_tol, igrad_max_steps
-    panels = default_panels(loaded) if igrad_panels is None else igrad_panels
+    tolerance, max_steps, panels = igrad_tol, igrad_max_steps, igrad_panels
     require_whole("slow_block", slow_block)
     if max_rows is not None:
         require_whole("max_rows", max_rows)
@@ -511,20 +510,10 @@ IGRAD_MAX_STEPS = Option(
     minimum=1,
     maximum=8 * MAX_STEPS,
 )
-GPU_PANELS = 8  # the adaptive rule's panels per round on a GPU by default: 64 gradient rows per pass
-
-
-def default_panels(loaded: LoadedModel) -> int:
-    """Panels the adaptive rule halves per round when none are asked for: ``GPU_PANELS`` on a GPU,
-    whose passes are launch-bound at one panel's 8 rows; 1 elsewhere (a CPU gains nothing from
-    wider passes). A run's key holds its device type, so the choice is keyed."""
-    return GPU_PANELS if loaded.input_device.type == "cuda" else 1
-
-
 IGRAD_PANELS = Option(
     "igrad_panels",
-    None,
-    "panels the adaptive rule halves per round (igrad; default 8 on a GPU, 1 elsewhere; 1 halves the worst one)",
+    1,
+    "panels the adaptive rule halves per round (igrad; 1 halves the worst one; 8 batches a GPU's work)",
     type=int,
     minimum=1,
     maximum=MAX_STEPS,  # more panels than gradient evaluations cannot be halved

@@ -3,15 +3,43 @@ and head (``lens.logit_lens``), its KL to the output and top-k overlap; ED by th
 
 from __future__ import annotations
 
-from .shared.lens import KL_FRACTION_OPTION, LENS, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
+from collections.abc import Sequence
+
+import polars as pl
+
+from ..wrapping import LoadedModel
+from .shared.lens import (
+    HEAD_DTYPE,
+    KL_FRACTION_OPTION,
+    LENS,
+    OVERLAP_THRESHOLD_OPTION,
+    TOP_K,
+    check_top_k,
+    lens_rules,
+    logit_lens,
+)
 from .shared.reduce import token_weighted_mean
-from .spec import Chart, ProbeSpec, Shape, on_prompts
+from .spec import Chart, Context, ProbeSpec, Shape, prompts_of
 
 
 def _expand(settings) -> tuple[str, ...]:
     """``--lens`` chooses the lens of the lens probe: the logit lens, the tuned lens, or both."""
     LENS.check(settings.lens)
     return {"logit": ("logit_lens",), "tuned": ("tuned_lens",), "both": ("logit_lens", "tuned_lens")}[settings.lens]
+
+
+def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
+    """``logit_lens`` on the prompts, its head product's dtype resolved from the settings as the key
+    resolves it (``HEAD_DTYPE.resolve``), so the numbers are always those the key names."""
+    settings = context.settings
+    return logit_lens(
+        loaded,
+        prompts_of(examples),
+        top_k=settings.top_k,
+        batch_size=settings.batch_size,
+        progress=context.progress,
+        head_dtype=HEAD_DTYPE.resolve(settings.head_dtype, settings),
+    )
 
 
 def _work(shape: Shape, settings, lengths) -> float:
@@ -21,8 +49,9 @@ def _work(shape: Shape, settings, lengths) -> float:
 SPEC = ProbeSpec(
     name="logit_lens",
     title="logit lens",
-    compute=on_prompts(logit_lens, top_k="top_k"),
-    options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION),  # --lens belongs to early exit (and expand)
+    compute=_compute,
+    # --lens belongs to early exit (and expand); the tuned lens and early exit decode in float32 always
+    options=(TOP_K, KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, HEAD_DTYPE),
     aggregate=token_weighted_mean,
     rules=lens_rules("logit_lens", "lens"),
     charts=(Chart("logit_lens", "lens_curves", "logit_lens"),),

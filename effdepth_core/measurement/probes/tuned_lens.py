@@ -480,6 +480,7 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context):
         batch_size=settings.batch_size,
         progress=context.progress,
         lens=lens,
+        head_dtype="float32",  # as its translators were trained (head_dtype is the logit lens's setting)
     )
     return frame, {"tuned_lens_fit": fit_frame(lens)}
 

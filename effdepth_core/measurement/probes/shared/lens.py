@@ -5,6 +5,7 @@ lens ED rules and the options they share."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -58,19 +59,21 @@ def lens_token_metrics(
     final_logp: torch.Tensor,
     final_top: torch.Tensor,
     buffers: tuple[torch.Tensor, torch.Tensor],
+    product_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """KL(q || p) and top-k overlap per token of ``residual`` ``[token, d_model]`` decoded with
     the lens; ``final_logp`` ``[token, vocab]`` and ``final_top`` ``[token, k]`` describe p.
     Returns ``[token, 2]``. The vocabulary is only ever held in ``buffers``: a ``[chunk, vocab]``
     float32 tensor for the head matmul (large chunks use the head matrix well) and a
     ``[block, vocab]`` scratch tensor for the softmax/KL/top-k passes, done a few rows at a time so
-    that they run in cache. Memory does not depend on the number of tokens or layers."""
+    that they run in cache. Memory does not depend on the number of tokens or layers.
+    ``product_dtype``: the head matmul's (``LoadedModel.head_into``); the rest is float32."""
     logits_buffer, scratch = buffers
     chunk, block = logits_buffer.shape[0], scratch.shape[0]
     k = final_top.shape[-1]
     out = torch.empty(residual.shape[0], 2, device=final_logp.device)
     for start in range(0, residual.shape[0], chunk):
-        logits = loaded.head_into(residual[start : start + chunk], logits_buffer)  # [rows, vocab] float32
+        logits = loaded.head_into(residual[start : start + chunk], logits_buffer, product_dtype)  # [rows, vocab]
         for first in range(0, logits.shape[0], block):
             rows = slice(start + first, start + min(first + block, logits.shape[0]))
             z = logits[first : first + block]
@@ -93,10 +96,12 @@ def _decode_measure(
     top_k: int,
     buffers: tuple[torch.Tensor, torch.Tensor],
     lens: Translator | None = None,
+    product_dtype: torch.dtype = torch.float32,
 ) -> LayerMeasure:
     """For one batch: the final distribution p of every real token (a first forward pass), then the
     per-layer measurement that decodes each layer's input (and the final residual) against it:
-    KL and overlap per real token ``[token, metric]``."""
+    KL and overlap per real token ``[token, metric]``. p is always decoded in the weights' dtype
+    (float32 for a float32 model); ``product_dtype`` is the per-layer decodes' head matmul."""
     n_layers = loaded.n_layers
     mask = batch.mask
     chunk = buffers[0].shape[0]
@@ -117,7 +122,7 @@ def _decode_measure(
     def decode(layer: int, residual: torch.Tensor) -> tuple[int, torch.Tensor]:
         states = residual.flatten(0, 1).index_select(0, real.to(residual.device))  # [token, d_model]
         states = states if lens is None else lens.translate(layer, states)
-        per_token = lens_token_metrics(loaded, states, final_logp, final_top, buffers)
+        per_token = lens_token_metrics(loaded, states, final_logp, final_top, buffers, product_dtype)
         what = "logit-lens decode (final norm + LM head)" if lens is None else "tuned-lens decode"
         require_finite(per_token, f"the {what} of layer {layer}'s input", loaded.name)
         return layer, per_token
@@ -140,6 +145,7 @@ def logit_lens(
     memory_budget_mb: int | None = None,
     progress: bool | None = None,
     lens: Translator | None = None,
+    head_dtype: str = "float32",
 ) -> pl.DataFrame:
     """Per-example KL(q_l || p) and top-k overlap for layers 0..L (layer L decodes the final
     residual, so it gives KL 0 and overlap 1 by construction). With ``lens`` (a tuned lens of this
@@ -158,12 +164,18 @@ def logit_lens(
         memory_budget_mb: as above.
         progress: show progress bars (None: when attached to a terminal or notebook).
         lens: a ``TunedLens`` of this model, or None.
+        head_dtype: the per-layer decodes' head matmul for a float32 model: ``float32`` (exact, the
+            default here), ``bfloat16`` (bfloat16 inputs, float32 norm, softmax, KL and top-k; the
+            final distribution p stays float32), or ``auto`` (bfloat16 where ``fast_bfloat16``).
+            ``effdepth run`` and ``measure`` take it as their ``head_dtype`` setting (also float32 by default).
         tokenizer: the tokenizer of a plain transformers model (a ``LoadedModel`` has its own).
 
     Returns:
         A long frame ``example, layer, metric, value, n_tokens`` (metrics ``kl``, ``overlap``).
     """
     _check_top_k(top_k, loaded.vocab_size, loaded.name)
+    HEAD_DTYPE.check(head_dtype)
+    product_dtype = PRODUCT_DTYPES[resolve_head_dtype(head_dtype, loaded.head_device, loaded.dtype)]
     device = loaded.head_device
     if memory_budget_mb is None:
         memory_budget_mb = DEFAULT_BUDGET_MB.get(device.type, 4096)
@@ -183,7 +195,7 @@ def logit_lens(
         prompts,
         LENS_METRICS,
         loaded.n_layers + 1,
-        lambda batch: _decode_measure(loaded, batch, top_k, buffers, lens),
+        lambda batch: _decode_measure(loaded, batch, top_k, buffers, lens, product_dtype),
         "logit lens" if lens is None else "tuned lens",
         batch_size,
         progress,
@@ -385,6 +397,75 @@ OVERLAP_THRESHOLD_OPTION = Option(
     key=KEY_NEVER,
 )
 LENS = Option("lens", "logit", "the lens of logit_lens and early_exit: logit, tuned or both", choices=LENSES)
+
+
+# --- the head product's dtype (--head-dtype) -----------------------------------------------------
+
+HEAD_DTYPES = ("auto", "float32", "bfloat16")
+PRODUCT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere: no fast bfloat16 assumed)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def fast_bfloat16(device: str | torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices in hardware: a CPU with AMX or AVX512-BF16
+    (Linux's ``amx_bf16``/``avx512_bf16`` flags; measured 2.5× float32 one thread with AVX512-BF16,
+    benchmarks/head_dtype.py) or a CUDA GPU of compute capability 8.0 or more (bfloat16 tensor cores).
+    Anything else (an older CPU, macOS, MPS): False, so ``auto`` keeps float32 there."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return bool({"amx_bf16", "avx512_bf16"} & _cpu_flags())
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    return False
+
+
+def resolve_head_dtype(value: str, device: str | torch.device, weights: torch.dtype) -> str:
+    """The head product's dtype a lens decode uses: ``value``, with ``auto`` → ``bfloat16`` for a
+    float32 model on a device with ``fast_bfloat16``, else ``float32``. ``float32`` also stands for
+    a model loaded in bfloat16/float16: its head multiplies in the weights' dtype, as before."""
+    if value != "auto":
+        return value
+    return "bfloat16" if weights == torch.float32 and fast_bfloat16(device) else "float32"
+
+
+def _resolve_setting(value: str, settings) -> str:
+    """``resolve_head_dtype`` for a run's settings (its device and dtype as the run resolves them)."""
+    from ...devices import resolve_device, resolve_dtype
+
+    if value != "auto":
+        return value
+    try:
+        device = resolve_device(settings.device)
+        if settings.device_map and torch.cuda.is_available():
+            device = "cuda"
+        weights = resolve_dtype(settings.dtype, device)
+    except EffdepthError:  # a bad device or dtype is refused before the run; nothing is keyed then
+        return "float32"
+    return resolve_head_dtype(value, device, weights)
+
+
+HEAD_DTYPE = Option(
+    "head_dtype",
+    "float32",  # auto passes the accuracy rule (benchmarks/head_dtype.py) but no faster main run was measured
+    # here, and a hardware-dependent default would make README's table depend on the reader's CPU
+    "the logit lens's per-layer head matmul for a float32 model: float32, bfloat16 (float32 norm, softmax, KL, "
+    "top-k and final distribution), or auto (bfloat16 where the hardware has it: AMX/AVX512-BF16 CPUs, CUDA ≥ 8.0)",
+    choices=HEAD_DTYPES,
+    resolve=_resolve_setting,
+    key_absent="float32",  # runs before the option multiplied in float32: their keys stay
+)
 
 
 def check_lens(lens: object) -> None:
