@@ -466,6 +466,8 @@ def main() -> None:
     parser.add_argument("--skip-prompts", type=int, default=2, help="the first N of them for skipping (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls of each path (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls on the full workload first (default 1)")
+    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=TOOLS, help="a subset (effdepth always runs)")
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS, help="a subset (default: all)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--worker", nargs=2, metavar=("TOOL", "TASK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -477,8 +479,9 @@ def main() -> None:
     started, load_before = time.perf_counter(), os.getloadavg()
     prompts = workload(args.workload, args.prompts)
     model, tokenizer = load()
-    handles = {tool: setup(tool, model, tokenizer) for tool in TOOLS}
-    todo = [(tool, task) for task in TASKS for tool in TOOLS if task in CALLS[tool]]
+    tools = [tool for tool in TOOLS if tool == "effdepth" or tool in args.tools]
+    handles = {tool: setup(tool, model, tokenizer) for tool in tools}
+    todo = [(tool, task) for task in TASKS for tool in tools if task in CALLS[tool] and task in args.tasks]
     results = {}
 
     def call(tool, task):
@@ -496,18 +499,23 @@ def main() -> None:
             runs[key] += repeated(lambda key=key: call(*key), repeats=1, warmup=0).runs
     times = {key: Timing(tuple(values)) for key, values in runs.items()}
     skip_prompts = prompts[: args.skip_prompts]
-    start = time.perf_counter()  # once, not timed against the others: a different quantity (see NOT_DONE)
-    deleted = tuned_lens_delete_layers(model, handles["tuned-lens"], tokenizer, skip_prompts)
-    results["tuned-lens", "delete_layers"] = deleted
-    times["tuned-lens", "delete_layers"] = Timing((time.perf_counter() - start,))
+    if "tuned-lens" in tools and "skip" in args.tasks:  # once, not timed against the others (see NOT_DONE)
+        start = time.perf_counter()
+        deleted = tuned_lens_delete_layers(model, handles["tuned-lens"], tokenizer, skip_prompts)
+        results["tuned-lens", "delete_layers"] = deleted
+        times["tuned-lens", "delete_layers"] = Timing((time.perf_counter() - start,))
     memory = {} if args.no_memory else {key: peak_memory(*key, args) for key in todo if key[1] != "tokens"}
     loads = (load_before, os.getloadavg())
-    attention = ATTENTION_NOTE.format(
-        version=version("transformer-lens"),
-        component=type(handles["transformer-lens"].blocks[0].attn).__name__,
-        hf=model.config._attn_implementation,
+    attention = (
+        ""
+        if "transformer-lens" not in tools
+        else ATTENTION_NOTE.format(
+            version=version("transformer-lens"),
+            component=type(handles["transformer-lens"].blocks[0].attn).__name__,
+            hf=model.config._attn_implementation,
+        )
     )
-    report(results, times, memory, time.perf_counter() - started, tokenizer, prompts, args, loads, attention)
+    report(results, times, memory, time.perf_counter() - started, tokenizer, prompts, args, loads, attention, todo)
 
 
 def table(header: list[str], rows: list[list[str]]) -> None:
@@ -519,10 +527,14 @@ def table(header: list[str], rows: list[list[str]]) -> None:
     print()
 
 
-def report(results, times, memory, elapsed, tokenizer, prompts, args, loads, attention) -> None:
+def report(results, times, memory, elapsed, tokenizer, prompts, args, loads, attention, todo) -> None:
+    tools = [tool for tool in TOOLS if any(key[0] == tool for key in todo)]
+
     def cell(tool, task, what):
         if task not in CALLS[tool]:
             return "n/a"
+        if (tool, task) not in todo:
+            return "-"
         if what == "lines":
             return str(count_lines(CALLS[tool][task]))
         if what == "s":
@@ -539,26 +551,31 @@ def report(results, times, memory, elapsed, tokenizer, prompts, args, loads, att
     lens = [("lens", "lines"), ("lens", "s"), ("lens", "MB"), ("lens", "agree")]
     lens += [("tokens", "lines"), ("tokens", "s"), ("tokens", "agree")]
     header = ["tool", "lens lines", "lens s", "lens peak MB", "lens max|Δ|", "per-token lines", "per-token s"]
-    table([*header, "top-1 agreement"], [[tool, *(cell(tool, *c) for c in lens)] for tool in TOOLS])
+    table([*header, "top-1 agreement"], [[tool, *(cell(tool, *c) for c in lens)] for tool in tools])
     how = {"skip": "loop", "skip-batched": "batched"}
     rows = [
         [f"{tool} ({'replay' if tool == 'effdepth' else how[task]})", *(cell(tool, task, w) for w in whats)]
         for task in ("skip", "skip-batched")
-        for tool in TOOLS
-        if task in CALLS[tool]
+        for tool in tools
+        if (tool, task) in todo
         for whats in [("lines", "s", "MB", "agree")]
     ]
-    table(["skip: tool (how)", "lines", "s", "peak MB", "max|Δ|"], rows)
+    if rows:
+        table(["skip: tool (how)", "lines", "s", "peak MB", "max|Δ|"], rows)
     for (tool, task), why in NOT_DONE.items():
-        print(f"n/a ({tool}, {task}): {why}")
-    deleted, ours = results["tuned-lens", "delete_layers"], results["effdepth", "skip"]
-    print(
-        f"tuned-lens delete_layers (layer l removed at every position): {count_lines(tuned_lens_delete_layers)} lines, "
-        f"{times['tuned-lens', 'delete_layers'].median:.2f} s (one call), "
-        f"max|Δ| vs effdepth's skip {np.max(np.abs(deleted - ours)):.3f} nats "
-        f"(at layer {int(np.argmax(np.abs(deleted - ours)))})"
-    )
-    print(attention)
+        if tool in tools:
+            print(f"n/a ({tool}, {task}): {why}")
+    if ("tuned-lens", "delete_layers") in results:
+        deleted, ours = results["tuned-lens", "delete_layers"], results["effdepth", "skip"]
+        print(
+            "tuned-lens delete_layers (layer l removed at every position): "
+            f"{count_lines(tuned_lens_delete_layers)} lines, "
+            f"{times['tuned-lens', 'delete_layers'].median:.2f} s (one call), "
+            f"max|Δ| vs effdepth's skip {np.max(np.abs(deleted - ours)):.3f} nats "
+            f"(at layer {int(np.argmax(np.abs(deleted - ours)))})"
+        )
+    if attention:
+        print(attention)
     print(
         f"s: seconds of one call, median [min–max] of {args.repeats} timed calls after a first call on a short "
         f"prompt and {args.warmup} untimed call(s) on the full workload, the tools interleaved; max|Δ|: max over "
@@ -572,14 +589,9 @@ def report(results, times, memory, elapsed, tokenizer, prompts, args, loads, att
         f"{sum(n_tokens)} tokens {n_tokens}; skip on the first {len(n_skip)}, {sum(n_skip)} tokens; "
         f"per-token table on one prompt of {len(tokenizer(PROMPTS[0]).input_ids)} tokens"
     )
-    print(
-        "effdepth lens KL per layer 0..L:",
-        np.array2string(results["effdepth", "lens"], precision=3, max_line_width=120),
-    )
-    print(
-        "effdepth skip KL per skipped layer 0..L-1:",
-        np.array2string(results["effdepth", "skip"], precision=3, max_line_width=120),
-    )
+    for task, what in (("lens", "lens KL per layer 0..L"), ("skip", "skip KL per skipped layer 0..L-1")):
+        if ("effdepth", task) in results:
+            print(f"effdepth {what}:", np.array2string(results["effdepth", task], precision=3, max_line_width=120))
     print(
         "versions:",
         ", ".join(f"{p} {version(p)}" for p in PACKAGES),
