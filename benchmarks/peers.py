@@ -3,28 +3,37 @@ plain transformers, each doing the logit lens (per-layer KL to the output, and t
 layer and position of one prompt) and layer skipping (the KL at the output when a layer is skipped).
 
 The peers live in their own virtual environment, ``.compute/peers`` (torch CPU, transformers,
-transformer-lens, nnsight, tuned-lens), not in the project's; effdepth is imported from the checkout
-(``PYTHONPATH=.``). Run from the repository root, on one core::
+transformer-lens, nnsight, tuned-lens, and polars for effdepth), not in the project's; effdepth is
+imported from the checkout (``PYTHONPATH=.``). Run from the repository root, on one core::
 
-    PYTHONPATH=. taskset -c 1 .compute/peers/bin/python benchmarks/peers.py   # --prompts 8 --no-memory
+    PYTHONPATH=. taskset -c 1 .compute/peers/bin/python benchmarks/peers.py   # --prompts 6 --skip-prompts 2
 
-It runs the first 3 of the 8 hard-coded prompts by default (``--prompts N``): with 3 the whole run
-(timing, then one subprocess per (tool, task) for memory) takes about 14 minutes on one core of
-this project's 2-core CPU machine; the peers' layer skipping is one full forward pass per layer.
-effdepth needs polars in that environment (``.compute/peers/bin/pip install polars==2.1.0``).
+The workload (``--workload gsm8k``, the default) is effdepth's default GSM8K sample (seed 0, the
+vendored test set; question, worked answer and final answer, as its runs probe them): the lens runs
+on the first ``--prompts`` of them (6: 1,087 tokens), skipping on the first ``--skip-prompts`` (2),
+since every peer's loop is one full forward pass per layer; the per-token table is one short
+prompt's. ``--workload short`` takes the 8 short hard-coded questions instead (about 24 tokens each).
 
 Each tool's part is a function below whose body is the code a user of that tool writes (``lines``
 counts its non-blank, non-comment lines, docstring excluded); what each tool needs loaded once (a
 TransformerLens bridge, an nnsight wrapper, a tuned-lens ``LogitLens``) is in ``setup`` and not
-counted (tuned-lens 0.2.0 needs a one-line patch there to run beside TransformerLens 4). For each
-(tool, task) the script prints: lines; compute seconds (the call only, model and tool loaded, after
-one warm-up call on a short prompt; median of 3 repeats, the tools interleaved; the first repeat's
-result is the one compared); peak memory (in a fresh subprocess per (tool, task), after the same
-warm-up: the peak resident set during the call above the resident set just before it, the peak
-reset through ``/proc/self/clear_refs``); agreement with effdepth (max |difference| of the per-layer
-curve; the share of (layer, position) cells whose top-1 token is effdepth's). One torch thread; the
-model is smollm2-135m from effdepth's offline cache (float32, CPU). tuned-lens cannot skip a layer as
-effdepth does (see ``NOT_DONE``): its ``delete_layers`` is run once, as a different quantity.
+counted (tuned-lens 0.2.0 needs a one-line patch there to run beside TransformerLens 4). Skipping is
+done twice by the peers that can batch it: a loop of one forward per skipped layer as their
+tutorials write it, and a user's best batched version (``*_skip_batched``: all L variants as one
+batch of L + 1 rows of the prompt, row i skipping layer i through a hook, the last row skipping
+nothing), against effdepth's replay. For each (tool, task) the script prints: lines; compute
+seconds (the call only, model and tool loaded; every path first called once on a short prompt, then
+``--warmup`` untimed calls on the full workload, then ``--repeats`` timed calls, the paths
+interleaved so that a slow spell of the machine hits every tool; median and min–max through
+``measure.repeated``; the first full call's result is the one compared); peak memory (in a fresh
+subprocess per (tool, task), after a warm-up call on a short prompt: the peak resident set during
+the call above the resident set just before it, the peak reset through ``/proc/self/clear_refs``);
+agreement with effdepth (max |difference| of the per-layer curve; the share of (layer, position)
+cells whose top-1 token is effdepth's). One torch thread; the model is smollm2-135m from effdepth's
+offline cache (float32, CPU). TransformerLens 4 runs eager attention whatever the model's setting
+(its bridge reimplements attention so that its pattern hooks fire; printed with the table); the
+others run the model's sdpa. tuned-lens cannot skip a layer as effdepth does (see ``NOT_DONE``):
+its ``delete_layers`` is run once, as a different quantity.
 
 What is compared, computed as effdepth computes it:
 - logit lens: KL(q_l || p) in nats, q_l = softmax(head(final_norm(h_l))) with h_l the input of layer
@@ -48,7 +57,6 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -62,8 +70,7 @@ import numpy as np
 import torch
 
 MODEL = "smollm2-135m"
-REPEATS = 3
-# 8 short GSM8K-style questions, hard-coded so that every tool sees the same tokens
+# 8 short GSM8K-style questions (--workload short; the first is the per-token table's prompt)
 PROMPTS = [
     "Question: Tom has 5 apples and buys 7 more. How many apples does he have now?\nAnswer:",
     "Question: A train travels 60 miles per hour for 3 hours. How far does it go?\nAnswer:",
@@ -74,9 +81,9 @@ PROMPTS = [
     "Question: Mia had 30 stickers, gave away 8 and got 5 more. How many stickers does she have?\nAnswer:",
     "Question: A garden has 6 rows of 8 tomato plants. How many tomato plants are there?\nAnswer:",
 ]
-WARM_UP = ["Question: What is 2 + 3?\nAnswer:"]  # the memory workers' first call, before the measured one
+WARM_UP = ["Question: What is 2 + 3?\nAnswer:"]  # every path's first call, before the timed ones
 TOOLS = ("effdepth", "transformer-lens", "nnsight", "tuned-lens", "transformers")
-TASKS = ("lens", "tokens", "skip")
+TASKS = ("lens", "tokens", "skip", "skip-batched")
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "tuned-lens", "polars", "numpy")
 
 
@@ -147,6 +154,31 @@ def transformers_skip(model, _, tokenizer, prompts):
                 handle.remove()
                 row.append((p.exp() * (p - q)).sum(-1).max())
             effects.append(torch.stack(row))
+    return torch.stack(effects).mean(0).numpy()
+
+
+def transformers_skip_batched(model, _, tokenizer, prompts):
+    n = model.config.num_hidden_layers
+
+    def skip_in_row(row):  # batch row `row` skips this layer, except at position 0 (as effdepth)
+        def skip(module, args, output):
+            output[row, 1:] = args[0][row, 1:]
+            return output
+
+        return skip
+
+    handles = [layer.register_forward_hook(skip_in_row(i)) for i, layer in enumerate(model.model.layers)]
+    effects = []  # per prompt: [skipped layer]
+    try:
+        with torch.inference_mode():
+            for prompt in prompts:
+                ids = tokenizer(prompt, return_tensors="pt").input_ids
+                logp = model(ids.expand(n + 1, -1)).logits.log_softmax(-1)  # row n skips nothing
+                p = logp[n]
+                effects.append((p.exp() * (p - logp[:n])).sum(-1).max(-1).values)
+    finally:
+        for handle in handles:
+            handle.remove()
     return torch.stack(effects).mean(0).numpy()
 
 
@@ -237,6 +269,21 @@ def nnsight_skip(_, lm, tokenizer, prompts):
     return torch.stack(effects).mean(0).numpy()
 
 
+def nnsight_skip_batched(_, lm, tokenizer, prompts):
+    n = len(lm.model.layers)
+    effects = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            with lm.trace(ids.expand(n + 1, -1)):  # row i skips layer i; row n skips nothing
+                for i, layer in enumerate(lm.model.layers):
+                    layer.output[i, 1:] = layer.input[i, 1:]  # except at position 0 (as effdepth)
+                logp = lm.lm_head.output.log_softmax(-1).save()
+            p = logp[n]
+            effects.append((p.exp() * (p - logp[:n])).sum(-1).max(-1).values)
+    return torch.stack(effects).mean(0).numpy()
+
+
 # --- tuned-lens (its LogitLens and PredictionTrajectory) ----------------------------------------
 
 
@@ -276,18 +323,40 @@ def tuned_lens_delete_layers(model, lens, tokenizer, prompts):
 
 
 CALLS = {
-    "effdepth": (effdepth_lens, effdepth_tokens, effdepth_skip),
-    "transformers": (transformers_lens, transformers_tokens, transformers_skip),
-    "transformer-lens": (transformer_lens_lens, transformer_lens_tokens, transformer_lens_skip),
-    "nnsight": (nnsight_lens, nnsight_tokens, nnsight_skip),
-    "tuned-lens": (tuned_lens_lens, tuned_lens_tokens, None),
+    "effdepth": {"lens": effdepth_lens, "tokens": effdepth_tokens, "skip": effdepth_skip},
+    "transformer-lens": {
+        "lens": transformer_lens_lens,
+        "tokens": transformer_lens_tokens,
+        "skip": transformer_lens_skip,
+    },
+    "nnsight": {
+        "lens": nnsight_lens,
+        "tokens": nnsight_tokens,
+        "skip": nnsight_skip,
+        "skip-batched": nnsight_skip_batched,
+    },
+    "tuned-lens": {"lens": tuned_lens_lens, "tokens": tuned_lens_tokens},
+    "transformers": {
+        "lens": transformers_lens,
+        "tokens": transformers_tokens,
+        "skip": transformers_skip,
+        "skip-batched": transformers_skip_batched,
+    },
 }
 NOT_DONE = {
     ("tuned-lens", "skip"): "tuned-lens cannot compute effdepth's skip: its layer tools act on every position, "
     "position 0 included (model_surgery.delete_layers; causal.ablation.ablate_layer(method='zero') also fails "
     "under transformers 5, whose decoder layers return a tensor, not the tuple its hook unpacks). "
     "delete_layers is run once below, as a different quantity, not timed",
+    ("transformer-lens", "skip-batched"): "not written: its hooks could batch as nnsight's and transformers' do "
+    "(one hook per layer editing its own batch row); left out to keep the run within its time",
 }
+ATTENTION_NOTE = (
+    "TransformerLens {version} runs eager attention, not sdpa: boot_transformers forces the wrapped model to "
+    "eager, and its {component} reimplements attention (matmul, softmax) so that hook_attn_scores and "
+    "hook_pattern fire, whatever attn_implementation the HF model has: there is no sdpa option for this "
+    "architecture. The other tools run the model's own attention ({hf})"
+)
 
 
 # --- harness ------------------------------------------------------------------------------------
@@ -299,6 +368,16 @@ def load():
     torch.set_num_threads(1)
     offline = effdepth_core.load_model(MODEL, progress=False)
     return offline.model, offline.tokenizer
+
+
+def workload(kind: str, n: int) -> list[str]:
+    """The lens's prompts: the first ``n`` GSM8K test examples effdepth samples by default (seed 0;
+    question, worked answer and final answer, as its runs probe them), or the short hard-coded ones."""
+    if kind == "short":
+        return PROMPTS[:n]
+    from effdepth_core.tasks import load_task
+
+    return [example.prompt for example in load_task("gsm8k", n=n)]
 
 
 def setup(tool, model, tokenizer):
@@ -326,8 +405,13 @@ def setup(tool, model, tokenizer):
 
 
 def run(model, handle, tokenizer, tool, task, prompts):
-    fn = CALLS[tool][TASKS.index(task)]
-    return fn(model, handle, tokenizer, prompts[0] if task == "tokens" else prompts)
+    return CALLS[tool][task](model, handle, tokenizer, prompts[0] if task == "tokens" else prompts)
+
+
+def task_prompts(task: str, lens_prompts: list[str], n_skip: int) -> list[str]:
+    if task == "tokens":
+        return PROMPTS[:1]  # one prompt's table of top-1 tokens
+    return lens_prompts[:n_skip] if task.startswith("skip") else lens_prompts
 
 
 def count_lines(fn) -> int:
@@ -347,21 +431,23 @@ def _status(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def worker(tool: str, task: str, n_prompts: int) -> None:
+def worker(tool: str, task: str, args) -> None:
     """In a fresh process: load, set up, one warm-up call on a short prompt, then the measured call."""
     model, tokenizer = load()
     handle = setup(tool, model, tokenizer)
     run(model, handle, tokenizer, tool, task, WARM_UP)
+    prompts = task_prompts(task, workload(args.workload, args.prompts), args.skip_prompts)
     gc.collect()
     before = _status("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current resident set
-    run(model, handle, tokenizer, tool, task, PROMPTS[:n_prompts])
+    run(model, handle, tokenizer, tool, task, prompts)
     peak = _status("VmHWM")
     print(json.dumps({"peak_mb": (peak - before) / 2**20, "rss_mb": before / 2**20}))
 
 
-def peak_memory(tool: str, task: str, n_prompts: int) -> float:
-    command = [sys.executable, __file__, "--worker", tool, task, "--prompts", str(n_prompts)]
+def peak_memory(tool: str, task: str, args) -> float:
+    command = [sys.executable, __file__, "--worker", tool, task, "--workload", args.workload]
+    command += ["--prompts", str(args.prompts), "--skip-prompts", str(args.skip_prompts)]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
@@ -375,100 +461,137 @@ def machine() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=3, help=f"how many of the {len(PROMPTS)} prompts (default 3)")
+    parser.add_argument("--workload", choices=("gsm8k", "short"), default="gsm8k", help="the prompts (default gsm8k)")
+    parser.add_argument("--prompts", type=int, default=6, help="prompts for the lens (default 6: 1,087 tokens)")
+    parser.add_argument("--skip-prompts", type=int, default=2, help="the first N of them for skipping (default 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each path (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls on the full workload first (default 1)")
+    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=TOOLS, help="a subset (effdepth always runs)")
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS, help="a subset (default: all)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--worker", nargs=2, metavar=("TOOL", "TASK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(*args.worker, args.prompts)
+        worker(*args.worker, args)
         return
+    from measure import Timing, repeated
+
     started, load_before = time.perf_counter(), os.getloadavg()
-    prompts = PROMPTS[: args.prompts]
+    prompts = workload(args.workload, args.prompts)
     model, tokenizer = load()
-    handles = {tool: setup(tool, model, tokenizer) for tool in TOOLS}
-    todo = [(tool, task) for task in TASKS for tool in TOOLS if (tool, task) not in NOT_DONE]
-    for tool, task in todo:  # warm-up: the first call of each is slower
+    tools = [tool for tool in TOOLS if tool == "effdepth" or tool in args.tools]
+    handles = {tool: setup(tool, model, tokenizer) for tool in tools}
+    todo = [(tool, task) for task in TASKS for tool in tools if task in CALLS[tool] and task in args.tasks]
+    results = {}
+
+    def call(tool, task):
+        result = run(model, handles[tool], tokenizer, tool, task, task_prompts(task, prompts, args.skip_prompts))
+        results.setdefault((tool, task), result)  # the first full call's result is the one compared
+
+    for tool, task in todo:  # the first call of each, on a short prompt: imports, tracing, caches
         run(model, handles[tool], tokenizer, tool, task, WARM_UP)
-    results, times = {}, {key: [] for key in todo}
-    for _ in range(REPEATS):  # interleaved: a slow spell of the machine hits every tool
-        for tool, task in todo:
-            start = time.perf_counter()
-            result = run(model, handles[tool], tokenizer, tool, task, prompts)
-            times[tool, task].append(time.perf_counter() - start)
-            results.setdefault((tool, task), result)  # the first repeat's is compared
-    start = time.perf_counter()  # once, not timed against the others: a different quantity (see NOT_DONE)
-    results["tuned-lens", "delete_layers"] = tuned_lens_delete_layers(model, handles["tuned-lens"], tokenizer, prompts)
-    times["tuned-lens", "delete_layers"] = [time.perf_counter() - start]
-    memory = {} if args.no_memory else {key: peak_memory(*key, args.prompts) for key in todo if key[1] != "tokens"}
+    for _ in range(args.warmup):
+        for key in todo:
+            call(*key)
+    runs = {key: [] for key in todo}
+    for _ in range(args.repeats):  # interleaved: a slow spell of the machine hits every tool
+        for key in todo:
+            runs[key] += repeated(lambda key=key: call(*key), repeats=1, warmup=0).runs
+    times = {key: Timing(tuple(values)) for key, values in runs.items()}
+    skip_prompts = prompts[: args.skip_prompts]
+    if "tuned-lens" in tools and "skip" in args.tasks:  # once, not timed against the others (see NOT_DONE)
+        start = time.perf_counter()
+        deleted = tuned_lens_delete_layers(model, handles["tuned-lens"], tokenizer, skip_prompts)
+        results["tuned-lens", "delete_layers"] = deleted
+        times["tuned-lens", "delete_layers"] = Timing((time.perf_counter() - start,))
+    memory = {} if args.no_memory else {key: peak_memory(*key, args) for key in todo if key[1] != "tokens"}
     loads = (load_before, os.getloadavg())
-    report(results, times, memory, time.perf_counter() - started, tokenizer, prompts, loads)
+    attention = (
+        ""
+        if "transformer-lens" not in tools
+        else ATTENTION_NOTE.format(
+            version=version("transformer-lens"),
+            component=type(handles["transformer-lens"].blocks[0].attn).__name__,
+            hf=model.config._attn_implementation,
+        )
+    )
+    report(results, times, memory, time.perf_counter() - started, tokenizer, prompts, args, loads, attention, todo)
 
 
-def report(results, times, memory, elapsed, tokenizer, prompts, loads) -> None:
-    n_tokens = [len(tokenizer(p).input_ids) for p in prompts]
+def table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print(" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("-|-".join("-" * w for w in widths))
+    for row in rows:
+        print(" | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+    print()
+
+
+def report(results, times, memory, elapsed, tokenizer, prompts, args, loads, attention, todo) -> None:
+    tools = [tool for tool in TOOLS if any(key[0] == tool for key in todo)]
 
     def cell(tool, task, what):
-        if (tool, task) in NOT_DONE:
+        if task not in CALLS[tool]:
             return "n/a"
+        if (tool, task) not in todo:
+            return "-"
         if what == "lines":
-            return str(count_lines(CALLS[tool][TASKS.index(task)]))
+            return str(count_lines(CALLS[tool][task]))
         if what == "s":
-            return f"{statistics.median(times[tool, task]):.2f}"
+            t = times[tool, task]
+            return f"{t.median:.2f} [{t.low:.2f}–{t.high:.2f}]"
         if what == "MB":
             return f"{memory[tool, task]:.0f}" if (tool, task) in memory else "-"
-        ours, theirs = results["effdepth", task], results[tool, task]
+        ours, theirs = results["effdepth", task.removesuffix("-batched")], results[tool, task]
         if task == "tokens":
             same = [a == b for row, other in zip(ours, theirs, strict=True) for a, b in zip(row, other, strict=True)]
             return f"{np.mean(same):.3f} ({sum(same)}/{len(same)})"
         return f"{np.max(np.abs(np.asarray(theirs, dtype=float) - ours)):.1e}"
 
-    columns = [
-        ("tool", None, None),
-        ("lens lines", "lens", "lines"),
-        ("lens s", "lens", "s"),
-        ("lens peak MB", "lens", "MB"),
-        ("lens max|Δ|", "lens", "agree"),
-        ("per-token top-1 agreement", "tokens", "agree"),
-        ("skip lines", "skip", "lines"),
-        ("skip s", "skip", "s"),
-        ("skip max|Δ|", "skip", "agree"),
-        ("per-token lines", "tokens", "lines"),
-        ("per-token s", "tokens", "s"),
-        ("skip peak MB", "skip", "MB"),
+    lens = [("lens", "lines"), ("lens", "s"), ("lens", "MB"), ("lens", "agree")]
+    lens += [("tokens", "lines"), ("tokens", "s"), ("tokens", "agree")]
+    header = ["tool", "lens lines", "lens s", "lens peak MB", "lens max|Δ|", "per-token lines", "per-token s"]
+    table([*header, "top-1 agreement"], [[tool, *(cell(tool, *c) for c in lens)] for tool in tools])
+    how = {"skip": "loop", "skip-batched": "batched"}
+    rows = [
+        [f"{tool} ({'replay' if tool == 'effdepth' else how[task]})", *(cell(tool, task, w) for w in whats)]
+        for task in ("skip", "skip-batched")
+        for tool in tools
+        if (tool, task) in todo
+        for whats in [("lines", "s", "MB", "agree")]
     ]
-    rows = [[tool, *(cell(tool, task, what) for _, task, what in columns[1:])] for tool in TOOLS]
-    widths = [max(len(c[0]), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-    print(" | ".join(c[0].ljust(w) for c, w in zip(columns, widths, strict=True)))
-    print("-|-".join("-" * w for w in widths))
-    for row in rows:
-        print(" | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
-    print()
+    if rows:
+        table(["skip: tool (how)", "lines", "s", "peak MB", "max|Δ|"], rows)
     for (tool, task), why in NOT_DONE.items():
-        print(f"n/a ({tool}, {task}): {why}")
-    deleted = results["tuned-lens", "delete_layers"]
+        if tool in tools:
+            print(f"n/a ({tool}, {task}): {why}")
+    if ("tuned-lens", "delete_layers") in results:
+        deleted, ours = results["tuned-lens", "delete_layers"], results["effdepth", "skip"]
+        print(
+            "tuned-lens delete_layers (layer l removed at every position): "
+            f"{count_lines(tuned_lens_delete_layers)} lines, "
+            f"{times['tuned-lens', 'delete_layers'].median:.2f} s (one call), "
+            f"max|Δ| vs effdepth's skip {np.max(np.abs(deleted - ours)):.3f} nats "
+            f"(at layer {int(np.argmax(np.abs(deleted - ours)))})"
+        )
+    if attention:
+        print(attention)
     print(
-        f"tuned-lens delete_layers (layer l removed at every position): {count_lines(tuned_lens_delete_layers)} lines, "
-        f"{times['tuned-lens', 'delete_layers'][0]:.2f} s (one call), "
-        f"max|Δ| vs effdepth's skip {np.max(np.abs(deleted - results['effdepth', 'skip'])):.3f} nats "
-        f"(at layer {int(np.argmax(np.abs(deleted - results['effdepth', 'skip'])))})"
+        f"s: seconds of one call, median [min–max] of {args.repeats} timed calls after a first call on a short "
+        f"prompt and {args.warmup} untimed call(s) on the full workload, the tools interleaved; max|Δ|: max over "
+        "layers of |tool − effdepth| (nats); agreement: share of one short prompt's (layer, position) cells, "
+        "layers 0..L, with effdepth's top-1 token; peak MB: peak RSS during the call above RSS before it, fresh process"
     )
+    n_tokens = [len(tokenizer(p).input_ids) for p in prompts]
+    n_skip = n_tokens[: args.skip_prompts]
     print(
-        f"max|Δ|: max over layers of |tool − effdepth| (nats); agreement: share of the first prompt's "
-        f"(layer, position) cells, layers 0..L, with effdepth's top-1 token; s: median of {REPEATS}; "
-        "peak MB: peak RSS during the call above RSS before it, fresh process"
+        f"model: {MODEL} (float32, CPU); workload {args.workload}: lens on {len(prompts)} prompts, "
+        f"{sum(n_tokens)} tokens {n_tokens}; skip on the first {len(n_skip)}, {sum(n_skip)} tokens; "
+        f"per-token table on one prompt of {len(tokenizer(PROMPTS[0]).input_ids)} tokens"
     )
-    print(
-        f"model: {MODEL} (float32, CPU); {len(prompts)} of the {len(PROMPTS)} prompts, "
-        f"{sum(n_tokens)} tokens {n_tokens}"
-    )
-    print(
-        "effdepth lens KL per layer 0..L:",
-        np.array2string(results["effdepth", "lens"], precision=3, max_line_width=120),
-    )
-    print(
-        "effdepth skip KL per skipped layer 0..L-1:",
-        np.array2string(results["effdepth", "skip"], precision=3, max_line_width=120),
-    )
+    for task, what in (("lens", "lens KL per layer 0..L"), ("skip", "skip KL per skipped layer 0..L-1")):
+        if ("effdepth", task) in results:
+            print(f"effdepth {what}:", np.array2string(results["effdepth", task], precision=3, max_line_width=120))
     print(
         "versions:",
         ", ".join(f"{p} {version(p)}" for p in PACKAGES),
