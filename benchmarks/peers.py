@@ -375,7 +375,7 @@ def workload(kind: str, n: int) -> list[str]:
     question, worked answer and final answer, as its runs probe them), or the short hard-coded ones."""
     if kind == "short":
         return PROMPTS[:n]
-    from effdepth_core.tasks import load_task
+    from effdepth_core.task_loading import load_task
 
     return [example.prompt for example in load_task("gsm8k", n=n)]
 
