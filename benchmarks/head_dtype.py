@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from effdepth_core.devices import fast_bfloat16
 from effdepth_core.measurement.probes import logit_lens
 from effdepth_core.measurement.probes.shared import lens as lens_module
 from effdepth_core.measurement.probes.shared.lens import (
@@ -32,7 +33,6 @@ from effdepth_core.measurement.probes.shared.lens import (
     crossing_overlap,
     ed_kl,
     ed_overlap,
-    fast_bfloat16,
 )
 from effdepth_core.measurement.probes.shared.reduce import token_weighted_mean
 from effdepth_core.models import load_model

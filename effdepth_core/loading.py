@@ -10,9 +10,9 @@ import torch
 
 from .acquire import hub_error, resolve_model, save_dequantized
 from .cache import read_json
+from .devices import check_device, resolve_device, resolve_dtype  # noqa: F401 (this module's API)
 from .errors import EffdepthError, ModelNotFoundError, UnsupportedModelError
 from .measurement.adapters import _REJECTED, _unsupported_message
-from .measurement.devices import check_device, resolve_device, resolve_dtype  # noqa: F401 (this module's API)
 from .measurement.identity import config_digest, weights_state
 from .measurement.wrapping import LoadedModel, wrap_model
 from .paths import exists, user_path

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import arch_of, make_tiny, random_prompts
 
+from effdepth_core import devices
 from effdepth_core.errors import OptionError
 from effdepth_core.measurement import registry
 from effdepth_core.measurement.probes import logit_lens, token_weighted_mean
-from effdepth_core.measurement.probes.shared import lens as lens_module
 from effdepth_core.results import _resolved
 from effdepth_core.settings import RunSettings, check_settings
 
@@ -113,22 +113,22 @@ def test_bfloat16_lens_matches_a_float64_lens_of_bfloat16_logits():
 
 
 def test_auto_resolves_by_hardware_and_weights(monkeypatch):
-    monkeypatch.setattr(lens_module, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
-    assert lens_module.fast_bfloat16("cpu")
-    assert lens_module.resolve_head_dtype("auto", "cpu", torch.float32) == "bfloat16"
-    assert lens_module.resolve_head_dtype("auto", "cpu", torch.bfloat16) == "float32"  # its own dtype already
-    assert lens_module.resolve_head_dtype("float32", "cpu", torch.float32) == "float32"
-    monkeypatch.setattr(lens_module, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    assert not lens_module.fast_bfloat16("cpu")
-    assert lens_module.resolve_head_dtype("auto", "cpu", torch.float32) == "float32"
-    assert lens_module.resolve_head_dtype("bfloat16", "cpu", torch.float32) == "bfloat16"  # asked: done
-    assert not lens_module.fast_bfloat16("meta")
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert devices.fast_bfloat16("cpu")
+    assert devices.resolve_head_dtype("auto", "cpu", torch.float32) == "bfloat16"
+    assert devices.resolve_head_dtype("auto", "cpu", torch.bfloat16) == "float32"  # its own dtype already
+    assert devices.resolve_head_dtype("float32", "cpu", torch.float32) == "float32"
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert not devices.fast_bfloat16("cpu")
+    assert devices.resolve_head_dtype("auto", "cpu", torch.float32) == "float32"
+    assert devices.resolve_head_dtype("bfloat16", "cpu", torch.float32) == "bfloat16"  # asked: done
+    assert not devices.fast_bfloat16("meta")
 
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_the_resolved_head_dtype_is_keyed_and_recorded(monkeypatch, fast):
     flags = frozenset({"amx_bf16"} if fast else {"avx2"})
-    monkeypatch.setattr(lens_module, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: flags)
 
     def settings(**values) -> RunSettings:
         return RunSettings("smollm2-135m", "gsm8k", device="cpu", **values)

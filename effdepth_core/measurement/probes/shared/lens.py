@@ -5,7 +5,6 @@ lens ED rules and the options they share."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -13,6 +12,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from ....devices import HEAD_DTYPES, PRODUCT_DTYPES, head_dtype_of_run, resolve_head_dtype
 from ....errors import EffdepthError
 from ....options import MAX_VOCAB
 from ...trace import Batch, LayerTrace, forward, require_finite, trace_layers
@@ -401,60 +401,6 @@ LENS = Option("lens", "logit", "the lens of logit_lens and early_exit: logit, tu
 
 # --- the head product's dtype (--head-dtype) -----------------------------------------------------
 
-HEAD_DTYPES = ("auto", "float32", "bfloat16")
-PRODUCT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux lists them (empty elsewhere: no fast bfloat16 assumed)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def fast_bfloat16(device: str | torch.device) -> bool:
-    """Whether ``device`` multiplies bfloat16 matrices in hardware: a CPU with AMX or AVX512-BF16
-    (Linux's ``amx_bf16``/``avx512_bf16`` flags; measured 2.5× float32 one thread with AVX512-BF16,
-    benchmarks/head_dtype.py) or a CUDA GPU of compute capability 8.0 or more (bfloat16 tensor cores).
-    Anything else (an older CPU, macOS, MPS): False, so ``auto`` keeps float32 there."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return bool({"amx_bf16", "avx512_bf16"} & _cpu_flags())
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_capability(device) >= (8, 0)
-    return False
-
-
-def resolve_head_dtype(value: str, device: str | torch.device, weights: torch.dtype) -> str:
-    """The head product's dtype a lens decode uses: ``value``, with ``auto`` → ``bfloat16`` for a
-    float32 model on a device with ``fast_bfloat16``, else ``float32``. ``float32`` also stands for
-    a model loaded in bfloat16/float16: its head multiplies in the weights' dtype, as before."""
-    if value != "auto":
-        return value
-    return "bfloat16" if weights == torch.float32 and fast_bfloat16(device) else "float32"
-
-
-def _resolve_setting(value: str, settings) -> str:
-    """``resolve_head_dtype`` for a run's settings (its device and dtype as the run resolves them)."""
-    from ...devices import resolve_device, resolve_dtype
-
-    if value != "auto":
-        return value
-    try:
-        device = resolve_device(settings.device)
-        if settings.device_map and torch.cuda.is_available():
-            device = "cuda"
-        weights = resolve_dtype(settings.dtype, device)
-    except EffdepthError:  # a bad device or dtype is refused before the run; nothing is keyed then
-        return "float32"
-    return resolve_head_dtype(value, device, weights)
-
 
 HEAD_DTYPE = Option(
     "head_dtype",
@@ -463,7 +409,7 @@ HEAD_DTYPE = Option(
     "the logit lens's per-layer head matmul for a float32 model: float32, bfloat16 (float32 norm, softmax, KL, "
     "top-k and final distribution), or auto (bfloat16 where the hardware has it: AMX/AVX512-BF16 CPUs, CUDA ≥ 8.0)",
     choices=HEAD_DTYPES,
-    resolve=_resolve_setting,
+    resolve=head_dtype_of_run,
     key_absent="float32",  # runs before the option multiplied in float32: their keys stay
 )
 
