@@ -20,6 +20,7 @@ import yaml
 
 from effdepth_core.cache import read_regular
 from effdepth_core.errors import EffdepthError
+from effdepth_core.rundir import is_finished
 
 from . import params_schema, sections
 from .freshness import page_code
@@ -177,7 +178,8 @@ def write_toc(root: Path) -> Path:
 
 def page_inputs(root: Path, item: ParameterSet) -> str:
     """A digest of what an executed page is made from: its template, its resolved parameters, the
-    finished runs (metadata and summaries) under its results folder, and the code it runs — the
+    finished runs (metadata and summaries; ``rundir.is_finished``: never one still being computed,
+    which a clean clone lacks) under its results folder, and the code it runs — the
     definitions of ``effdepth_core`` and ``effdepth_book`` its template's cells and its section's
     spec module reach, name by name (``freshness.page_code``). Stored in the page when it is
     executed; ``effdepth book --check`` recomputes it, so a page is stale only when something that
@@ -185,7 +187,11 @@ def page_inputs(root: Path, item: ParameterSet) -> str:
     digest = hashlib.sha256()
     results = root / str(item.parameters.get("results_dir", "results"))
     template = root / "book" / "templates" / f"{item.section}.ipynb"
-    runs = sorted(p for p in results.rglob("*.json") if p.name in ("metadata.json", "effective_depth.json"))
+    runs = sorted(
+        p
+        for p in results.rglob("*.json")
+        if p.name in ("metadata.json", "effective_depth.json") and is_finished(p.parent)
+    )
     files = [template, *runs]
     digest.update(json.dumps(item.parameters, sort_keys=True, default=str).encode())
     for path in files:

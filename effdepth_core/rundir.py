@@ -186,6 +186,20 @@ def is_complete(out: Path, key: str, probes, summary: bool = True) -> bool:
     )
 
 
+def is_finished(out: Path) -> bool:
+    """Whether ``out`` holds a finished run of any key: nothing pending, and its ED summary recorded
+    unless no probe it holds has an ED rule (the cross-model map). A run between two probes (the
+    grid computing it now, or killed there) is not finished: no page reads it, so no page's digest
+    holds it, and a clean clone without it agrees."""
+    from .measurement import registry
+
+    metadata = read_metadata(out)
+    if metadata is None or metadata.get("pending"):
+        return False
+    with_rules = {spec.name for spec, _ in registry.rules().values()}
+    return SUMMARY in metadata.get("files", {}) or not with_rules & set(metadata.get("probes", {}))
+
+
 FACTS = ("key", "n_layers", "d_model", "vocab_size", "n_params", "n_examples", "n_asked", "n_lines")
 
 

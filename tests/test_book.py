@@ -374,6 +374,40 @@ def test_a_page_is_stale_only_when_code_it_runs_changes(tmp_path, monkeypatch):
     assert runner.page_inputs(ROOT, item) != stale
 
 
+def test_a_run_still_being_computed_is_in_no_pages_digest(tmp_path):
+    """A page reads finished runs only, so its digest holds those only: a run between two probes (the
+    grid computing it, a clean clone without it) leaves the page fresh; finishing it stales the page;
+    the map's run, which has no ED summary, counts once nothing is pending."""
+    import dataclasses
+    import shutil
+
+    from effdepth_book import runner
+
+    (tmp_path / "book" / "templates").mkdir(parents=True)
+    shutil.copy(ROOT / "book" / "templates" / "scale.ipynb", tmp_path / "book" / "templates")
+    item = parameter_sets(ROOT, "scale", "full")[0]
+    item = dataclasses.replace(item, parameters={**item.parameters, "results_dir": "results"})
+    finished = ROOT / "book" / "results" / "smollm2-135m" / "addition-n100-seed0-digits2"
+    shutil.copytree(finished, tmp_path / "results" / "a" / "one")
+    fresh = runner.page_inputs(tmp_path, item)
+    under_way = tmp_path / "results" / "a" / "two"
+    shutil.copytree(finished, under_way)
+    metadata = json.loads((finished / "metadata.json").read_text())
+    between = {**metadata, "files": {k: v for k, v in metadata["files"].items() if k != "effective_depth.json"}}
+    between["probes"] = {"cosine": metadata["probes"]["cosine"]}  # the lens not yet computed
+    (under_way / "effective_depth.json").unlink()
+    (under_way / "metadata.json").write_text(json.dumps(between))
+    assert runner.page_inputs(tmp_path, item) == fresh
+    (under_way / "metadata.json").write_text(json.dumps({**metadata, "pending": {"logit_lens": ["x.parquet"]}}))
+    assert runner.page_inputs(tmp_path, item) == fresh  # its last probe's files written, not yet recorded
+    (under_way / "metadata.json").write_text(json.dumps(metadata))
+    shutil.copy(finished / "effective_depth.json", under_way)
+    done = runner.page_inputs(tmp_path, item)
+    assert done != fresh
+    (under_way / "metadata.json").write_text(json.dumps({**between, "probes": {"map": {"files": {}}}}))
+    assert runner.page_inputs(tmp_path, item) not in (fresh, done)  # a finished map run: no summary to wait for
+
+
 def test_an_edit_stales_exactly_the_pages_that_run_it(tmp_path, monkeypatch):
     """Stale means the output could change: a new function in errors.py (or any edit no page's cells
     reach) leaves every page fresh; an edit of a depth statistic stales the pages that read it and
