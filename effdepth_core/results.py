@@ -105,11 +105,13 @@ def _load_examples(settings: RunSettings, loaded: LoadedModel | None) -> list[Ex
         digits=settings.digits,
         count_tokens=None if loaded is None else (lambda text: int(loaded.encode(text).numel())),
         max_tokens=settings.max_tokens,
+        positions=settings.positions,
+        encode=None if loaded is None else (lambda text: loaded.encode(text).tolist()),
     )
 
 
 def _needs_tokenizer(settings: RunSettings) -> bool:
-    return settings.max_tokens is not None or settings.task == "aime24"
+    return settings.max_tokens is not None or settings.positions is not None or settings.task == "aime24"
 
 
 def check_examples(examples: Sequence[Example], specs: Sequence[ProbeSpec], count_tokens=None) -> None:
@@ -275,9 +277,14 @@ def _load(settings: RunSettings, names: list[str], loaded: LoadedModel | None, e
         examples = _load_examples(settings, loaded)
     check_examples(examples, [registry.get(n) for n in names], lambda text: int(loaded.encode(text).numel()))
     if len(examples) < settings.n:
+        why = []
+        if settings.positions is not None:
+            why.append(f"shorter than {settings.positions} tokens (positions)")
+        if settings.max_tokens is not None or settings.task == "aime24":
+            why.append(f"longer than {settings.max_tokens or AIME_MAX_TOKENS} tokens")
         warnings.warn(
             f"{settings.task}: kept {len(examples)} of the {settings.n} examples asked for; the others are "
-            f"longer than {settings.max_tokens or AIME_MAX_TOKENS} tokens for this tokenizer",
+            f"{' or '.join(why)} for this tokenizer",
             EffdepthWarning,
             stacklevel=3,
         )
@@ -580,24 +587,17 @@ def canary(loaded: LoadedModel, examples: Sequence[Example]) -> str:
     attention kernel or registry entry — is noticed by construction, not by listing it. Bitwise:
     it is always recomputed at the recorded batch shape (one prompt), on the same device type and
     dtype (both in the key); a machine whose kernels round otherwise recomputes the run, never
-    reuses it. Cost: one forward pass of ≤ 32 tokens and one head product."""
-    from .measurement.trace import residual_states
+    reuses it. Cost: one forward pass of ≤ 32 tokens and one head product (``trace.canary_digest``)."""
+    from .measurement.trace import canary_digest
 
-    ids = loaded.encode(getattr(examples[0], "prompt", examples[0]))[:CANARY_TOKENS]
-    states = next(iter(residual_states(loaded, [ids], batch_size=1)))  # [token, L+1, d_model] float32
-    with torch.inference_mode():
-        logits = loaded.head(states[:, -1].to(loaded.input_device, loaded.dtype)).float().cpu()
-    digest = hashlib.sha256()
-    for tensor in (ids, states, logits):
-        digest.update(f"{tuple(tensor.shape)}:{tensor.dtype};".encode())
-        digest.update(tensor.contiguous().numpy().tobytes())
-    return digest.hexdigest()
+    return canary_digest(loaded, loaded.encode(getattr(examples[0], "prompt", examples[0]))[:CANARY_TOKENS])
 
 
 def _canary_where() -> str:
-    """Where a canary is computed bit for bit the same: this host, torch and thread count (another
-    machine's kernels may round otherwise)."""
-    return f"{socket.gethostname()} torch {torch.__version__} threads {torch.get_num_threads()}"
+    """Where a canary is computed bit for bit the same (``trace.canary_where``)."""
+    from .measurement.trace import canary_where
+
+    return canary_where()
 
 
 def _canary_record(digest: str) -> dict:

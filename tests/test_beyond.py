@@ -91,6 +91,36 @@ def test_tuned_lens_cache_round_trip(tmp_path, monkeypatch):
     assert path.read_bytes() == b"not a lens"  # a damaged file is reported, never replaced silently
 
 
+def test_a_cached_tuned_lens_is_trusted_only_while_the_model_computes_as_it_did(tmp_path, monkeypatch):
+    """The lens cache's key cannot see a patched forward (the weights, config and tokenizer are the
+    same): the canary recorded with the lens can. A patched model gets a lens trained for it (kept
+    beside the first, keyed by its canary); the model as it was gets the first one back, unretrained."""
+    from effdepth_core.measurement.probes import tuned_lens as module
+
+    monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
+    monkeypatch.setattr("effdepth_core.measurement.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    tiny = make_tiny("qwen2")
+    training = LensTraining(train_tokens=150, heldout_tokens=60, steps=3, batch_tokens=16)
+    first = cached_tuned_lens("tiny-qwen2", tiny, training)
+    assert first.info["canary"] == module._lens_canary(tiny, random_prompts([15] * 20, seed=9))["canary"]
+    mlp = type(tiny.layers[0].mlp)
+    original = mlp.forward
+    monkeypatch.setattr(mlp, "forward", lambda self, x: original(self, x) * 1.5)  # every layer's MLP, by class
+    patched = cached_tuned_lens("tiny-qwen2", tiny, training)
+    assert patched.info["canary"] != first.info["canary"]
+    assert not torch.equal(patched.weight, first.weight)  # trained on what the patched model computes
+    assert len(list((tmp_path / "tuned-lens").glob("*.safetensors"))) == 2
+    monkeypatch.setattr(mlp, "forward", original)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("retrained a lens the cache holds")
+
+    monkeypatch.setattr(module, "train_tuned_lens", no_training)
+    assert torch.equal(cached_tuned_lens("tiny-qwen2", tiny, training).weight, first.weight)
+    monkeypatch.setattr(mlp, "forward", lambda self, x: original(self, x) * 1.5)
+    assert torch.equal(cached_tuned_lens("tiny-qwen2", tiny, training).weight, patched.weight)
+
+
 def _skip_all_forward(tiny, ids: torch.Tensor, removed) -> torch.Tensor:
     """Slow oracle: one full forward with the skip probe's hooks skipping every removed layer at
     every position (its output is its input)."""

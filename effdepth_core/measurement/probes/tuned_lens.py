@@ -384,25 +384,63 @@ def cached_tuned_lens(
     training.check()
     texts = lens_corpus() if texts is None else texts
     path = tuned_lens_path(spec, loaded, training, corpus_digest(texts))
-    if path.is_symlink() or (path.exists() and not path.is_file()):  # found before hours of training, not after
-        raise EffdepthError(f"the tuned-lens cache path {path} is not a file; move it away or set EFFDEPTH_CACHE")
-    if path.is_file():
-        return _load_fitting(path, loaded)
-    with _training_lock(path):  # two processes (grid workers) never train the same lens at once
-        if path.is_file():  # the other one finished it while we waited
-            return _load_fitting(path, loaded)
-        lens, _ = train_tuned_lens(loaded, texts, training, progress)
-        try:
-            lens.save(path)
-        except OSError as exc:
-            raise EffdepthError(f"cannot write the tuned lens to {path} ({exc.strerror}); set EFFDEPTH_CACHE") from exc
-    return lens
+    now = _lens_canary(loaded, texts)
+    for attempt in (path, path.with_name(f"{path.stem}-canary{now['canary'][:16]}{path.suffix}")):
+        if attempt.is_symlink() or (attempt.exists() and not attempt.is_file()):  # before hours of training
+            raise EffdepthError(
+                f"the tuned-lens cache path {attempt} is not a file; move it away or set EFFDEPTH_CACHE"
+            )
+        if attempt.is_file():
+            lens = _load_fitting(attempt, loaded, now)
+            if lens is not None:
+                return lens
+            continue  # trained for a model that computes otherwise: the one keyed by this canary
+        with _training_lock(attempt):  # two processes (grid workers) never train the same lens at once
+            if attempt.is_file():  # the other one finished it while we waited
+                lens = _load_fitting(attempt, loaded, now)
+                if lens is not None:
+                    return lens
+                continue
+            lens, _ = train_tuned_lens(loaded, texts, training, progress)
+            lens.info.update(now)
+            try:
+                lens.save(attempt)
+            except OSError as exc:
+                raise EffdepthError(
+                    f"cannot write the tuned lens to {attempt} ({exc.strerror}); set EFFDEPTH_CACHE"
+                ) from exc
+        return lens
+    raise EffdepthError(
+        f"the cached tuned lens {path.name} and the one beside it keyed by this model's canary were both trained "
+        f"for models that compute otherwise than this one; delete them in {path.parent} to train again"
+    )
 
 
-def _load_fitting(path: Path, loaded: LoadedModel) -> TunedLens:
+LENS_CANARY_TOKENS = 32  # the first corpus text's first tokens the lens's canary runs
+
+
+def _lens_canary(loaded: LoadedModel, texts: Sequence[str | torch.Tensor]) -> dict:
+    """The canary of the model a lens is trained for (``trace.canary_digest`` on the first corpus
+    text's first tokens) and where it was computed."""
+    from ..trace import canary_digest, canary_where
+
+    first = texts[0]
+    ids = (loaded.encode(first) if isinstance(first, str) else torch.as_tensor(first))[:LENS_CANARY_TOKENS]
+    return {"canary": canary_digest(loaded, ids), "canary_where": canary_where()}
+
+
+def _load_fitting(path: Path, loaded: LoadedModel, now: Mapping | None = None) -> TunedLens | None:
+    """The cached lens at ``path``, or None when the model it was trained for computed otherwise on
+    this machine than ``loaded`` does now (its recorded canary, compared only where it was recorded:
+    the same host, torch and thread count). A key is complete only for a model as loaded; a model in
+    memory edited through ``.data``, a patched forward or a hook is caught by the canary."""
     lens = TunedLens.load(path)
     if lens.weight.shape != (loaded.n_layers, loaded.d_model, loaded.d_model):
         raise EffdepthError(f"the cached tuned lens {path} does not fit {loaded.name}; delete it to train again")
+    recorded = lens.info.get("canary")
+    comparable = now is not None and isinstance(recorded, str) and lens.info.get("canary_where") == now["canary_where"]
+    if comparable and recorded != now["canary"]:
+        return None
     return lens
 
 
