@@ -262,7 +262,8 @@ def _task_texts(
 
 
 def task_lengths(settings: RunSettings, n: int | None = None) -> list[int]:
-    """The estimated token lengths of the run's first ``n`` prompts (no tokenizer is loaded)."""
+    """The estimated token lengths of the run's first ``n`` prompts (no tokenizer is loaded); with
+    ``positions``, each cut to it (the texts estimated shorter are left out, as the run leaves them)."""
     from effdepth_core.errors import TaskError
 
     try:
@@ -273,7 +274,10 @@ def task_lengths(settings: RunSettings, n: int | None = None) -> list[int]:
         from effdepth_core.task_loading import task_pool
 
         texts = tuple(e.prompt for e in task_pool(settings.task, level=settings.level))
-    return token_lengths(texts)
+    lengths = token_lengths(texts)
+    if settings.positions is not None:
+        return [settings.positions for length in lengths if length >= settings.positions]
+    return lengths
 
 
 __all__ = [

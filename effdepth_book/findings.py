@@ -662,9 +662,21 @@ def specification_columns(summary: pl.DataFrame | None, unit: str = "ratio") -> 
         "bound": f"±{worst['bound']:.3f} of the ratio ({worst['bound_layers']:.1f} layers)"
         if unit == "ratio"
         else f"±{worst['bound']:.1f} layers",
-        "specifications": f"{share:.0%}; robust in {robust} of {summary.height} comparisons",
+        "specifications": f"{share:.0%}; robust in {robust} of {summary.height} comparisons{length_phrase(summary)}",
         **({"caveat": _deciding(summary)} if robust < summary.height else {}),
     }
+
+
+def length_phrase(summary: pl.DataFrame) -> str:
+    """``; same positions only: 1 of 4 verdicts change``: what the exact length control (each text's
+    first tokens, ``specification`` choice ``length``) does to the comparisons that have its cells."""
+    if "length_verdict" not in summary.columns:
+        return ""
+    controlled = summary.filter(pl.col("length_verdict").is_not_null())
+    if not controlled.height:
+        return ""
+    changed = int((controlled["length_verdict"] != controlled["verdict"]).sum())
+    return f"; same positions only: {changed} of {controlled.height} verdicts change"
 
 
 def _deciding(summary: pl.DataFrame) -> str:

@@ -17,6 +17,7 @@ import yaml
 
 from effdepth_core.cache import NotARegularFile, read_regular
 from effdepth_core.errors import EffdepthError
+from effdepth_core.options import CORE_OPTIONS
 from effdepth_core.paths import NAME_BYTES
 
 MAX_BYTES = 1 << 20  # a parameter file is a few KB; a larger one is not one
@@ -26,7 +27,9 @@ MAX_SEED = 2**63 - 1
 PROFILES = ("quick", "full")
 # page parameters every section's template has that params/ never set (effdepth book fills them)
 FILLED = frozenset({"profile", "tasks_by_model", "causal_by_model", "cached_only"})
-COMMON_KEYS = frozenset({"tasks", "precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "analysis"})
+COMMON_KEYS = frozenset(
+    {"tasks", "length_tasks", "precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "analysis"}
+)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAP_KEYS = frozenset(
     {"small", "big", "task", "n", "n_validation", "tokens_per_width", "seed", "digits", "max_tokens", "ridge"}
@@ -129,8 +132,9 @@ def _expanded_size(node: yaml.Node, seen: dict[int, int]) -> int:
 # ``effdepth book`` fills in; a section's spec adds its own (``SectionSpec.keys``). A test reads the
 # templates and checks these agree, so the schema and the notebooks cannot drift apart.
 PAGE_KEYS = frozenset(
-    {"precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "title", "tasks", "analysis"}
-)
+    {"precision", "seed", "bootstrap_seed", "device", "dtype", "results_dir", "title", "tasks", "length_tasks",
+     "analysis"}
+)  # fmt: skip
 
 
 def section_keys(section: str) -> frozenset[str]:
@@ -208,6 +212,9 @@ def _int_setting_names() -> dict[str, tuple[int, int]]:
         "max_tokens": (1, 1 << 20),
         "batch_size": (1, 4096),
     }
+    for name, option in CORE_OPTIONS.items():  # the core's own bounds where this schema sets none
+        if option.type is int and name not in bounds:
+            bounds[name] = (option.minimum, option.maximum)
     for name, option in registry.options().items():
         if option.type is int and name not in bounds:
             bounds[name] = (-MAX_SEED, MAX_SEED)
@@ -261,6 +268,15 @@ def _models(value: Any, where: str) -> None:
 def _tasks(value: Any, where: str) -> None:
     for i, spec in enumerate(_list(value, where, "write tasks: [{task: gsm8k}, …]")):
         check_task_spec(spec, f"{where}[{i}]")
+
+
+def _length_tasks(value: Any, where: str) -> None:
+    """The exact length control's cells: task specs that each cut their texts (``positions``)."""
+    _tasks(value, where)
+    for i, spec in enumerate(value):
+        if spec.get("positions") is None:
+            fix = "needs positions (each text's first N tokens), e.g. {task: gsm8k, positions: 32}"
+            raise _fail(f"{where}[{i}]", fix)
 
 
 def _levels(value: Any, where: str) -> None:
@@ -344,6 +360,7 @@ CHECKS: dict[str, Callable[[Any, str], None]] = {
     "sensitivity_models": _models,
     "tasks": _tasks,
     "sensitivity_tasks": _tasks,
+    "length_tasks": _length_tasks,
     "bootstrap_seed": _seed,
     "causal": check_task_spec,
     "precision": check_precision,

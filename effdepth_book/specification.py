@@ -14,6 +14,9 @@ The choices (``CHOICES``), each with the primary value first:
 - ``zero levels`` (the cosine crossing): 7 levels −0.03 … +0.03, or 31 (a finer grid of the same
   range: the crossing is bimodal where the mean cosine hovers at zero);
 - ``cell``: the largest n committed, or its first 20 prompts (the walk's first step);
+- ``length``: every position of each text, or only its first N tokens (the exact length control:
+  the cells of ``length_tasks``, run with ``positions``; a causal model's states there are those of
+  the whole text, so both sides then average the same positions, whatever their texts' lengths);
 - ``margin``: one layer of the (deeper) model — claim-independent, the resolution of a layer
   statistic — or the paper's median or largest spread of the same rule (its Table 1, artefacts out);
 - ``seed``: the bootstrap's seed: the book's (``bootstrap_seed``) and the next three.
@@ -56,6 +59,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "anchor": ("output", "observed layers"),
     "zero levels": (7, 31),
     "cell": ("largest n", "first 20"),
+    "length": ("all positions", "first positions"),
     "margin": ("one layer", "paper median", "paper max"),
     "seed": (0, 1, 2, 3),  # the book's bootstrap seed plus these (``Analysis.choices``)
 }
@@ -72,6 +76,7 @@ class Analysis:
     anchor: str = "output"
     zero_levels: int = 7
     cell: str = "largest n"
+    length: str = "all positions"
     margin: str = "one layer"
     seed: int = 0
     robust_share: float = 0.8
@@ -274,6 +279,7 @@ _SCHEMA = {
     "margin_value": pl.Float64,
     "layer": pl.Float64,  # one layer of the deeper model in the comparison's unit (ratio or layers)
     "verdict": pl.String,
+    "positions": pl.Int64,  # the window of the length control (each text's first N tokens); null: all
 }
 
 
@@ -284,6 +290,15 @@ class Side:
     rule: Any
     frame: pl.DataFrame
     n_layers: int
+    # the same model and data set on each text's first N tokens, by N (the length control's cells)
+    windowed: Mapping[int, Side] | None = None
+
+
+def common_window(first: Side, second: Side) -> int | None:
+    """The length control's window of a comparison: the smallest N both sides were cut at (the
+    strictest control they share: HellaSwag → GSM8K at 32 tokens, GSM8K → AIME24 at 128), or None."""
+    common = set(first.windowed or {}) & set(second.windowed or {})
+    return min(common) if common else None
 
 
 def comparison_curve(
@@ -309,7 +324,13 @@ def comparison_curve(
     for spec in specifications(first.rule, primary):
         if spec["margin"] != primary.margin:
             continue  # the interval is the margin's to judge: computed once, judged under each below
-        point, draws = _difference(first, second, spec, settings, paired, ratio, n_bootstrap, matrices)
+        sides, window = (first, second), None
+        if spec["length"] != "all positions":
+            window = common_window(first, second)
+            if window is None:
+                continue  # no length-control cells both sides share: no such specification
+            sides = (first.windowed[window], second.windowed[window])
+        point, draws = _difference(*sides, spec, settings, paired, ratio, n_bootstrap, matrices)
         found = interval(point, draws)
         judged_at: set[float] = set()
         for margin_name in (primary.margin, *[m for m in CHOICES["margin"] if m != primary.margin]):
@@ -330,6 +351,7 @@ def comparison_curve(
                     "margin_value": margin,
                     "layer": 1 / deeper if ratio else 1.0,
                     "verdict": compare(found["low"], found["high"], margin).verdict,
+                    "positions": window,
                 }
             )
     return pl.DataFrame(rows, schema=_SCHEMA)
@@ -424,6 +446,7 @@ def summarize(curve: pl.DataFrame, primary: Analysis) -> pl.DataFrame:
         robust = share >= primary.robust_share
         bound = equivalence_bound(first["low"], first["high"])
         layers = None if bound is None else bound / first["layer"]
+        control = _length_control(group, primary)
         rows.append(
             {
                 "comparison": comparison,
@@ -439,13 +462,31 @@ def summarize(curve: pl.DataFrame, primary: Analysis) -> pl.DataFrame:
                 "share_agreeing": share,
                 "robust": robust,
                 "decided_by": None if robust else deciding_choice(group, family),
+                "length_verdict": None if control is None else control["verdict"],
+                "length_point": None if control is None else control["point"],
+                "length_low": None if control is None else control["low"],
+                "length_high": None if control is None else control["high"],
+                "length_positions": None if control is None else control["positions"],
             }
         )
     schema = {"comparison": pl.String, "rule": pl.String, "verdict": pl.String, "point": pl.Float64,
               "low": pl.Float64, "high": pl.Float64, "margin": pl.Float64, "bound": pl.Float64,
               "bound_layers": pl.Float64, "specifications": pl.Int64, "share_agreeing": pl.Float64,
-              "robust": pl.Boolean, "decided_by": pl.String}  # fmt: skip
+              "robust": pl.Boolean, "decided_by": pl.String, "length_verdict": pl.String,
+              "length_point": pl.Float64, "length_low": pl.Float64, "length_high": pl.Float64,
+              "length_positions": pl.Int64}  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
+
+
+def _length_control(group: pl.DataFrame, primary: Analysis) -> dict | None:
+    """The comparison under the exact length control: the primary specification in every choice but
+    ``length`` (None where a side has no length-control cell)."""
+    others = [name for name in CHOICES if name != "length"]
+    match = group.filter(
+        pl.col("length") != str(primary.length),
+        *[pl.col(name) == str(primary.choice(name)) for name in others],
+    )
+    return match.row(0, named=True) if match.height else None
 
 
 def deciding_choice(group: pl.DataFrame, family: str) -> str:
@@ -470,13 +511,32 @@ def deciding_choice(group: pl.DataFrame, family: str) -> str:
 # --- the book's questions -------------------------------------------------------------------------
 
 
-def _side(study, model: str, task: str, label: str) -> tuple[Any, Side] | tuple[None, None]:
-    from .evidence import _frames, _rule
+def _side(study, model: str, task: str, label: str, windowed=None) -> tuple[Any, Side] | tuple[None, None]:
+    """One side, with its length-control cells from ``windowed`` (a study of ``length_tasks`` and its
+    summary: the same model, data set, level and token cap, run with ``positions``) that count, by N."""
+    from .evidence import _excluded, _frames, _rule
 
     record, frame = _frames(study, model, task, label)
     if record is None:
         return None, None
-    return record, Side(_rule(label)[1], frame, int(record.result.summary["n_layers"]))
+    windows = {}
+    if windowed is not None:
+        windowed, summary = windowed
+
+        def cell(s):
+            return s.task, s.level, s.max_tokens
+
+        for other in windowed.finished:
+            if (
+                other.model != model
+                or cell(other.settings) != cell(record.settings)
+                or other.settings.positions is None
+            ):
+                continue
+            _, cut = _frames(windowed, model, other.label, label)
+            if cut is not None and _excluded(summary, [(model, other.label)], label) is None:
+                windows[other.settings.positions] = Side(_rule(label)[1], cut, int(other.result.summary["n_layers"]))
+    return record, Side(_rule(label)[1], frame, int(record.result.summary["n_layers"]), windows or None)
 
 
 def difficulty_curve(
@@ -487,6 +547,7 @@ def difficulty_curve(
     primary: Analysis,
     rules: Sequence[str],
     n_bootstrap: int = N_BOOTSTRAP,
+    windowed=None,
 ) -> pl.DataFrame:
     """Each step of ``order`` (ratio of the harder data set − the easier, independent prompts) per
     rule, under every specification; comparisons the evidence excludes (degenerate, n < 20) are left
@@ -494,12 +555,13 @@ def difficulty_curve(
     from .evidence import _excluded
 
     summary, parts = study.summary(), []
+    windowed = None if windowed is None else (windowed, windowed.summary())
     for label in rules:
         present = [t for t in order if _side(study, model, t, label)[0] is not None]
         for easier, harder in itertools.pairwise(present):
             if _excluded(summary, [(model, easier), (model, harder)], label) is not None:
                 continue
-            (_, a), (rb, b) = _side(study, model, easier, label), _side(study, model, harder, label)
+            (_, a), (rb, b) = _side(study, model, easier, label, windowed), _side(study, model, harder, label, windowed)
             name = f"{model}: {easier} → {harder}"
             margins = paper_margins(paper, label, "task")
             parts.append(comparison_curve(name, label, b, a, rb.settings, False, True, margins, primary, n_bootstrap))
@@ -515,15 +577,17 @@ def scale_curve(
     primary: Analysis,
     rules: Sequence[str],
     n_bootstrap: int = N_BOOTSTRAP,
+    windowed=None,
 ) -> pl.DataFrame:
     """ratio(big) − ratio(small) per data set and rule on the prompts both share (paired), under
     every specification."""
     from .evidence import _excluded
 
     summary, parts = study.summary(), []
+    windowed = None if windowed is None else (windowed, windowed.summary())
     for label in rules:
         for task in tasks:
-            (_, s), (rb, b) = _side(study, small, task, label), _side(study, big, task, label)
+            (_, s), (rb, b) = _side(study, small, task, label, windowed), _side(study, big, task, label, windowed)
             if s is None or b is None or _excluded(summary, [(small, task), (big, task)], label) is not None:
                 continue
             name = f"{big} − {small}: {task}"

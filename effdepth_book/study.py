@@ -46,6 +46,8 @@ def task_label(spec: Mapping) -> str:
         return f"MATH level {spec['level']}"
     if task in ("addition", "multiplication"):
         return f"{task} {spec.get('digits', 6)} digits"
+    if spec.get("positions") is not None:
+        return f"{task}, first {spec['positions']} tokens"
     return task
 
 

@@ -270,6 +270,17 @@ def pruning_rules(comparison: pl.DataFrame) -> Table:
     return Table(_compact(gt), wide)
 
 
+def _length_cell(r: Mapping) -> str:
+    """The comparison under the exact length control (each text's first N tokens), and whether it
+    changes the primary verdict."""
+    if r.get("length_verdict") is None or r.get("length_low") is None:
+        return "—"
+    changed = "" if r["length_verdict"] == r["verdict"] else " (changes the verdict)"
+    window = f"first {r['length_positions']} tokens: " if r.get("length_positions") else ""
+    interval = f"{r['length_point']:+.3f} [{r['length_low']:+.3f}, {r['length_high']:+.3f}]"
+    return f"{window}{r['length_verdict']}: {interval}{changed}"
+
+
 def specification_table(summary: pl.DataFrame, analysis) -> Table:
     """The specification curve's summary (``specification.summarize``): per comparison and rule the
     primary verdict with its 95 % interval, the equivalence bound (in the comparison's unit and in
@@ -290,15 +301,18 @@ def specification_table(summary: pl.DataFrame, analysis) -> Table:
             "equivalent within": "—" if r["bound"] is None else f"±{r['bound']:.3f} ({r['bound_layers']:.1f} layers)",
             "others agreeing": f"{r['share_agreeing']:.0%} of {r['specifications'] - 1}",
             "robust?": "robust" if r["robust"] else f"depends on the {r['decided_by']}",
+            "same positions only": _length_cell(r),
         }
         for r in summary.iter_rows(named=True)
     ]
     frame = pl.DataFrame(rows)
     caption = (
         f"Primary analysis (params/common.yml): {analysis.statistic} statistic, {analysis.window}, overlap anchored "
-        f"at the {analysis.anchor}, {analysis.zero_levels} cosine zero levels, the {analysis.cell} cell, margin "
+        f"at the {analysis.anchor}, {analysis.zero_levels} cosine zero levels, the {analysis.cell} cell, "
+        f"{analysis.length}, margin "
         f"{analysis.margin}, seed {analysis.seed}; robust when ≥ {analysis.robust_share:.0%} of the other "
-        "specifications agree"
+        "specifications agree. Same positions only: the primary analysis on the length-control cells (each "
+        "text cut to its first tokens, params/common.yml length_tasks), where both sides have one"
     )
     table = frame_table(frame, caption)
     return Table(_compact(table.gt), frame)

@@ -51,6 +51,7 @@ def _settings(args: argparse.Namespace):
         level=args.level,
         digits=args.digits or 6,
         max_tokens=args.max_tokens,
+        positions=getattr(args, "positions", None),
         device=args.device,
         dtype=args.dtype,
         batch_size=args.batch_size,
@@ -115,6 +116,12 @@ def _measured_text(out_dir: Path) -> str | None:
     except (OSError, ValueError):
         return None
     answered = sum(1 for row in rows if isinstance(row, dict) and row.get("answer"))
+    cut = {row["meta"]["positions"] for row in rows if isinstance(row, dict) and "positions" in (row.get("meta") or {})}
+    if cut:
+        return (
+            f"measured text: each example's prompt + answer cut to its first {min(cut)} tokens (--positions): "
+            f"{answered} of {len(rows)} cuts reach the answer"
+        )
     if not answered:
         return "measured text: each example's prompt (none has an answer)"
     return (

@@ -217,6 +217,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--max-tokens", type=_core("max_tokens"), help="drop prompts longer than this (aime24: 400 by default)"
     )
     run.add_argument(
+        "--positions",
+        type=_core("positions"),
+        help="measure each text's first N tokens only, leaving out shorter texts (an exact length control)",
+    )
+    run.add_argument(
         "--batch-size",
         type=_core("batch_size"),
         default=4,

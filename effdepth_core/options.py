@@ -33,6 +33,7 @@ CORE_SETTINGS = (
     "level",
     "digits",
     "max_tokens",
+    "positions",
     "device",
     "dtype",
     "batch_size",
@@ -212,6 +213,8 @@ CORE_OPTIONS: dict[str, Option] = {
         Option("level", None, "MATH difficulty level 1..5 (math only)", type=int, minimum=1, maximum=5),
         Option("digits", 6, "operand length for addition/multiplication", maximum=MAX_DIGITS, **_WHOLE),
         Option("max_tokens", None, "drop prompts longer than this", maximum=MAX_CONTEXT, **_WHOLE),
+        # the exact length control: a causal model's state at a position depends on earlier tokens only
+        Option("positions", None, "measure each text's first N tokens only", maximum=MAX_CONTEXT, **_WHOLE),
         Option("dtype", "auto", "the weights' dtype", choices=("auto", "float32", "bfloat16", "float16")),
         Option("batch_size", 4, "prompts per forward pass", maximum=MAX_EXAMPLES, **_WHOLE),
         Option("method", "fast", "fast, or slow: the oracles (same numbers)", choices=("fast", "slow")),

@@ -32,6 +32,7 @@ CORE_DEFAULTS: dict[str, Any] = {
     "level": None,
     "digits": 6,
     "max_tokens": None,  # drop longer prompts (aime24 defaults to 400, as in the paper)
+    "positions": None,  # measure each text's first N tokens only (the exact length control)
     "device": "auto",
     "dtype": "auto",
     "batch_size": 4,
@@ -42,6 +43,7 @@ CORE_DEFAULTS: dict[str, Any] = {
 assert tuple(["model", "task", *CORE_DEFAULTS]) == CORE_SETTINGS
 assert all(CORE_DEFAULTS[name] == option.default for name, option in CORE_OPTIONS.items() if name != "n")
 _NOT_IN_KEY = ("device", "batch_size", "progress", "method", "device_map")  # how, not what, is computed
+_KEYED_WHEN_SET = ("positions",)  # core settings added after the first release: old keys stay
 
 # The cache key's compatibility exceptions: every rule that keeps an older version's key, and every
 # deliberate break. tests/test_settings.py loads a run directory written before the probe registry
@@ -51,7 +53,8 @@ COMPATIBILITY: tuple[tuple[str, str], ...] = (
         "first-release options",
         "top_k, skip_positions, skip_parts, igrad_steps, igrad_quadrature and igrad_baseline enter every key "
         "(Option.key = KEY_ALWAYS); every option added since enters it only when set to other than its default "
-        "(KEY_WHEN_SET), so adding an option or a probe never changes an existing key",
+        "(KEY_WHEN_SET), so adding an option or a probe never changes an existing key; so does the core "
+        "setting positions",
     ),
     ("shown, not computed", "device, batch_size, progress, method, device_map and the ED thresholds never enter it"),
     ("dtype", "--dtype auto adds `auto:<dtype>` only when it resolves to other than float32 (older keys: CPU runs)"),
@@ -181,6 +184,9 @@ class RunSettings:
         ``by_name=False``: the model was given in memory and is keyed by its content, which the
         caller adds; its label (``model``) is then left out, so a renamed model shares its cache."""
         fields = {k: getattr(self, k) for k in CORE_SETTINGS if k not in _NOT_IN_KEY}
+        for name in _KEYED_WHEN_SET:
+            if fields[name] == CORE_DEFAULTS[name]:
+                del fields[name]
         if not by_name:
             del fields["model"]
         task_path = names_path(self.task) if self.task not in TASKS else None  # a built-in task, never a file
@@ -310,6 +316,10 @@ def check_settings(settings: RunSettings, probes: Sequence[str], facts: Mapping[
         raise EffdepthError(
             f"{spelled('max_tokens')} applies to data-set tasks, not {settings.task} (its prompts are short)"
         )
+    if settings.positions is not None and settings.task in ARITHMETIC:
+        raise OptionError(
+            f"{spelled('positions')} applies to data-set tasks, not {settings.task} (its prompts are a few tokens)"
+        )
     if settings.level is not None and settings.task != "math":
         raise OptionError(f"{spelled('level')} applies to the math task only, not {settings.task!r}")
     for name in probes:
@@ -334,12 +344,14 @@ def slug(text: str) -> str:
 
 
 def run_name(settings: RunSettings) -> str:
-    """``<task>-n<N>-seed<S>[-level<l>][-digits<d>]``: a run directory's name without its key."""
+    """``<task>-n<N>-seed<S>[-level<l>][-digits<d>][-pos<p>]``: a run directory's name without its key."""
     name = f"{slug(settings.task)}-n{settings.n}-seed{settings.seed}"
     if settings.level is not None:
         name += f"-level{settings.level}"
     if settings.task in ARITHMETIC:
         name += f"-digits{settings.digits}"
+    if settings.positions is not None:
+        name += f"-pos{settings.positions}"
     return name
 
 

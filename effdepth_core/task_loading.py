@@ -8,7 +8,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .errors import EffdepthError, TaskError
@@ -295,6 +295,8 @@ def load_task(
     count_tokens: Callable[[str], int] | None = None,
     max_tokens: int | None = None,
     aime_solution: str = "first",
+    positions: int | None = None,
+    encode: Callable[[str], Sequence[int]] | None = None,
 ) -> list[Example]:
     """``n`` examples of a task, sampled deterministically for ``seed``.
 
@@ -302,7 +304,9 @@ def load_task(
     optional; the probed text is prompt + answer). ``source``: "local" (vendored files) or "hub".
     ``level`` filters MATH (1–5); ``digits`` sets the arithmetic operand length. With
     ``count_tokens`` (the model's tokenizer), prompts longer than ``max_tokens`` are dropped
-    (AIME24 defaults to 400, as in the paper).
+    (AIME24 defaults to 400, as in the paper). With ``positions`` and ``encode`` (the model's token
+    ids of a text), each example is cut to its first ``positions`` tokens (``first_tokens``); one with
+    fewer is left out and the next is sampled.
 
     Args:
         name: a task name or a ``.jsonl`` path.
@@ -310,6 +314,7 @@ def load_task(
         seed: the sampling seed.
         source, level, digits, count_tokens, max_tokens: as above.
         aime_solution: which AIME24 solution text is the answer (``"first"``).
+        positions, encode: as above.
 
     Returns:
         The ``Example``s, in sampled order.
@@ -344,9 +349,49 @@ def load_task(
         example = pool[index]
         if count_tokens is not None and max_tokens is not None and count_tokens(example.prompt) > max_tokens:
             continue
+        if positions is not None and encode is not None:
+            example = first_tokens(example, positions, encode)
+            if example is None:
+                continue
         chosen.append(example)
         if len(chosen) == n:
             break
     if not chosen:
+        if positions is not None and encode is not None:
+            raise TaskError(f"task {name!r} has no example of at least {positions} tokens for this tokenizer")
         raise TaskError(f"task {name!r} has no example within {max_tokens} tokens for this tokenizer")
     return chosen
+
+
+CUT_SEARCH = 256  # characters past the shortest prefix of N tokens where its last token may end
+
+
+def first_tokens(example: Example, count: int, encode: Callable[[str], Sequence[int]]) -> Example | None:
+    """``example`` cut to the shortest prefix of its text whose tokens are exactly its first ``count``
+    (the question first, then the answer; ``meta["positions"]`` records the cut), or None when it has
+    fewer tokens or no prefix tokenizes to them (a merge across the cut). A causal model's states at
+    those positions are the same with or without the rest, so a run on the cut texts measures the
+    full texts' first ``count`` positions exactly."""
+    text = example.prompt
+    ids = list(encode(text))
+    if len(ids) < count:
+        return None
+    target = ids[:count]
+    low, high = 0, len(text)  # the shortest prefix with at least ``count`` tokens (their count grows with it)
+    while low < high:
+        middle = (low + high) // 2
+        if len(encode(text[:middle])) >= count:
+            high = middle
+        else:
+            low = middle + 1
+    for end in range(low, len(text) + 1):  # that prefix ends inside the last token: on to where it ends
+        tokens = list(encode(text[:end]))
+        if tokens == target:
+            break
+        if len(tokens) > count + 2 or end - low > CUT_SEARCH:  # past it (counts wobble by a merge or two)
+            return None
+    else:
+        return None
+    question = example.question[:end]
+    answer = None if example.answer is None else example.answer[: max(0, end - len(example.question))]
+    return Example(question, answer, {**example.meta, "positions": count, "tokens": len(ids)})

@@ -70,10 +70,14 @@ def _cli(argv: list[str]) -> tuple[object, str]:
     return code, err.getvalue()
 
 
+TEXT_OPTIONS = ("max_tokens", "positions")  # options of a data set's texts: refused on generated tasks
+
+
 def _check_run_flag(name: str, option: Option, text: str, seen: list[RunSettings]) -> None:
     owners = [p for p, spec in registry.specs().items() if name in (o.name for o in spec.options)]
     probes = ",".join(owners or ["cosine"])
-    task = ["--task", "math"] if name == "level" else ["--task", "addition"] if name != "max_tokens" else []
+    # the data set's default (gsm8k) where an option applies to data sets only
+    task = ["--task", "math"] if name == "level" else ["--task", "addition"] if name not in TEXT_OPTIONS else []
     seen.clear()
     flag = "--" + name.replace("_", "-") if name in CORE_OPTIONS else option.cli_flag
     n = [] if name == "n" else ["--n", "1"]  # --n itself from the fuzz

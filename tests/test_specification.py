@@ -71,8 +71,8 @@ def test_specifications_are_distinct_and_the_primary_comes_first():
     overlap = specification.specifications(_rule("logit_lens_overlap"), primary)
     assert {s["anchor"] for s in overlap if s["statistic"] == "primary"} == {"output", "observed layers"}
     assert {s["anchor"] for s in overlap if s["statistic"] != "primary"} == {"output"}
-    # statistic 3 kinds (2 for the anchored centroid) × window 2 × cell 2 × margin 3 × seed 4
-    assert len(overlap) == (2 + 1 + 1) * 2 * 2 * 3 * 4
+    # statistic 3 kinds (2 for the anchored centroid) × window 2 × cell 2 × length 2 × margin 3 × seed 4
+    assert len(overlap) == (2 + 1 + 1) * 2 * 2 * 2 * 3 * 4
 
 
 def _lens_frame(n: int, shift: float, seed: int, layers: int = 12) -> pl.DataFrame:
@@ -96,17 +96,28 @@ def test_every_specification_equals_the_cores_bootstrap_of_the_same_rules(paired
     with the specification's rules, cell and seed: the same point and interval for every
     specification (the sums differ only in order: 1e-9 of a difference of order 0.1)."""
     first, second = _lens_frame(30, 1.0, 1), _lens_frame(25, 0.0, 2)
+    windowed = _lens_frame(26, 0.4, 3), _lens_frame(24, 0.1, 4)  # the same sides on their texts' first tokens
     primary = specification.Analysis()
     rule = _rule("logit_lens_overlap")
-    curve = specification.comparison_curve(
+    margins = {"paper median": None, "paper max": None}
+    plain = specification.comparison_curve(
         "step", "lens overlap", specification.Side(rule, first, 12), specification.Side(rule, second, 12),
-        _Settings(), paired, True, {"paper median": None, "paper max": None}, primary, n_bootstrap=200,
+        _Settings(), paired, True, margins, primary, n_bootstrap=200,
     )  # fmt: skip
-    assert curve.height == len([s for s in specification.specifications(rule, primary) if s["margin"] == "one layer"])
+    specs = [s for s in specification.specifications(rule, primary) if s["margin"] == "one layer"]
+    assert plain.height == len([s for s in specs if s["length"] == "all positions"])  # no cut cells: no length specs
+    curve = specification.comparison_curve(
+        "step", "lens overlap",
+        specification.Side(rule, first, 12, {32: specification.Side(rule, windowed[0], 12)}),
+        specification.Side(rule, second, 12, {32: specification.Side(rule, windowed[1], 12), 128: None}),
+        _Settings(), paired, True, margins, primary, n_bootstrap=200,
+    )  # fmt: skip
+    assert curve.height == len(specs) and set(curve["length"]) == {"all positions", "first positions"}
+    assert set(curve.filter(length="first positions")["positions"]) == {32}  # the window both sides have
     for row in curve.iter_rows(named=True):
         spec = {name: row[name] for name in specification.CHOICES}
         spec["seed"], spec["zero levels"] = int(spec["seed"]), int(spec["zero levels"])
-        a, b = first, second
+        a, b = (first, second) if spec["length"] == "all positions" else windowed
         if spec["cell"] == "first 20":
             a, b = a.filter(pl.col("example") < 20), b.filter(pl.col("example") < 20)
         point, draws = difference_draws(
@@ -232,3 +243,52 @@ def test_the_seeds_count_from_the_books_bootstrap_seed():
     assert specs[0]["seed"] == 4 and {s["seed"] for s in specs} == {4, 5, 6, 7}
     with pytest.raises(ValueError, match="seed must be a whole number"):
         specification.Analysis.from_params({"seed": -1})
+
+
+def test_the_length_control_stands_beside_each_primary_verdict():
+    """``summarize`` reads the exact length control's row (every choice primary but ``length``), the
+    table says where it changes the verdict, and the intro counts the changes."""
+    from effdepth_book import tables
+    from effdepth_book.findings import length_phrase
+
+    primary = specification.Analysis()
+    rule = _rule("logit_lens_kl")
+    sides = [
+        specification.Side(
+            rule, _lens_frame(40, 2.0, 1), 12, {32: specification.Side(rule, _lens_frame(40, 0, 3), 12)}
+        ),
+        specification.Side(
+            rule, _lens_frame(40, 0.0, 2), 12, {32: specification.Side(rule, _lens_frame(40, 0, 4), 12)}
+        ),
+    ]
+    curve = specification.comparison_curve(
+        "step", "lens KL", *sides, _Settings(), False, True, {"paper median": None, "paper max": None}, primary,
+        n_bootstrap=300,
+    )  # fmt: skip
+    row = specification.summarize(curve, primary).row(0, named=True)
+    control = curve.filter(
+        pl.col("length") == "first positions",
+        *[pl.col(n) == str(primary.choice(n)) for n in specification.CHOICES if n != "length"],
+    ).row(0, named=True)
+    assert (row["length_verdict"], row["length_point"], row["length_low"]) == (
+        control["verdict"],
+        control["point"],
+        control["low"],
+    )
+    # two layers apart on all positions, none on the first ones: the control changes the verdict
+    assert row["verdict"] != row["length_verdict"]
+    assert tables._length_cell(row).startswith("first 32 tokens: ") and tables._length_cell(row).endswith(
+        "(changes the verdict)"
+    )
+    assert length_phrase(specification.summarize(curve, primary)) == "; same positions only: 1 of 1 verdicts change"
+
+
+def test_a_step_reads_the_smallest_window_both_sides_were_cut_at():
+    rule, frame = _rule("logit_lens_kl"), _lens_frame(5, 0.0, 1)
+
+    def side(*windows):
+        return specification.Side(rule, frame, 12, {w: specification.Side(rule, frame, 12) for w in windows} or None)
+
+    assert specification.common_window(side(32, 128), side(128)) == 128  # GSM8K → AIME24
+    assert specification.common_window(side(32), side(32, 128)) == 32  # HellaSwag → GSM8K
+    assert specification.common_window(side(32), side()) is None

@@ -25,7 +25,12 @@ def plans(parameters: Mapping) -> list[StudyPlan]:
     extra = tuple(parameters.get("sensitivity_tasks") or ())
     # the sensitivity tasks run for sensitivity_models (default: every model of the page)
     by_model = {m: (*tasks, *extra) for m in parameters.get("sensitivity_models") or models} if extra else {}
-    return [StudyPlan("tasks", models, tasks, by_model), StudyPlan("levels", level_models, tuple(levels))]
+    length = tuple(parameters.get("length_tasks") or ())
+    return [
+        StudyPlan("tasks", models, tasks, by_model),
+        StudyPlan("levels", level_models, tuple(levels)),
+        *([StudyPlan("length", models, length)] if length else []),
+    ]
 
 
 class DifficultyPage(Page):
@@ -128,8 +133,11 @@ class DifficultyPage(Page):
     def specification_curve(self) -> pl.DataFrame | None:
         """Each model's steps between the data sets, under every specification."""
         rules = tuple(reference.RULE_LABELS.values())
+        windowed = self.study("length")
         parts = [
-            specification.difficulty_curve(self.by_task, m, self.task_order, self.paper, self.analysis, rules)
+            specification.difficulty_curve(
+                self.by_task, m, self.task_order, self.paper, self.analysis, rules, windowed=windowed
+            )
             for m in self.p.get("models") or []
         ]
         for order in self.sensitivity_orders:  # only the step into the sensitivity task is new

@@ -21,8 +21,10 @@ def plans(parameters: Mapping) -> list[StudyPlan]:
     models = models_of(parameters)
     tasks = tuple(parameters.get("tasks") or ())
     causal = parameters.get("causal")
+    length = tuple(parameters.get("length_tasks") or ())
     return [
         StudyPlan("tasks", models, tasks, dict(parameters.get("tasks_by_model") or {})),
+        *([StudyPlan("length", models, length)] if length else []),
         *(
             [StudyPlan("causal", models, (dict(causal),), dict(parameters.get("causal_by_model") or {}))]
             if causal
@@ -73,7 +75,9 @@ class ScalePage(Page):
             return None
         tasks = [t["task"] for t in self.p.get("tasks") or [] if t.get("task") in findings.TASK_ORDER]
         rules = tuple(reference.RULE_LABELS.values())
-        curve = specification.scale_curve(self.runs, *pair, tasks, self.paper, self.analysis, rules)
+        curve = specification.scale_curve(
+            self.runs, *pair, tasks, self.paper, self.analysis, rules, windowed=self.study("length")
+        )
         return curve if curve.height else None
 
     def table1(self):
