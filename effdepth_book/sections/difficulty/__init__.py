@@ -142,7 +142,9 @@ class DifficultyPage(Page):
         ]
         for order in self.sensitivity_orders:  # only the step into the sensitivity task is new
             for m in self.p.get("sensitivity_models") or self.p.get("models") or []:
-                curve = specification.difficulty_curve(self.by_task, m, order[-2:], self.paper, self.analysis, rules)
+                curve = specification.difficulty_curve(
+                    self.by_task, m, order[-2:], self.paper, self.analysis, rules, windowed=windowed
+                )
                 parts.append(curve)
         parts = [p for p in parts if p.height]
         return pl.concat(parts) if parts else None
