@@ -38,6 +38,7 @@ def main() -> None:
     run_canary = repeated(lambda: canary(loaded, examples), args.repeats)
     lens_canary = repeated(lambda: _lens_canary(loaded, corpus), args.repeats)
     with tempfile.TemporaryDirectory() as folder:
+
         def kept():
             return measure(loaded, examples, probes="cosine,logit_lens", out=f"{folder}/run", progress=False)
 
