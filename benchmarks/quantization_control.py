@@ -5,12 +5,14 @@ own quantizer, round trip through ``--quant``, Q4_0 by default: a coarser format
 Q4_K_M blocks) and measures the cosine and logit lens on the prompts of the book's committed cells
 (n = 20 HellaSwag and GSM8K, read from their ``examples.jsonl``), before and after, paired.
 
-    python benchmarks/quantization_control.py [--models smollm2-135m,qwen2.5-coder-0.5b] [--quant Q4_0]
+    python benchmarks/quantization_control.py [--models smollm2-135m,qwen2.5-coder-0.5b] [--quant Q4_0] [--save]
 
 Per model, task and rule it prints the primary statistic before and after (layers) and the paired
 difference after − before with its 95 % bootstrap interval over prompts (2000 resamples), beside the
 integer ED's. A shift well inside one layer says the models' 4-bit origin does not decide a verdict
-whose margin is at least a layer.
+whose margin is at least a layer. ``--save`` merges the rows into ``book/results/quantization_control.json``
+(a file this script writes and only this script overwrites), which the scale page reads to state the
+control's size next to its verdict.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from effdepth_core.settings import RunSettings
 
 RESULTS = Path(__file__).resolve().parents[1] / "book" / "results"
 RULES = ("cosine", "logit_lens_kl", "logit_lens_overlap")
+SAVED = RESULTS / "quantization_control.json"
+MARK = '{"written_by": "effdepth benchmarks/quantization_control.py"'  # the claim: only such a file is overwritten
 BLOCK = 32  # every GGUF block format quantizes rows in blocks of 32 (or 256) values
 
 
@@ -64,6 +68,9 @@ def main() -> None:
     parser.add_argument("--tasks", default="hellaswag,gsm8k")
     parser.add_argument("--quant", default="Q4_0", help="a gguf quantization type with a numpy quantizer")
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap seed (default 0)")
+    parser.add_argument(
+        "--save", action="store_true", help=f"merge the rows into {SAVED.relative_to(RESULTS.parents[1])}"
+    )
     args = parser.parse_args()
     try:
         kind = GGMLQuantizationType[args.quant]
@@ -75,6 +82,7 @@ def main() -> None:
     if missing:
         parser.error(f"no committed cell for {', '.join(missing)}")
     rules = registry.rules()
+    saved: list[dict] = []
     print(f"requantized once more through {args.quant}; paired over the book's n = 20 prompts; 95 % intervals")
     print(f"{'model':19s} {'task':9s} {'rule':19s} {'before':>7s} {'after':>7s} {'shift [95 % interval]':>25s} "
           f"{'ED shift':>9s}")  # fmt: skip
@@ -106,10 +114,32 @@ def main() -> None:
                     else "undefined"
                 )
                 ed_text = f"{ed['point']:+.0f}" if ed["point"] is not None else "—"
+                saved.append({"model": model, "task": task, "rule": key, "quant": args.quant, "n": len(prompts[task]),
+                              "seed": args.seed, "before": base, "after": moved, "shift": shift["point"],
+                              "low": shift["low"], "high": shift["high"], "ed_shift": ed["point"]})  # fmt: skip
                 print(f"{model:19s} {task:9s} {key:19s} {_fmt(base):>7s} {_fmt(moved):>7s} {text:>25s} {ed_text:>9s}",
                       flush=True)  # fmt: skip
         print(f"  ({model}: {changed} weight matrices requantized, {time.perf_counter() - started:.0f} s)", flush=True)
         del loaded
+    if args.save:
+        save(saved)
+
+
+def save(rows: list[dict]) -> None:
+    """Merge ``rows`` into ``SAVED`` (a row per model, task, rule and quantization type; a new
+    measurement replaces the old one), never over a file this script did not write."""
+    from effdepth_book.runner import write_generated
+    from effdepth_core.cache import read_json
+
+    kept = []
+    if SAVED.is_file() and not SAVED.is_symlink() and SAVED.read_text(encoding="utf-8").startswith(MARK):
+        kept = list(read_json(SAVED)["rows"])
+    new = {(r["model"], r["task"], r["rule"], r["quant"]) for r in rows}
+    merged = [r for r in kept if (r["model"], r["task"], r["rule"], r["quant"]) not in new] + rows
+    merged.sort(key=lambda r: (r["model"], r["task"], r["rule"], r["quant"]))
+    body = json.dumps(merged, indent=1, allow_nan=False)  # a non-finite shift is never written
+    write_generated(SAVED, f'{MARK},\n "rows": {body}}}\n', MARK)
+    print(f"  saved {len(rows)} rows to {SAVED}")
 
 
 def _point(rule, frame, n_layers, settings, statistic) -> float | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -492,4 +493,24 @@ def depth_score_intervals(study: Study, n_bootstrap: int = N_BOOTSTRAP, seed: in
         )
     schema = {"model": pl.String, "task": pl.String, "value": pl.Float64, "low": pl.Float64, "high": pl.Float64,
               "n": pl.Int64}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema)
+
+
+QUANTIZATION_FILE = "quantization_control.json"  # benchmarks/quantization_control.py --save writes it
+
+
+def quantization_control(results_dir: Path, models: Sequence[str]) -> pl.DataFrame:
+    """The quantization control's rows for ``models`` (``benchmarks/quantization_control.py --save``,
+    kept in the book's results folder): per model, task and rule, the primary statistic before and
+    after one more requantization, the paired shift and its 95 % interval (layers). Empty when it
+    was not run for them."""
+    from effdepth_core.cache import read_json
+
+    schema = {"model": pl.String, "task": pl.String, "rule": pl.String, "quant": pl.String, "n": pl.Int64,
+              "before": pl.Float64, "after": pl.Float64, "shift": pl.Float64, "low": pl.Float64,
+              "high": pl.Float64, "ed_shift": pl.Float64}  # fmt: skip
+    path = Path(results_dir) / QUANTIZATION_FILE
+    if not path.is_file() or path.is_symlink():
+        return pl.DataFrame(schema=schema)
+    rows = [{k: r.get(k) for k in schema} for r in read_json(path)["rows"] if r.get("model") in models]
     return pl.DataFrame(rows, schema=schema)

@@ -321,16 +321,47 @@ def _quantization(small: str, big: str) -> str:
     return f"; and the two are quantized differently ({small}: {a.quantization}; {big}: {b.quantization})"
 
 
+def quantization_sentence(control: pl.DataFrame | None, pair: Sequence[str]) -> str | None:
+    """How far one more requantization moves the primary statistic of the pair's members: the
+    largest shift and its interval, and the members and data sets it was measured on (None when the
+    control was not run on any of them)."""
+    if control is None or not control.height:
+        return None
+    moved = control.filter(pl.col("shift").is_not_null())
+    if not moved.height:
+        return None
+    worst = moved.sort(pl.col("shift").abs(), descending=True).row(0, named=True)
+    rule = {"cosine": "cosine", "logit_lens_kl": "lens KL", "logit_lens_overlap": "lens overlap"}.get(
+        worst["rule"], worst["rule"]
+    )
+    where = "; ".join(
+        f"{m} on {', '.join(task_name(t) for t in moved.filter(model=m)['task'].unique(maintain_order=True))}"
+        for m in pair
+        if moved.filter(model=m).height
+    )
+    missing = [m for m in pair if not moved.filter(model=m).height]
+    unmeasured = f" (not measured on {', '.join(missing)})" if missing else ""
+    return (
+        f"Quantization control: one more 4-bit requantization ({worst['quant']}) of every weight matrix moves a "
+        f"primary statistic by at most {worst['shift']:+.2f} layers [{worst['low']:+.2f}, {worst['high']:+.2f}] "
+        f"({worst['model']} {task_name(worst['task'])} {rule}, n = {worst['n']} prompts; measured on {where})"
+        f"{unmeasured}, against the margin of one layer: the size of the doubt the models' 4-bit origin leaves."
+    )
+
+
 def scale_finding(
     summary: pl.DataFrame,
     paper: pl.DataFrame | None = None,
     within: pl.DataFrame | None = None,
     across: pl.DataFrame | None = None,
     how: str = "one layer",
+    quantization: pl.DataFrame | None = None,
 ) -> str:
     """Does ED grow with size while the ratio stays stable? Within one family (``within``:
     ``evidence.within_family``) and across families (``across``: ``evidence.across_models``) are
-    separate statements; one model on its own page is placed against the paper's range."""
+    separate statements; one model on its own page is placed against the paper's range. The
+    quantization control (``quantization``: ``evidence.quantization_control`` of the pair) is stated
+    beside the within-family verdict."""
     rows = _usable(summary).filter(pl.col("task").is_in(TASK_ORDER))
     text = [f"**Model scale.** The paper finds that {CLAIMS['scale']}."]
     head = {0}  # the sentences that carry a verdict; the rest is folded beneath them
@@ -355,6 +386,10 @@ def scale_finding(
             if evidence
             else f"Within one family, {small} → {big}: no usable pair of EDs, **we cannot tell**."
         )
+        control = quantization_sentence(quantization, (small, big))
+        if control:
+            head.add(len(text))
+            text.append(control)
         text += [f"{line[0].upper()}{line[1:]}." for line in evidence]
         steps = own_cells(within).filter(pl.col("task") != "all", pl.col("measure") == "ratio")
         parted = opposite_sentence(

@@ -288,6 +288,18 @@ def _levels(value: Any, where: str) -> None:
             _whole(spec[key], f"{where}.{key}", 1, MAX_N if key == "n" else 1 << 20)
 
 
+def _level_length(value: Any, where: str) -> None:
+    """The MATH levels' length control: each level's texts cut to their first ``positions`` tokens."""
+    if value is None:
+        return
+    spec = _mapping(value, where, frozenset({"positions", "n"}))
+    if "positions" not in spec:
+        raise _fail(where, "needs positions (each text's first N tokens), e.g. {positions: 80, n: 100}")
+    ints = _int_setting_names()
+    for key, item in spec.items():
+        _whole(item, f"{where}.{key}", *ints[key])
+
+
 def _arithmetic(value: Any, where: str) -> None:
     spec = _mapping(value, where, frozenset({"task", "digits", "n"}))
     if "task" in spec and spec["task"] not in ("addition", "multiplication"):
@@ -369,6 +381,7 @@ CHECKS: dict[str, Callable[[Any, str], None]] = {
     "dtype": _dtype,
     "results_dir": _text,
     "math": _levels,
+    "level_length": _level_length,
     "arithmetic": _arithmetic,
     "skip": _settings,
     "pairs": _pairs,

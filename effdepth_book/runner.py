@@ -23,6 +23,7 @@ from effdepth_core.errors import EffdepthError
 from effdepth_core.rundir import is_finished
 
 from . import params_schema, sections
+from .evidence import QUANTIZATION_FILE
 from .freshness import page_code
 
 PROFILES = ("quick", "full")
@@ -192,7 +193,7 @@ def page_inputs(root: Path, item: ParameterSet) -> str:
         for p in results.rglob("*.json")
         if p.name in ("metadata.json", "effective_depth.json") and is_finished(p.parent)
     )
-    files = [template, *runs]
+    files = [template, *runs, results / QUANTIZATION_FILE]  # the scale page reads the quantization control
     digest.update(json.dumps(item.parameters, sort_keys=True, default=str).encode())
     for path in files:
         if path.is_file():

@@ -38,14 +38,15 @@ BOOK_HEAD_DTYPE = "float32"
 
 
 def task_label(spec: Mapping) -> str:
-    """How a task spec is named in tables and charts: ``gsm8k``, ``MATH level 3``, ``addition 6 digits``."""
+    """How a task spec is named in tables and charts: ``gsm8k``, ``MATH level 3``, ``addition 6 digits``,
+    ``MATH level 3, first 80 tokens``."""
     if "label" in spec:
         return str(spec["label"])
     task = str(spec["task"])
     if task == "math" and spec.get("level") is not None:
-        return f"MATH level {spec['level']}"
-    if task in ("addition", "multiplication"):
-        return f"{task} {spec.get('digits', 6)} digits"
+        task = f"MATH level {spec['level']}"
+    elif task in ("addition", "multiplication"):
+        task = f"{task} {spec.get('digits', 6)} digits"
     if spec.get("positions") is not None:
         return f"{task}, first {spec['positions']} tokens"
     return task

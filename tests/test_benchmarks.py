@@ -49,3 +49,49 @@ def test_paper_scale_refuses_unknown_sizes_and_probes(argv, capsys):
     with pytest.raises(SystemExit) as exited:
         paper_scale.main(argv)
     assert exited.value.code == 2
+
+
+def test_the_quantization_control_is_saved_merged_and_stated_beside_the_scale_verdict(tmp_path, monkeypatch):
+    pytest.importorskip("gguf", reason="the quantization control requantizes through gguf's quantizer")
+    import quantization_control
+
+    from effdepth_book import evidence, findings
+    from effdepth_core.errors import EffdepthError
+
+    saved = tmp_path / evidence.QUANTIZATION_FILE
+    monkeypatch.setattr(quantization_control, "SAVED", saved)
+
+    def row(model, task, rule, shift, low, high):
+        return {"model": model, "task": task, "rule": rule, "quant": "Q4_0", "n": 20, "seed": 0, "before": 10.0,
+                "after": 10.0 + shift, "shift": shift, "low": low, "high": high, "ed_shift": 0.0}  # fmt: skip
+
+    quantization_control.save(
+        [row("a", "hellaswag", "cosine", 0.07, 0.05, 0.24), row("a", "gsm8k", "cosine", 9, 8, 10)]
+    )
+    # a new measurement replaces its own row only
+    quantization_control.save(
+        [row("a", "gsm8k", "cosine", -0.5, -0.9, -0.1), row("b", "hellaswag", "cosine", 0.3, 0, 1)]
+    )
+    frame = evidence.quantization_control(tmp_path, ["a", "b"])
+    assert sorted(frame.select("model", "task", "shift").iter_rows()) == [
+        ("a", "gsm8k", -0.5),
+        ("a", "hellaswag", 0.07),
+        ("b", "hellaswag", 0.3),
+    ]
+    assert evidence.quantization_control(tmp_path, ["c"]).height == 0
+    assert evidence.quantization_control(tmp_path / "none", ["a"]).height == 0
+    # the largest shift by size (-0.5 beats +0.3), its interval, where it was measured, who was not
+    sentence = findings.quantization_sentence(evidence.quantization_control(tmp_path, ["a", "c"]), ("a", "c"))
+    assert "at most -0.50 layers [-0.90, -0.10] (a GSM8K cosine, n = 20 prompts" in sentence
+    assert "measured on a on GSM8K, HellaSwag" in sentence and "(not measured on c)" in sentence
+    assert findings.quantization_sentence(evidence.quantization_control(tmp_path, ["c"]), ("c",)) is None
+    # never over a file it did not write, never through a link
+    saved.write_text('{"rows": []}\n')
+    with pytest.raises(EffdepthError, match="not written by effdepth"):
+        quantization_control.save([row("a", "hellaswag", "cosine", 0.1, 0, 0.2)])
+    assert saved.read_text() == '{"rows": []}\n'
+    saved.unlink()
+    saved.symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(EffdepthError, match="symbolic link"):
+        quantization_control.save([row("a", "hellaswag", "cosine", 0.1, 0, 0.2)])
+    assert not (tmp_path / "elsewhere.json").exists()

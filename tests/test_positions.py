@@ -125,3 +125,54 @@ def test_the_command_line_says_what_text_it_measured(tiny_dir, tmp_path, capsys)
     with pytest.raises(SystemExit) as refused:
         main([*argv[:-2], "--positions=-3", "--probes", "cosine"])
     assert refused.value.code == 2 and "--positions: must be at least 1" in capsys.readouterr().err
+
+
+def test_the_math_levels_length_control_cuts_every_level_of_the_same_texts():
+    pytest.importorskip("papermill", reason="the book's sections")
+    from pathlib import Path
+
+    from effdepth_book import params_schema
+    from effdepth_book.sections.difficulty import LEVEL_LENGTH_GROUP, DifficultyPage, level_length_specs, plans
+    from effdepth_book.study import task_label, task_settings
+
+    math = {"levels": [1, 5], "n": 7, "max_tokens": 192}
+    specs = level_length_specs(math, {"positions": 80, "n": 100})
+    # by hand: the level runs' data set, level and token cap, their own n, cut, a fixed n
+    assert specs == tuple(
+        {"max_tokens": 192, "task": "math", "level": level, "probes": ["cosine", "logit_lens"], "positions": 80,
+         "precision": None, "n": 100}
+        for level in (1, 5)
+    )  # fmt: skip
+    assert level_length_specs(math, None) == () and level_length_specs(None, {"positions": 80}) == ()
+    # the cut run is the level run's settings plus positions (its own folder), never the level run's key
+    cut = task_settings("smollm2-135m", specs[0])
+    whole = task_settings("smollm2-135m", {"task": "math", "level": 1, "max_tokens": 192, "n": 100})
+    assert cut == whole.replace(positions=80) and cut.key() != whole.key()
+    check_settings(cut, ["cosine", "logit_lens"])
+    assert task_label(specs[1]) == "MATH level 5, first 80 tokens"
+    assert task_label({"task": "math", "level": 5}) == "MATH level 5"  # committed labels unchanged
+
+    parameters = {"models": ["smollm2-135m"], "math": math, "level_length": {"positions": 80, "n": 100}}
+    assert [p.name for p in plans(parameters)] == ["tasks", "levels", "level_length"]
+    page = DifficultyPage(parameters, cached_only=True)
+    page.section = "difficulty"
+    assert page.groups[LEVEL_LENGTH_GROUP] == ["MATH level 1, first 80 tokens", "MATH level 5, first 80 tokens"]
+    assert page.groups["MATH level"] == ["MATH level 1", "MATH level 5"]
+
+    where = Path("params/difficulty.yml")
+    keys = params_schema.section_keys("difficulty")
+
+    def check(control):
+        data = {"title": "t", "profiles": {"full": {"defaults": {"math": math, "level_length": control}}}}
+        params_schema.check_section(data, where, keys)
+
+    check({"positions": 80, "n": 100})
+    check(None)
+    for control, message in [
+        ({"n": 100}, "needs positions"),
+        ({"positions": 0}, "positions must be"),
+        ({"positions": 80, "level": 2}, "level is not a known key"),
+        ({"positions": 80.5}, "positions must be a whole number"),
+    ]:
+        with pytest.raises(params_schema.ParamsError, match=message):
+            check(control)

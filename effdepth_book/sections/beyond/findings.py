@@ -475,7 +475,7 @@ def beyond_headlines(pages: Sequence[Mapping]) -> list[dict]:
             if exit_effects
             else "",
             "0 nats (any cost), 95 % intervals over prompts",
-            "runs of 10 prompts on short tasks",
+            f"runs of {_n_range(exit_n)[4:]} prompts" if exit_n else "",
         )
     )
     for page in pages:

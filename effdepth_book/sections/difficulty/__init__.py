@@ -26,11 +26,28 @@ def plans(parameters: Mapping) -> list[StudyPlan]:
     # the sensitivity tasks run for sensitivity_models (default: every model of the page)
     by_model = {m: (*tasks, *extra) for m in parameters.get("sensitivity_models") or models} if extra else {}
     length = tuple(parameters.get("length_tasks") or ())
+    cut_levels = level_length_specs(parameters.get("math"), parameters.get("level_length"))
     return [
         StudyPlan("tasks", models, tasks, by_model),
         StudyPlan("levels", level_models, tuple(levels)),
         *([StudyPlan("length", models, length)] if length else []),
+        *([StudyPlan("level_length", level_models, cut_levels)] if cut_levels else []),
     ]
+
+
+def level_length_specs(math: Mapping | None, control: Mapping | None) -> tuple[dict, ...]:
+    """The MATH levels' exact length control: every level's texts (the same data set, seed and token
+    cap) cut to their first ``control["positions"]`` tokens, ``control["n"]`` of them, with the
+    correlational probes; none without a control."""
+    if not math or not control:
+        return ()
+    base = {k: v for k, v in math.items() if k not in ("levels", "n")}
+    cut = {"positions": control["positions"], "precision": None, **({"n": control["n"]} if "n" in control else {})}
+    return tuple({**base, "task": "math", "level": level, "probes": ["cosine", "logit_lens"], **cut}
+                 for level in math.get("levels") or ())  # fmt: skip
+
+
+LEVEL_LENGTH_GROUP = "MATH level, same positions only"
 
 
 class DifficultyPage(Page):
@@ -53,8 +70,13 @@ class DifficultyPage(Page):
         return self.study("levels")
 
     @cached_property
+    def by_level_length(self) -> Study:
+        """The MATH levels cut to a common window of positions (``level_length``; empty without one)."""
+        return self.study("level_length")
+
+    @cached_property
     def summary(self) -> pl.DataFrame:
-        return pl.concat([self.by_task.summary(), self.by_level.summary()])
+        return pl.concat([self.by_task.summary(), self.by_level.summary(), self.by_level_length.summary()])
 
     @property
     def task_order(self) -> list[str]:
@@ -74,6 +96,9 @@ class DifficultyPage(Page):
             label = task_label(spec)
             if label not in out.setdefault(name, []):
                 out[name].append(label)
+        cut = self.plans["level_length"].specs if "level_length" in self.plans else ()
+        if cut:  # the same levels on their first N tokens only: the trend without the length confound
+            out[LEVEL_LENGTH_GROUP] = list(dict.fromkeys(task_label(spec) for spec in cut))
         return out
 
     @property
@@ -159,7 +184,8 @@ class DifficultyPage(Page):
                 )
             )
         if name == "levels":
-            return plots.show(plots.ed_by_task(self.by_level.summary(), self.level_order))
+            levels = pl.concat([self.by_level.summary(), self.by_level_length.summary()])
+            return plots.show(plots.ed_by_task(levels, self.level_order))
         if name == "sensitivity":
             return plots.show(plots.threshold_sensitivity(self.by_task.sensitivity()))
         return self.probe_chart(
@@ -191,6 +217,9 @@ SPEC = SectionSpec(
     name="difficulty",
     page=DifficultyPage,
     plans=plans,
-    keys=frozenset({"models", "level_models", "sensitivity_tasks", "sensitivity_models", "math", "arithmetic", "skip"}),
+    keys=frozenset(
+        {"models", "level_models", "sensitivity_tasks", "sensitivity_models", "math", "level_length"}
+        | {"arithmetic", "skip"}
+    ),
     intro=intro,
 )

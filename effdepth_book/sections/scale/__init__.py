@@ -62,7 +62,11 @@ class ScalePage(Page):
     def findings(self) -> str:
         n_models = self.summary["model"].n_unique()
         across = evidence.across_models(self.summary) if n_models > 1 else None
-        return findings.scale_finding(self.summary, self.paper, self.within, across, self.analysis.margin)
+        pair = self._pair()
+        control = evidence.quantization_control(self.results_dir, pair) if pair else None
+        return findings.scale_finding(
+            self.summary, self.paper, self.within, across, self.analysis.margin, quantization=control
+        )
 
     def headline(self) -> dict:
         row = findings.scale_headline(self.summary, self.paper, self.within, self.analysis.margin)
