@@ -11,6 +11,8 @@ The public names below load on first use, so ``import effdepth_core`` (and the c
   ``layer_pruning``, ``early_exit``, ``train_tuned_lens`` / ``TunedLens``, ``cross_model_map``
 - one prompt token by token: ``lens_by_token`` (KL, overlap and the decoded top-k at every layer
   and position) and ``prediction_table`` (its layer × position table of predicted tokens)
+- activations for one's own analysis: ``run_with_cache`` (each prompt's residual states, sublayer
+  writes and optionally attention patterns, as an ``ActivationCache``; memory-bounded)
 - effective depth: ``effective_depth``, ``DepthResult``, ``token_weighted_mean``
 - the model-first API: ``measure(model, prompts)`` — a model in memory or by name, a list of
   prompts or a task — returns a ``Measurement`` (curves, EDs with intervals, ``.plot()``); a model
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "ActivationCache": "activations",
     "DepthResult": "measurement.depth",
     "EffdepthError": "errors",
     "Example": "measurement.tasks",
@@ -50,6 +53,7 @@ _EXPORTS = {
     "residual_cosine": "measurement.probes",
     "residual_norm": "measurement.probes.norm",
     "run": "results",
+    "run_with_cache": "activations",
     "skip_effects": "measurement.probes",
     "token_weighted_mean": "measurement.probes",
     "train_tuned_lens": "measurement.probes",
@@ -57,6 +61,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ActivationCache",
     "DepthResult",
     "EffdepthError",
     "Example",
@@ -80,6 +85,7 @@ __all__ = [
     "residual_cosine",
     "residual_norm",
     "run",
+    "run_with_cache",
     "skip_effects",
     "token_weighted_mean",
     "train_tuned_lens",
@@ -88,6 +94,7 @@ __all__ = [
 assert __all__ == sorted(_EXPORTS)  # one list, checked at import
 
 if TYPE_CHECKING:
+    from .activations import ActivationCache, run_with_cache
     from .api import Measurement, measure, plot
     from .errors import EffdepthError
     from .linear_map import cross_model_map

@@ -97,10 +97,17 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 def _hang(line: str) -> int:
     """How far a probe line's continuation is indented: past its name column."""
-    return PROBE_COLUMN if line.startswith("  ") else 0
+    return _probe_column() if line.startswith("  ") else 0
 
 
-PROBE_COLUMN = 12  # the width of the probe list's name column in run --help
+PROBE_COLUMN = 12  # the narrowest name column of the probe list in run --help
+
+
+def _probe_column() -> int:
+    """The probe list's name column: wide enough for the longest registered name and a space."""
+    from .measurement import registry
+
+    return max(PROBE_COLUMN, 2 + max((len(name) for name in registry.specs()), default=0))
 
 
 def _option_users() -> dict[str, list[str]]:
@@ -135,7 +142,8 @@ def _add_probe_options(parser: argparse.ArgumentParser) -> None:
     from .measurement import registry
 
     specs = registry.specs()
-    lines = [f"  {name:<{PROBE_COLUMN}}{spec.description or spec.title}" for name, spec in specs.items()]
+    column = _probe_column()
+    lines = [f"  {name:<{column}}{spec.description or spec.title}" for name, spec in specs.items()]
     parser.add_argument_group(
         "probes (--probes, a comma list; each probe's options below)", "\n".join(lines).replace("%", "%%")
     )

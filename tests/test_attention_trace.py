@@ -99,7 +99,7 @@ def test_run_with_cache_equals_the_models_own_hidden_states_and_attentions(arch)
     a_l + m_l), its attention is ``output_attentions``'; a subset of layers keeps those layers'
     rows; what would exceed ``max_bytes`` is refused before any forward pass."""
     from effdepth_core.errors import EffdepthError
-    from effdepth_core.measurement.trace import run_with_cache
+    from effdepth_core import run_with_cache
 
     loaded = make_tiny(arch)
     prompts = random_prompts([9, 5, 12])

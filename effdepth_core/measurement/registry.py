@@ -36,6 +36,7 @@ BUILTIN: dict[str, str] = {
     "prune": "effdepth_core.measurement.probes.prune:SPEC",
     "early_exit": "effdepth_core.measurement.probes.early_exit:SPEC",
     "norm": "effdepth_core.measurement.probes.norm:SPEC",
+    "attention_entropy": "effdepth_core.measurement.probes.attention_entropy:SPEC",
 }
 DEFAULT = ("cosine", "logit_lens")  # what `effdepth run` measures unless told otherwise
 

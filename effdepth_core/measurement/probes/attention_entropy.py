@@ -13,6 +13,8 @@ import torch
 from ..trace import LayerTrace, require_finite
 from ..wrapping import LoadedModel, takes_plain_models
 from .shared.activations import each_batch, per_token_means
+from .shared.reduce import token_weighted_mean
+from .spec import Chart, ProbeSpec, on_prompts
 
 
 @takes_plain_models()
@@ -41,3 +43,14 @@ def attention_entropy(
         progress,
         attention=True,
     )
+
+
+SPEC = ProbeSpec(
+    name="attention_entropy",
+    title="attention entropy",
+    compute=on_prompts(attention_entropy),
+    aggregate=token_weighted_mean,
+    charts=(Chart("attention_entropy", "metric_curves", "attention_entropy"),),
+    reusable=True,
+    description="each layer's attention entropy over the keys a query sees (nats, mean over heads); no ED rule",
+)
