@@ -4,7 +4,7 @@ tuned lens) must pass before it is returned, against what it protects, in one ru
     python benchmarks/canary_cost.py --model smollm2-135m
 
 Prints, as medians of repeated calls after a warm-up: the run canary (``results.canary``: the first
-prompt's first 32 tokens, every residual state and the logits, hashed), the tuned lens's canary
+prompt's first 32 tokens, its logits at every position, hashed), the tuned lens's canary
 (``tuned_lens._lens_canary``, the same on the lens corpus's first text), a cached ``measure`` of 10
 GSM8K prompts (a hit: canary included), and the probes it returns computed afresh; then the ratios
 canary ÷ hit and canary ÷ fresh.

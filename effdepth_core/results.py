@@ -31,6 +31,7 @@ from .display import RunResult
 from .errors import EffdepthError, EffdepthWarning, NonFiniteActivationError, TaskError
 from .measurement import registry
 from .measurement.depth import N_BOOTSTRAP_RUN, effective_depths
+from .measurement.identity import canary_comparable, canary_digest, canary_where
 from .measurement.probes.spec import Context, ProbeSpec
 from .measurement.tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example
 from .models import (
@@ -579,42 +580,27 @@ CANARY_TOKENS = 32  # the first prompt's first tokens the canary runs: every lay
 
 
 def canary(loaded: LoadedModel, examples: Sequence[Example]) -> str:
-    """The sha256 of what the model computes now on the run's first prompt (its first
-    ``CANARY_TOKENS`` tokens, one prompt per batch): the residual states h_0..h_L at every position
-    and the logits read from h_L, bit for bit. A cached run of a model in memory is returned only
-    when this equals the canary its run directory recorded, so whatever changed the computation —
-    any weight byte, a class or closure patch of a forward, the tokenizer's content, a hook, an
-    attention kernel or registry entry — is noticed by construction, not by listing it. Bitwise:
-    it is always recomputed at the recorded batch shape (one prompt), on the same device type and
-    dtype (both in the key); a machine whose kernels round otherwise recomputes the run, never
-    reuses it. Cost: one forward pass of ≤ 32 tokens and one head product (``trace.canary_digest``)."""
-    from .measurement.trace import canary_digest
-
-    return canary_digest(loaded, loaded.encode(getattr(examples[0], "prompt", examples[0]))[:CANARY_TOKENS])
-
-
-def _canary_where() -> str:
-    """Where a canary is computed bit for bit the same (``trace.canary_where``)."""
-    from .measurement.trace import canary_where
-
-    return canary_where()
+    """What the model computes now on the run's first prompt (its first ``CANARY_TOKENS`` tokens):
+    ``identity.canary_digest``, the sha256 of its logits at every position, bit for bit. A cached run
+    of a model in memory is returned only when this equals the canary its run directory recorded,
+    so whatever changed the computation — any weight byte, a class or closure patch of a forward, the
+    tokenizer's content, a hook, an attention kernel or registry entry — is noticed by construction,
+    not by listing it. Bitwise: recomputed at the recorded shape (one prompt, unpadded), on the same
+    device type and dtype (both in the key); a canary recorded elsewhere is not compared
+    (``identity.canary_comparable``). Cost: one forward pass of ≤ 32 tokens."""
+    return canary_digest(loaded.model, loaded.encode(getattr(examples[0], "prompt", examples[0]))[:CANARY_TOKENS])
 
 
 def _canary_record(digest: str) -> dict:
     """The canary as ``metadata.json`` records it: its sha256 and where it was computed."""
-    return {"canary": digest, "canary_where": _canary_where()}
+    return {"canary": digest, "canary_where": canary_where()}
 
 
 def _comparable_canary(metadata: dict | None) -> bool:
     """Whether a run's recorded canary can be compared bit for bit here: recorded with its rows, on
-    this host with this torch and thread count. Runs written before the canary, or elsewhere, are
+    this machine (``identity.canary_comparable``). Runs written before the canary, or elsewhere, are
     read as before (their key and files' sha256 only), as ``COMPATIBILITY`` reads older formats."""
-    metadata = metadata or {}
-    return (
-        bool(metadata.get("probes"))
-        and isinstance(metadata.get("canary"), str)
-        and (metadata.get("canary_where") == _canary_where())
-    )
+    return bool((metadata or {}).get("probes")) and canary_comparable(metadata)
 
 
 def _changed_model(plan: _Plan, now: str, keyed_by: str | None) -> str:

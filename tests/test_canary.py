@@ -113,7 +113,34 @@ def test_a_run_without_a_comparable_canary_is_read_as_before(cache, tiny_dir):
     first = measure(loaded, PROMPTS, probes="cosine", progress=False, out=cache / "kept")
     metadata = json.loads((cache / "kept" / "metadata.json").read_text())
     assert metadata["canary"] and metadata["canary_where"]
-    for change in ({"canary_where": "another host"}, {"canary": None, "canary_where": None}):
+    older = metadata["canary_where"].replace(" canary 2", " canary 1")  # recorded by an older canary definition
+    assert older != metadata["canary_where"]
+    for change in ({"canary_where": "another host"}, {"canary": None, "canary_where": None},
+                   {"canary": "0" * 64, "canary_where": older}):  # fmt: skip
         (cache / "kept" / "metadata.json").write_text(json.dumps({**metadata, **change}))
         again = measure(loaded, PROMPTS, probes="cosine", progress=False, out=cache / "kept")
         assert again.per_example["cosine"].equals(first.per_example["cosine"])
+
+
+def test_one_canary_serves_every_cache_and_sees_the_logits_bit_for_bit(tiny_dir):
+    """The one canary (``identity.canary_digest``): the sha256 of the ids and of the logits at every
+    position, recomputed here by hand; the run canary and the checked-once canary are that digest."""
+    import hashlib
+
+    from effdepth_core.measurement.identity import _check_canary, canary_comparable, canary_digest, canary_record
+    from effdepth_core.results import canary
+
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    ids = loaded.encode(PROMPTS[0])[:32]
+    with torch.inference_mode():
+        logits = loaded.model(input_ids=ids[None]).logits.float()
+    by_hand = hashlib.sha256()
+    for tensor in (ids, logits):
+        by_hand.update(f"{tuple(tensor.shape)}:{tensor.dtype};".encode() + tensor.contiguous().numpy().tobytes())
+    assert canary_digest(loaded.model, ids) == by_hand.hexdigest()
+    assert canary(loaded, PROMPTS) == by_hand.hexdigest()
+    vocab = loaded.model.config.vocab_size
+    assert _check_canary(loaded.model) == canary_digest(loaded.model, torch.arange(9) % (vocab - 1) + 1)
+    record = canary_record(loaded.model, ids)
+    assert canary_comparable(record) and not canary_comparable({**record, "canary_where": "elsewhere"})
+    assert not canary_comparable(None) and not canary_comparable({"canary_where": record["canary_where"]})

@@ -8,13 +8,17 @@ it loaded — by what it is (``model_fingerprint``: weights, config, tokenizer, 
 Caches: the run key (``run_weights``, and ``settings`` hashes a local model's files through
 ``model_files_digest``), the tuned-lens cache (``model_identity``) and the load-time checks'
 checked-once cache (``_what_checks_see``, whose verdict is reused only while the model's canary,
-``_check_canary``, computes the same logits)."""
+``_check_canary``, computes the same logits). Where a key cannot be complete (a model in memory:
+its code, hooks, kernels), the caches verify by recomputation with the one canary here
+(``canary_digest``: what the model computes now, bit for bit): a run of a model in memory
+(``results``), a cached tuned lens, the checked-once verdict."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -92,29 +96,62 @@ def _what_checks_see(model: nn.Module, adapter: Adapter | None) -> tuple:
     return (adapter, implementations, config_digest(model), weights_state(model), modules, global_hooks)
 
 
-def _check_canary(model: nn.Module) -> str | None:
-    """What the model computes now on the layout check's probe input (9 tokens of ids 1..): the sha256
-    of its logits at every position, bit for bit. A checked-once verdict is reused only while this
-    is unchanged, so what fingerprints miss — a forward replaced through a closure cell, a hook's
-    function replaced under the same id, a module-level function edited — is seen by recomputing.
-    Cost: one forward pass of 9 tokens. None where the forward fails (the checks then run again)."""
+# --- the canary: identity by recomputation, where a key cannot be complete -----------------------
+
+CANARY_DEFINITION = 2  # bump when the digest changes: a record of another definition reads as from elsewhere
+
+
+def canary_digest(model: nn.Module, ids: torch.Tensor) -> str:
+    """What ``model`` computes now on ``ids`` ``[token]`` (one prompt, unpadded): the sha256 of the
+    ids and of its logits at every position, bit for bit. Equal digests on one machine mean the same
+    computation, whatever changed or did not: any weight byte, a class or closure patch of a forward,
+    a hook, an attention kernel or registry entry (any layer's change reaches the logits). Cost: one
+    forward pass of ``ids``."""
     import hashlib
 
+    ids = torch.as_tensor(ids).reshape(-1)
+    with torch.inference_mode():
+        # the logits at every position: output_hidden_states is not asked (transformers records hidden
+        # states with hooks it leaves on the model)
+        logits = model(input_ids=ids[None].to(execution_device(model)), use_cache=False).logits
+    digest = hashlib.sha256()
+    for tensor in (ids.cpu(), logits.detach().float().cpu()):
+        digest.update(f"{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def canary_where() -> str:
+    """Where a canary is computed bit for bit the same: this host, torch, thread count and canary
+    definition (another machine's kernels may round otherwise, so a canary recorded elsewhere is not
+    compared: what it keys is trusted on its key, as every cached result is)."""
+    import socket
+
+    host = socket.gethostname()
+    return f"{host} torch {torch.__version__} threads {torch.get_num_threads()} canary {CANARY_DEFINITION}"
+
+
+def canary_record(model: nn.Module, ids: torch.Tensor) -> dict:
+    """The canary as a cache records it: its digest and where it was computed."""
+    return {"canary": canary_digest(model, ids), "canary_where": canary_where()}
+
+
+def canary_comparable(record: Mapping | None) -> bool:
+    """Whether a recorded canary can be compared bit for bit here (recorded on this machine, with
+    this definition); one recorded elsewhere, or none, leaves the cache trusted on its key."""
+    return isinstance((record or {}).get("canary"), str) and (record or {}).get("canary_where") == canary_where()
+
+
+def _check_canary(model: nn.Module) -> str | None:
+    """The canary on the layout check's probe input (9 tokens of ids 1..): a checked-once verdict is
+    reused only while it is unchanged, so what fingerprints miss — a forward replaced through a
+    closure cell, a hook's function replaced under the same id, a module-level function edited — is
+    seen by recomputing. None where the forward fails (the checks then run again)."""
     vocab = int(getattr(model.config, "vocab_size", 8) or 8)
-    ids = (torch.arange(9) % max(vocab - 1, 1) + 1)[None]
     try:
-        with torch.inference_mode():
-            # the logits at every position: any change of any layer reaches them (output_hidden_states is
-            # not asked: transformers records hidden states with hooks it leaves on the model)
-            tensors = [model(input_ids=ids.to(execution_device(model)), use_cache=False).logits]
+        return canary_digest(model, torch.arange(9) % max(vocab - 1, 1) + 1)
     except Exception:  # a forward that cannot run here: no canary, so no verdict is reused
         return None
-    digest = hashlib.sha256()
-    for tensor in tensors:
-        data = tensor.detach().float().cpu().contiguous()
-        digest.update(f"{tuple(data.shape)};".encode())
-        digest.update(data.numpy().tobytes())
-    return digest.hexdigest()
 
 
 STATE_SAMPLE = 64  # values per tensor summed into its state: cheap at any size

@@ -443,32 +443,3 @@ def residual_states(
         with trace_layers(loaded, on_layer, sublayers=False):
             forward(loaded, batch)
         yield torch.stack(layers, dim=1)
-
-
-# --- the canary: what a model computes now, bit for bit -------------------------------------------
-
-
-def canary_digest(loaded, ids: torch.Tensor) -> str:
-    """The sha256 of what ``loaded`` computes on ``ids`` ``[token]`` (one prompt per batch): the
-    residual states h_0..h_L at every position and the logits read from h_L, bit for bit. Equal
-    digests on one machine mean the same computation, whatever changed or did not: any weight byte,
-    a class or closure patch of a forward, a hook, an attention kernel or registry entry. Cost: one
-    forward pass of ``ids`` and one head product."""
-    import hashlib
-
-    states = next(iter(residual_states(loaded, [ids], batch_size=1)))  # [token, L+1, d_model] float32
-    with torch.inference_mode():
-        logits = loaded.head(states[:, -1].to(loaded.input_device, loaded.dtype)).float().cpu()
-    digest = hashlib.sha256()
-    for tensor in (ids.cpu(), states, logits):
-        digest.update(f"{tuple(tensor.shape)}:{tensor.dtype};".encode())
-        digest.update(tensor.contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def canary_where() -> str:
-    """Where a canary is computed bit for bit the same: this host, torch and thread count (another
-    machine's kernels may round otherwise, so a canary recorded elsewhere is not compared)."""
-    import socket
-
-    return f"{socket.gethostname()} torch {torch.__version__} threads {torch.get_num_threads()}"

@@ -41,7 +41,7 @@ from ...errors import EffdepthError
 from ...options import MAX_LENS_STEPS, MAX_LENS_TOKENS
 from ...paths import short_name
 from ...terminal import progress_bar
-from ..identity import model_identity
+from ..identity import canary_comparable, canary_record, model_identity
 from ..trace import residual_states, show_progress, tokenize
 from ..wrapping import LoadedModel, takes_plain_models
 from .shared.lens import KL_FRACTION_OPTION, OVERLAP_THRESHOLD_OPTION, TOP_K, check_top_k, lens_rules, logit_lens
@@ -420,13 +420,11 @@ LENS_CANARY_TOKENS = 32  # the first corpus text's first tokens the lens's canar
 
 
 def _lens_canary(loaded: LoadedModel, texts: Sequence[str | torch.Tensor]) -> dict:
-    """The canary of the model a lens is trained for (``trace.canary_digest`` on the first corpus
-    text's first tokens) and where it was computed."""
-    from ..trace import canary_digest, canary_where
-
+    """The canary of the model a lens is trained for (``identity.canary_record`` on the first corpus
+    text's first tokens)."""
     first = texts[0]
     ids = (loaded.encode(first) if isinstance(first, str) else torch.as_tensor(first))[:LENS_CANARY_TOKENS]
-    return {"canary": canary_digest(loaded, ids), "canary_where": canary_where()}
+    return canary_record(loaded.model, ids)
 
 
 def _load_fitting(path: Path, loaded: LoadedModel, now: Mapping | None = None) -> TunedLens | None:
@@ -437,9 +435,7 @@ def _load_fitting(path: Path, loaded: LoadedModel, now: Mapping | None = None) -
     lens = TunedLens.load(path)
     if lens.weight.shape != (loaded.n_layers, loaded.d_model, loaded.d_model):
         raise EffdepthError(f"the cached tuned lens {path} does not fit {loaded.name}; delete it to train again")
-    recorded = lens.info.get("canary")
-    comparable = now is not None and isinstance(recorded, str) and lens.info.get("canary_where") == now["canary_where"]
-    if comparable and recorded != now["canary"]:
+    if now is not None and canary_comparable(lens.info) and lens.info["canary"] != now["canary"]:
         return None
     return lens
 
