@@ -512,5 +512,7 @@ def quantization_control(results_dir: Path, models: Sequence[str]) -> pl.DataFra
     path = Path(results_dir) / QUANTIZATION_FILE
     if not path.is_file() or path.is_symlink():
         return pl.DataFrame(schema=schema)
-    rows = [{k: r.get(k) for k in schema} for r in read_json(path)["rows"] if r.get("model") in models]
+    saved = read_json(path)
+    found = saved.get("rows") if isinstance(saved, dict) else None
+    rows = [{k: r.get(k) for k in schema} for r in found or [] if isinstance(r, dict) and r.get("model") in models]
     return pl.DataFrame(rows, schema=schema)

@@ -321,10 +321,10 @@ def _quantization(small: str, big: str) -> str:
     return f"; and the two are quantized differently ({small}: {a.quantization}; {big}: {b.quantization})"
 
 
-def quantization_sentence(control: pl.DataFrame | None, pair: Sequence[str]) -> str | None:
+def quantization_sentence(control: pl.DataFrame | None, pair: Sequence[str], how: str = "one layer") -> str | None:
     """How far one more requantization moves the primary statistic of the pair's members: the
-    largest shift and its interval, and the members and data sets it was measured on (None when the
-    control was not run on any of them)."""
+    largest shift with its interval, the farthest any interval reaches, and the members and data
+    sets it was measured on (None when the control was not run on any of them)."""
     if control is None or not control.height:
         return None
     moved = control.filter(pl.col("shift").is_not_null())
@@ -334,18 +334,21 @@ def quantization_sentence(control: pl.DataFrame | None, pair: Sequence[str]) -> 
     rule = {"cosine": "cosine", "logit_lens_kl": "lens KL", "logit_lens_overlap": "lens overlap"}.get(
         worst["rule"], worst["rule"]
     )
+    reach = max(abs(v) for v in (*moved["low"].drop_nulls(), *moved["high"].drop_nulls(), *moved["shift"]))
     where = "; ".join(
         f"{m} on {', '.join(task_name(t) for t in moved.filter(model=m)['task'].unique(maintain_order=True))}"
         for m in pair
         if moved.filter(model=m).height
     )
     missing = [m for m in pair if not moved.filter(model=m).height]
-    unmeasured = f" (not measured on {', '.join(missing)})" if missing else ""
+    unmeasured = f"; not measured on {', '.join(missing)}" if missing else ""
+    shift = {"point": worst["shift"], "low": worst["low"], "high": worst["high"]}
+    quant = ", ".join(moved["quant"].unique(maintain_order=True).to_list())
     return (
-        f"Quantization control: one more 4-bit requantization ({worst['quant']}) of every weight matrix moves a "
-        f"primary statistic by at most {worst['shift']:+.2f} layers [{worst['low']:+.2f}, {worst['high']:+.2f}] "
-        f"({worst['model']} {task_name(worst['task'])} {rule}, n = {worst['n']} prompts; measured on {where})"
-        f"{unmeasured}, against the margin of one layer: the size of the doubt the models' 4-bit origin leaves."
+        f"Quantization control: one more requantization ({quant}) of every weight matrix moves the pair's "
+        f"primary statistics by up to {abs(worst['shift']):.2f} layers ({worst['model']} "
+        f"{task_name(worst['task'])} {rule}: {interval_text(shift)}, n = {worst['n']} prompts), every interval "
+        f"within ±{reach:.2f} layers (measured on {where}{unmeasured}), against the margin of {how}."
     )
 
 
@@ -386,7 +389,7 @@ def scale_finding(
             if evidence
             else f"Within one family, {small} → {big}: no usable pair of EDs, **we cannot tell**."
         )
-        control = quantization_sentence(quantization, (small, big))
+        control = quantization_sentence(quantization, (small, big), how)
         if control:
             head.add(len(text))
             text.append(control)

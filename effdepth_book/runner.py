@@ -193,7 +193,7 @@ def page_inputs(root: Path, item: ParameterSet) -> str:
         for p in results.rglob("*.json")
         if p.name in ("metadata.json", "effective_depth.json") and is_finished(p.parent)
     )
-    files = [template, *runs, results / QUANTIZATION_FILE]  # the scale page reads the quantization control
+    files = [template, *runs, *([results / QUANTIZATION_FILE] if item.section == "scale" else [])]  # its control
     digest.update(json.dumps(item.parameters, sort_keys=True, default=str).encode())
     for path in files:
         if path.is_file():

@@ -581,14 +581,15 @@ CANARY_TOKENS = 32  # the first prompt's first tokens the canary runs: every lay
 
 def canary(loaded: LoadedModel, examples: Sequence[Example]) -> str:
     """What the model computes now on the run's first prompt (its first ``CANARY_TOKENS`` tokens):
-    ``identity.canary_digest``, the sha256 of its logits at every position, bit for bit. A cached run
+    ``identity.canary_digest``, the sha256 of its final residual and logits at every position, bit for bit. A cached run
     of a model in memory is returned only when this equals the canary its run directory recorded,
     so whatever changed the computation — any weight byte, a class or closure patch of a forward, the
     tokenizer's content, a hook, an attention kernel or registry entry — is noticed by construction,
     not by listing it. Bitwise: recomputed at the recorded shape (one prompt, unpadded), on the same
     device type and dtype (both in the key); a canary recorded elsewhere is not compared
     (``identity.canary_comparable``). Cost: one forward pass of ≤ 32 tokens."""
-    return canary_digest(loaded.model, loaded.encode(getattr(examples[0], "prompt", examples[0]))[:CANARY_TOKENS])
+    ids = loaded.encode(getattr(examples[0], "prompt", examples[0]))[:CANARY_TOKENS]
+    return canary_digest(loaded.model, ids, loaded.final_norm)
 
 
 def _canary_record(digest: str) -> dict:
@@ -611,7 +612,7 @@ def _changed_model(plan: _Plan, now: str, keyed_by: str | None) -> str:
     if not plan.derived or keyed_by is not None:
         raise OutputDirectoryError(
             f"the model given computes otherwise than the one whose results are kept in {plan.out} (its first "
-            "prompt's residual states differ: a weight, its code, tokenizer, a hook or an attention kernel "
+            "prompt's final residual or logits differ: a weight, its code, tokenizer, a hook or an attention kernel "
             "changed); pass another out= folder, or cache=False"
         )
     return now

@@ -91,6 +91,23 @@ def test_attention_entropy_equals_its_oracle_from_output_attentions(arch):
             assert float(row["value"][0]) == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
+def test_the_registered_attention_entropy_probe_runs_and_caches_what_its_function_computes(tmp_path, tiny_dir):
+    """``effdepth run --probes attention_entropy`` (here ``measure``): its per-example rows are the
+    function's, and a second call is a cache hit with the same rows."""
+    from effdepth_core import load_model, measure
+
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
+    prompts = ["the capital of france is paris", "two plus two is four", "a b c"]
+    result = measure(loaded, prompts, probes="attention_entropy", out=tmp_path / "run", progress=False)
+    direct = attention_entropy(loaded, prompts, progress=False)
+    key = ["example", "layer", "metric"]
+    ours = result.per_example["attention_entropy"].sort(key)
+    assert ours.select(*key, "value").equals(direct.sort(key).select(*key, "value"))
+    again = measure(loaded, prompts, probes="attention_entropy", out=tmp_path / "run", progress=False)
+    assert again.per_example["attention_entropy"].sort(key).equals(ours)
+    assert result.eds.height == 0 or "attention_entropy" not in set(result.eds["rule"])  # no ED rule
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "gpt2"])
 def test_run_with_cache_equals_the_models_own_hidden_states_and_attentions(arch):
     """The public activation cache, batched and padded: each prompt's residual states equal HF's
@@ -98,8 +115,8 @@ def test_run_with_cache_equals_the_models_own_hidden_states_and_attentions(arch)
     norm HF applies to its last entry), its writes add up to each layer's change (h_(l+1) − h_l =
     a_l + m_l), its attention is ``output_attentions``'; a subset of layers keeps those layers'
     rows; what would exceed ``max_bytes`` is refused before any forward pass."""
-    from effdepth_core.errors import EffdepthError
     from effdepth_core import run_with_cache
+    from effdepth_core.errors import EffdepthError
 
     loaded = make_tiny(arch)
     prompts = random_prompts([9, 5, 12])

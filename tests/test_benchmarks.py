@@ -82,8 +82,11 @@ def test_the_quantization_control_is_saved_merged_and_stated_beside_the_scale_ve
     assert evidence.quantization_control(tmp_path / "none", ["a"]).height == 0
     # the largest shift by size (-0.5 beats +0.3), its interval, where it was measured, who was not
     sentence = findings.quantization_sentence(evidence.quantization_control(tmp_path, ["a", "c"]), ("a", "c"))
-    assert "at most -0.50 layers [-0.90, -0.10] (a GSM8K cosine, n = 20 prompts" in sentence
-    assert "measured on a on GSM8K, HellaSwag" in sentence and "(not measured on c)" in sentence
+    assert "by up to 0.50 layers (a GSM8K cosine: −0.50 [−0.90, −0.10], n = 20 prompts)" in sentence, sentence
+    assert "every interval within ±0.90 layers" in sentence  # the farthest bound, not the largest point
+    assert "measured on a on GSM8K, HellaSwag; not measured on c" in sentence and "margin of one layer" in sentence
+    unbounded = evidence.quantization_control(tmp_path, ["a"]).with_columns(low=None, high=None)
+    assert "−0.50 (no interval)" in findings.quantization_sentence(unbounded, ("a",), "half a layer")
     assert findings.quantization_sentence(evidence.quantization_control(tmp_path, ["c"]), ("c",)) is None
     # never over a file it did not write, never through a link
     saved.write_text('{"rows": []}\n')

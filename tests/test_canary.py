@@ -1,5 +1,5 @@
 """A cached run of a model in memory is returned only when the model computes now what it computed
-then: its first prompt's residual states and logits (the canary, ``results.canary``) are recomputed
+then: its first prompt's final residual and logits (the canary, ``results.canary``) are recomputed
 and compared bit for bit with those its run directory recorded. Each case below changed the
 computation in a way no cheap fingerprint saw (a weight byte outside the sampled positions, a class
 patch of a forward, an attention-registry entry), and each once returned the first call's numbers."""
@@ -113,7 +113,10 @@ def test_a_run_without_a_comparable_canary_is_read_as_before(cache, tiny_dir):
     first = measure(loaded, PROMPTS, probes="cosine", progress=False, out=cache / "kept")
     metadata = json.loads((cache / "kept" / "metadata.json").read_text())
     assert metadata["canary"] and metadata["canary_where"]
-    older = metadata["canary_where"].replace(" canary 2", " canary 1")  # recorded by an older canary definition
+    from effdepth_core.measurement.identity import CANARY_DEFINITION
+
+    ours = f" canary {CANARY_DEFINITION}"
+    older = metadata["canary_where"].replace(ours, f" canary {CANARY_DEFINITION - 1}")  # an older definition
     assert older != metadata["canary_where"]
     for change in ({"canary_where": "another host"}, {"canary": None, "canary_where": None},
                    {"canary": "0" * 64, "canary_where": older}):  # fmt: skip
@@ -122,9 +125,11 @@ def test_a_run_without_a_comparable_canary_is_read_as_before(cache, tiny_dir):
         assert again.per_example["cosine"].equals(first.per_example["cosine"])
 
 
-def test_one_canary_serves_every_cache_and_sees_the_logits_bit_for_bit(tiny_dir):
-    """The one canary (``identity.canary_digest``): the sha256 of the ids and of the logits at every
-    position, recomputed here by hand; the run canary and the checked-once canary are that digest."""
+def test_one_canary_serves_every_cache_and_sees_the_final_residual_and_logits_bit_for_bit(tiny_dir):
+    """The one canary (``identity.canary_digest``): the sha256 of the ids, the final residual h_L
+    (the final norm's input) and the logits at every position, recomputed here by hand; the run
+    canary is that digest, the checked-once canary its logits-only form on the probe input. A
+    rescale of h_L, which an RMSNorm hides from the logits, changes it."""
     import hashlib
 
     from effdepth_core.measurement.identity import _check_canary, canary_comparable, canary_digest, canary_record
@@ -133,14 +138,37 @@ def test_one_canary_serves_every_cache_and_sees_the_logits_bit_for_bit(tiny_dir)
     loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
     ids = loaded.encode(PROMPTS[0])[:32]
     with torch.inference_mode():
-        logits = loaded.model(input_ids=ids[None]).logits.float()
+        out = loaded.model(input_ids=ids[None], output_hidden_states=True)
+    h_last = out.hidden_states[-1]  # the final norm's output in transformers' record: recompute its input
+    with torch.inference_mode():
+        h = loaded.model.model.embed_tokens(ids[None])
+        position = torch.arange(ids.numel())[None]
+        rotary = loaded.model.model.rotary_emb(h, position)
+        for layer in loaded.layers:
+            h = layer(h, position_embeddings=rotary, position_ids=position)
+            h = h[0] if isinstance(h, tuple) else h
+    assert torch.equal(loaded.final_norm(h), h_last)  # the manual forward is the model's
     by_hand = hashlib.sha256()
-    for tensor in (ids, logits):
+    for tensor in (ids, h.float(), out.logits.float()):
         by_hand.update(f"{tuple(tensor.shape)}:{tensor.dtype};".encode() + tensor.contiguous().numpy().tobytes())
-    assert canary_digest(loaded.model, ids) == by_hand.hexdigest()
+    assert canary_digest(loaded.model, ids, loaded.final_norm) == by_hand.hexdigest()
     assert canary(loaded, PROMPTS) == by_hand.hexdigest()
     vocab = loaded.model.config.vocab_size
     assert _check_canary(loaded.model) == canary_digest(loaded.model, torch.arange(9) % (vocab - 1) + 1)
-    record = canary_record(loaded.model, ids)
+    record = canary_record(loaded.model, ids, loaded.final_norm)
     assert canary_comparable(record) and not canary_comparable({**record, "canary_where": "elsewhere"})
     assert not canary_comparable(None) and not canary_comparable({"canary_where": record["canary_where"]})
+
+    # the last layer's output doubled: h_L doubles, and an RMSNorm with a negligible eps hides it from the logits
+    loaded.final_norm.variance_epsilon = 1e-12
+    before_logits, before = loaded.model(input_ids=ids[None]).logits, canary(loaded, PROMPTS)
+    last = loaded.layers[-1]
+    plain = last.forward
+    last.forward = lambda *args, **kwargs: (lambda out: 2 * out if torch.is_tensor(out) else (2 * out[0], *out[1:]))(
+        plain(*args, **kwargs)
+    )
+    try:
+        torch.testing.assert_close(loaded.model(input_ids=ids[None]).logits, before_logits, rtol=1e-5, atol=1e-5)
+        assert canary(loaded, PROMPTS) != before
+    finally:
+        del last.forward

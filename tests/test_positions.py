@@ -143,7 +143,12 @@ def test_the_math_levels_length_control_cuts_every_level_of_the_same_texts():
          "precision": None, "n": 100}
         for level in (1, 5)
     )  # fmt: skip
-    assert level_length_specs(math, None) == () and level_length_specs(None, {"positions": 80}) == ()
+    assert level_length_specs(math, None) == ()
+    assert [s["n"] for s in level_length_specs(math, {"positions": 80})] == [7, 7]  # the levels' own n
+    with pytest.raises(EffdepthError, match="sets no math levels"):
+        level_length_specs(None, {"positions": 80})
+    with pytest.raises(EffdepthError, match=r"past math\.max_tokens 192"):
+        level_length_specs(math, {"positions": 193})
     # the cut run is the level run's settings plus positions (its own folder), never the level run's key
     cut = task_settings("smollm2-135m", specs[0])
     whole = task_settings("smollm2-135m", {"task": "math", "level": 1, "max_tokens": 192, "n": 100})

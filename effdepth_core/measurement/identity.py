@@ -98,24 +98,41 @@ def _what_checks_see(model: nn.Module, adapter: Adapter | None) -> tuple:
 
 # --- the canary: identity by recomputation, where a key cannot be complete -----------------------
 
-CANARY_DEFINITION = 2  # bump when the digest changes: a record of another definition reads as from elsewhere
+CANARY_DEFINITION = 3  # bump when the digest changes: a record of another definition reads as from elsewhere
 
 
-def canary_digest(model: nn.Module, ids: torch.Tensor) -> str:
+def canary_digest(model: nn.Module, ids: torch.Tensor, final_norm: nn.Module | None = None) -> str:
     """What ``model`` computes now on ``ids`` ``[token]`` (one prompt, unpadded): the sha256 of the
-    ids and of its logits at every position, bit for bit. Equal digests on one machine mean the same
-    computation, whatever changed or did not: any weight byte, a class or closure patch of a forward,
-    a hook, an attention kernel or registry entry (any layer's change reaches the logits). Cost: one
-    forward pass of ``ids``."""
+    ids, of the final residual h_L (the input of ``final_norm``, where given) and of the logits at
+    every position, bit for bit. Equal digests on one machine mean the same computation, whatever
+    changed or did not: any weight byte, a class or closure patch of a forward, a hook, an attention
+    kernel or registry entry. Every layer's change reaches h_L, and h_L is hashed before the final
+    norm, which would hide a rescale of it from the logits. Cost: one forward pass of ``ids``."""
     import hashlib
 
     ids = torch.as_tensor(ids).reshape(-1)
-    with torch.inference_mode():
-        # the logits at every position: output_hidden_states is not asked (transformers records hidden
-        # states with hooks it leaves on the model)
-        logits = model(input_ids=ids[None].to(execution_device(model)), use_cache=False).logits
+    seen: list[torch.Tensor] = []
+
+    def keep(module, args, kwargs):
+        seen.append((args[0] if args else next(iter(kwargs.values()))).detach().float().cpu())
+
+    handle = final_norm.register_forward_pre_hook(keep, with_kwargs=True) if final_norm is not None else None
+    try:
+        with torch.inference_mode():
+            # the logits at every position: output_hidden_states is not asked (transformers records hidden
+            # states with hooks it leaves on the model)
+            out = model(input_ids=ids[None].to(execution_device(model)), use_cache=False, return_dict=True)
+    finally:
+        if handle is not None:
+            handle.remove()
+    logits = getattr(out, "logits", None)
+    if logits is None or logits.shape[-2] != ids.numel():
+        raise EffdepthError(
+            f"the canary needs the model's logits at every position of its {ids.numel()} tokens; its forward "
+            f"returned {None if logits is None else tuple(logits.shape)}: call it with its default output"
+        )
     digest = hashlib.sha256()
-    for tensor in (ids.cpu(), logits.detach().float().cpu()):
+    for tensor in (ids.cpu(), *seen[-1:], logits.detach().float().cpu()):
         digest.update(f"{tuple(tensor.shape)}:{tensor.dtype};".encode())
         digest.update(tensor.contiguous().numpy().tobytes())
     return digest.hexdigest()
@@ -131,9 +148,9 @@ def canary_where() -> str:
     return f"{host} torch {torch.__version__} threads {torch.get_num_threads()} canary {CANARY_DEFINITION}"
 
 
-def canary_record(model: nn.Module, ids: torch.Tensor) -> dict:
+def canary_record(model: nn.Module, ids: torch.Tensor, final_norm: nn.Module | None = None) -> dict:
     """The canary as a cache records it: its digest and where it was computed."""
-    return {"canary": canary_digest(model, ids), "canary_where": canary_where()}
+    return {"canary": canary_digest(model, ids, final_norm), "canary_where": canary_where()}
 
 
 def canary_comparable(record: Mapping | None) -> bool:

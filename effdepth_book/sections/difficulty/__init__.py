@@ -8,6 +8,8 @@ from functools import cached_property
 
 import polars as pl
 
+from effdepth_core.errors import EffdepthError
+
 from ... import evidence, findings, plots, reference, specification, tables
 from ...pages import Page
 from ...spec import SectionSpec, StudyPlan, models_of
@@ -39,10 +41,18 @@ def level_length_specs(math: Mapping | None, control: Mapping | None) -> tuple[d
     """The MATH levels' exact length control: every level's texts (the same data set, seed and token
     cap) cut to their first ``control["positions"]`` tokens, ``control["n"]`` of them, with the
     correlational probes; none without a control."""
-    if not math or not control:
+    if not control:
         return ()
+    if not math:
+        raise EffdepthError("params: level_length cuts the MATH levels' texts, but the page sets no math levels")
+    if math.get("max_tokens") is not None and control["positions"] > math["max_tokens"]:
+        raise EffdepthError(
+            f"params: level_length.positions {control['positions']} is past math.max_tokens {math['max_tokens']}: "
+            "no text could be cut there; choose positions ≤ max_tokens"
+        )
     base = {k: v for k, v in math.items() if k not in ("levels", "n")}
-    cut = {"positions": control["positions"], "precision": None, **({"n": control["n"]} if "n" in control else {})}
+    n = control.get("n", math.get("n"))  # the levels' own n where the control sets none
+    cut = {"positions": control["positions"], "precision": None, **({"n": n} if n is not None else {})}
     return tuple({**base, "task": "math", "level": level, "probes": ["cosine", "logit_lens"], **cut}
                  for level in math.get("levels") or ())  # fmt: skip
 

@@ -424,7 +424,7 @@ def _lens_canary(loaded: LoadedModel, texts: Sequence[str | torch.Tensor]) -> di
     text's first tokens)."""
     first = texts[0]
     ids = (loaded.encode(first) if isinstance(first, str) else torch.as_tensor(first))[:LENS_CANARY_TOKENS]
-    return canary_record(loaded.model, ids)
+    return canary_record(loaded.model, ids, loaded.final_norm)
 
 
 def _load_fitting(path: Path, loaded: LoadedModel, now: Mapping | None = None) -> TunedLens | None:
