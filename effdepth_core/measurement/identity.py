@@ -103,11 +103,9 @@ CANARY_DEFINITION = 3  # bump when the digest changes: a record of another defin
 
 def canary_digest(model: nn.Module, ids: torch.Tensor, final_norm: nn.Module | None = None) -> str:
     """What ``model`` computes now on ``ids`` ``[token]`` (one prompt, unpadded): the sha256 of the
-    ids, of the final residual h_L (the input of ``final_norm``, where given) and of the logits at
-    every position, bit for bit. Equal digests on one machine mean the same computation, whatever
-    changed or did not: any weight byte, a class or closure patch of a forward, a hook, an attention
-    kernel or registry entry. Every layer's change reaches h_L, and h_L is hashed before the final
-    norm, which would hide a rescale of it from the logits. Cost: one forward pass of ``ids``."""
+    ids, the final residual h_L (``final_norm``'s input: the norm hides a rescale of it from the
+    logits) and the logits at every position, bit for bit. Equal digests on one machine mean the same
+    computation, whatever changed: a weight byte, a patched forward, a hook, an attention kernel."""
     import hashlib
 
     ids = torch.as_tensor(ids).reshape(-1)
@@ -117,10 +115,8 @@ def canary_digest(model: nn.Module, ids: torch.Tensor, final_norm: nn.Module | N
         seen.append((args[0] if args else next(iter(kwargs.values()))).detach().float().cpu())
 
     handle = final_norm.register_forward_pre_hook(keep, with_kwargs=True) if final_norm is not None else None
-    try:
+    try:  # not output_hidden_states: transformers records them with hooks it leaves on the model
         with torch.inference_mode():
-            # the logits at every position: output_hidden_states is not asked (transformers records hidden
-            # states with hooks it leaves on the model)
             out = model(input_ids=ids[None].to(execution_device(model)), use_cache=False, return_dict=True)
     finally:
         if handle is not None:
@@ -156,7 +152,8 @@ def canary_record(model: nn.Module, ids: torch.Tensor, final_norm: nn.Module | N
 def canary_comparable(record: Mapping | None) -> bool:
     """Whether a recorded canary can be compared bit for bit here (recorded on this machine, with
     this definition); one recorded elsewhere, or none, leaves the cache trusted on its key."""
-    return isinstance((record or {}).get("canary"), str) and (record or {}).get("canary_where") == canary_where()
+    record = record or {}
+    return isinstance(record.get("canary"), str) and record.get("canary_where") == canary_where()
 
 
 def _check_canary(model: nn.Module) -> str | None:

@@ -32,17 +32,9 @@ def attention_entropy(
         require_finite(entropy, f"the attention entropy at layer {trace.layer}", loaded.name)
         return [(trace.layer, entropy[..., None])]
 
-    return per_token_means(
-        loaded,
-        prompts,
-        ("attn_entropy",),
-        loaded.n_layers,
-        each_batch(measure),
-        "attention entropy",
-        batch_size,
-        progress,
-        attention=True,
-    )
+    metrics, measured = ("attn_entropy",), each_batch(measure)
+    return per_token_means(loaded, prompts, metrics, loaded.n_layers, measured, "attention entropy", batch_size,
+                           progress, attention=True)  # fmt: skip
 
 
 SPEC = ProbeSpec(
