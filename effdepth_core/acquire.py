@@ -16,9 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .cache import NotARegularFile, make_dirs, read_json, remove_recorded_folder
+from .cache import NotARegularFile, file_hashes, make_dirs, read_json, remove_recorded_folder
 from .errors import EffdepthError, ModelNotFoundError
-from .measurement.identity import file_hashes, model_files_digest  # noqa: F401 (the identity home; named here too)
 from .network import hub_reachable
 from .paths import exists, user_path
 from .zoo import ZOO, cache_dir, check_private, ensure_model, gguf_header, model_path

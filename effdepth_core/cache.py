@@ -590,3 +590,35 @@ def check_private(path: Path) -> None:
             f"the cache folder {path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); effdepth does "
             f"not trust records others can change: run `chmod go-w {path}` or set {CACHE_ENV} to a private folder"
         )
+
+
+def file_hashes(path: Path) -> dict[str, str]:
+    """The sha256 of every file of a local model (a folder's top-level files, or the file itself),
+    by name. Each file is hashed in full once and again only when its size, inode or times change;
+    the records live in effdepth's cache (``fingerprints/``), never in the model's folder."""
+    path = Path(path).expanduser().resolve()
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    store = cache_dir() / "fingerprints" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:32]}.json"
+    try:
+        records = read_json(store)
+        records = records if isinstance(records, dict) else {}
+    except (OSError, ValueError, EffdepthError):
+        records = {}
+    fresh = {}
+    for file in files:
+        target = file.resolve()  # a hub snapshot links its files to blobs: the content is the blob's
+        state, record = check_file(target, records.get(file.name))
+        fresh[file.name] = record if state == "verified" else file_record(target)
+    if fresh != records:
+        try:
+            make_dirs(store.parent, 0o700)
+            atomic_write_json(store, fresh)
+        except (OSError, EffdepthError):  # a read-only cache: hashed again next time
+            pass
+    return {name: record["sha256"] for name, record in fresh.items()}
+
+
+def model_files_digest(path: Path) -> str:
+    """One sha256 over the names and sha256 of a local model's files: what identifies its weights
+    in a run's key (a change to any file is another model)."""
+    return hashlib.sha256(json.dumps(file_hashes(path), sort_keys=True).encode()).hexdigest()

@@ -5,6 +5,7 @@ loading by name (``loading``). Import from here or from the module itself."""
 
 from __future__ import annotations
 
+from .cache import file_hashes, model_files_digest  # noqa: F401 (a model's files, hashed by the cache)
 from .loading import (  # noqa: F401
     check_device,
     load_model,
@@ -40,10 +41,8 @@ from .measurement.identity import (  # noqa: F401
     Wrapped,
     attention_key,
     config_digest,
-    file_hashes,
     is_as_loaded,
     model_configs,
-    model_files_digest,
     model_fingerprint,
     model_identity,
     module_settings,

@@ -254,7 +254,7 @@ def _check_model_read_once(settings: RunSettings, plan: _Plan) -> None:
     path = names_path(settings.model)
     if keyed is None or path is None:
         return
-    from .acquire import model_files_digest
+    from .cache import model_files_digest
 
     if model_files_digest(path) != keyed:
         raise EffdepthError(

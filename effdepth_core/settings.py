@@ -194,7 +194,7 @@ class RunSettings:
             fields["task_sha256"] = hashlib.sha256(task_path.read_bytes()).hexdigest()
         model_path = names_path(self.model) if by_name else None
         if model_path is not None:  # a path: the same spelling elsewhere is another model
-            from .acquire import model_files_digest
+            from .cache import model_files_digest
 
             fields["model_path"] = str(model_path.resolve())
             fields["model_files"] = model_files_digest(model_path)
@@ -443,7 +443,7 @@ class MapSettings:
         for name in ("small", "big"):
             path = names_path(getattr(self, name))  # None: a name, or one no file system could hold
             if path is not None:
-                from .acquire import model_files_digest
+                from .cache import model_files_digest
 
                 fields[f"{name}_files"] = model_files_digest(path)
         fields["version"] = __version__

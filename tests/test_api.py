@@ -34,7 +34,7 @@ def test_measure_a_model_in_memory_on_a_list_of_prompts(cache):
     loaded = make_tiny("llama")  # the same weights, wrapped by hand: the probes called directly
     loaded.tokenizer = tokenizer
     assert result.per_example["cosine"].equals(residual_cosine(loaded, PROMPTS))
-    assert result.per_example["logit_lens"].equals(logit_lens(loaded, PROMPTS))  # both float32 by default
+    assert result.per_example["logit_lens"].equals(logit_lens(loaded, PROMPTS, head_dtype="auto"))  # measure's default
     assert set(result.depth) >= {"cosine", "logit_lens_kl", "logit_lens_overlap"}
     # a model in memory takes the shortest road: probes on the model, no run kept (only the prompts'
     # content-named task file is written)

@@ -263,8 +263,8 @@ def test_run_study_reads_the_cache_and_reports_unloadable_models(tiny_dir, tmp_p
     defaults = {"seed": 0, "progress": False}
     first = run_study([str(tiny_dir)], [spec], defaults=defaults, results_dir=tmp_path, n_bootstrap=50)
     direct = run(
-        RunSettings(model=str(tiny_dir), task="addition", digits=2, n=2, progress=False),
-        out_dir=first.records[0].result.out_dir,
+        RunSettings(model=str(tiny_dir), task="addition", digits=2, n=2, progress=False, head_dtype="float32"),
+        out_dir=first.records[0].result.out_dir,  # the book's run (its lens pinned to float32), read directly
         n_bootstrap=50,
     )
     summary = first.summary()

@@ -134,7 +134,7 @@ def test_the_resolved_head_dtype_is_keyed_and_recorded(monkeypatch, fast):
         return RunSettings("smollm2-135m", "gsm8k", device="cpu", **values)
 
     auto, f32, bf16 = settings(head_dtype="auto"), settings(head_dtype="float32"), settings(head_dtype="bfloat16")
-    assert settings().key() == f32.key()  # the default is float32 (README's table reads the same on every CPU)
+    assert settings().key() == auto.key()  # the default is auto: bfloat16 where fast, float32's key elsewhere
     lens, cosine = registry.get("logit_lens"), registry.get("cosine")
     # float32 is the key's absent value: a float32 run keeps the key every run had before the option
     assert "head_dtype" not in f32.key_fields() and "head_dtype" not in str(f32.key_fields())

@@ -93,7 +93,10 @@ def test_a_windowed_run_measures_the_whole_texts_first_positions(tiny_dir, tmp_p
     texts = ["the cat sat on the mat and then it slept", "a dog ran", "one two three four five six seven eight"]
     task.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     count = 12
-    settings = RunSettings(str(tiny_dir), str(task), n=3, positions=count, device="cpu", progress=False)
+    # the float32 head product: the reference below is float32 (bfloat16 is tested in test_head_dtype)
+    settings = RunSettings(
+        str(tiny_dir), str(task), n=3, positions=count, device="cpu", progress=False, head_dtype="float32"
+    )
     with pytest.warns(EffdepthWarning, match=r"kept 2 of the 3 .* shorter than 12 tokens \(positions\)"):
         result = run(settings, ["logit_lens"], tmp_path / "out")
     frame = result.per_example["logit_lens"]

@@ -124,6 +124,25 @@ def test_lens_on_the_final_residual_is_exact(tiny):
     assert last.filter(metric="overlap")["value"][0] == 1.0
 
 
+def test_the_one_pass_lens_equals_the_two_pass_lens_bit_for_bit(tiny, monkeypatch):
+    """The lens keeps a batch's residuals and decodes them after one forward pass when they fit in
+    its budget, else it runs a first pass for p: the same tensors decoded against the same p, so
+    the same bits, on every tiny architecture (same batches; only the budget's spare part moved)."""
+    from effdepth_core.measurement.probes.shared import lens as lens_module
+    from effdepth_core.measurement.trace import forward
+
+    prompts = random_prompts(LENGTHS)  # two batches of at most 3
+    first_passes = []
+    monkeypatch.setattr(lens_module, "forward", lambda *a, **k: first_passes.append(1) or forward(*a, **k))
+    one_pass = logit_lens(tiny, prompts, batch_size=3)
+    assert not first_passes  # a tiny model's batch fits the default budget
+    real = lens_module._decode_measure
+    monkeypatch.setattr(lens_module, "_decode_measure", lambda *a: real(*a[:-1], 0))  # no spare bytes
+    two_pass = logit_lens(tiny, prompts, batch_size=3)
+    assert len(first_passes) == 2  # one first pass per batch
+    assert one_pass.equals(two_pass)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text", "gpt_neox"])
 def test_batching_and_chunking_do_not_change_numbers(arch):
     loaded = make_tiny(arch)
@@ -396,3 +415,42 @@ def test_the_lens_by_token_at_top_1_is_the_first_of_its_top_3_and_averages_to_th
     means = one.group_by("layer").agg(pl.col("overlap").mean()).sort("layer")["overlap"].to_numpy()
     probe = logit_lens(loaded, [prompt], top_k=1, progress=False).filter(metric="overlap").sort("layer")
     np.testing.assert_allclose(means, probe["value"].to_numpy(), atol=1e-6)  # shares of whole tokens
+
+
+@pytest.mark.parametrize("vocab", [5120, 49152, 151936, 262144 + 77])
+def test_largest_is_topk_on_wide_rows(vocab):
+    """The CPU's span-maxima top-k (``largest``) against ``topk``: the same values and indices on
+    continuous logits (no ties), vocabularies a multiple of the span or not; on rows full of ties,
+    the same values with indices that hold them."""
+    from effdepth_core.topk import largest
+
+    generator = torch.Generator().manual_seed(vocab)
+    values = torch.randn(7, vocab, generator=generator) * 4
+    values[1, -1] = 100.0  # the largest entry in the last (shorter) span
+    values[2, :5] = 50.0 + torch.arange(5.0)  # all k in one span
+    for k in (2, 5, 10):
+        expected, got = values.topk(k, dim=-1), largest(values, k)
+        assert torch.equal(got.values, expected.values) and torch.equal(got.indices, expected.indices), k
+    ties = torch.randint(0, 3, (4, vocab), generator=generator).float()  # thousands of tied maxima
+    expected, got = ties.topk(5, dim=-1), largest(ties, 5)
+    assert torch.equal(got.values, expected.values)
+    assert torch.equal(ties.gather(1, got.indices), got.values) and got.indices.unique(dim=1).shape[1] == 5
+
+
+def test_the_lens_with_span_maxima_matches_naive(monkeypatch):
+    """The lens's overlap through ``largest``'s span path (spans of 2 entries, so that a tiny
+    vocabulary of 64 takes it) against the naive float64 lens."""
+    from effdepth_core import topk as topk_module
+
+    monkeypatch.setattr(topk_module, "_SPAN", 2)
+    monkeypatch.setattr(topk_module, "_SPAN_MIN_VOCAB", 0)
+    calls = []
+    topk = torch.Tensor.topk
+    monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **k: calls.append(self.shape[-1]) or topk(self, *a, **k))
+    loaded = make_tiny("llama")
+    prompts = random_prompts(LENGTHS)
+    expected = naive_lens(loaded, prompts)
+    got = _as_dict(logit_lens(loaded, prompts, batch_size=3))
+    assert calls and max(calls) < loaded.vocab_size  # topk only over span maxima and candidates
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=5e-5), key

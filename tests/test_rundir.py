@@ -235,6 +235,7 @@ def test_the_key_records_the_resolved_dtype_and_device(monkeypatch):
     assert RunSettings("m", "gsm8k", device="auto").key() == cpu  # no GPU here: auto is the CPU
     assert RunSettings("m", "gsm8k", device="cpu", dtype="float32").key() != cpu  # as spelt: kept for old keys
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
     assert RunSettings("m", "gsm8k", device="cpu").key() == cpu
     gpu_auto = RunSettings("m", "gsm8k", device="auto").key()  # bfloat16 on cuda
     gpu_float32 = RunSettings("m", "gsm8k", device="cuda", dtype="float32").key()

@@ -12,9 +12,10 @@ import polars as pl
 import torch
 
 from ...errors import EffdepthError
+from ...topk import largest
 from ..trace import residual_states, tokenize
 from ..wrapping import LoadedModel, takes_plain_models
-from .shared.lens import Translator, _check_top_k, check_lens, largest
+from .shared.lens import Translator, _check_top_k, check_lens
 
 TOKEN_CHUNK = 256  # positions decoded at once: [chunk, vocab] float32 is the only vocabulary-sized buffer
 

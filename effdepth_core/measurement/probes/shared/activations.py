@@ -27,7 +27,9 @@ from .reduce import per_example_frame
 
 # per traced layer: (its row in the output's layer axis, the measurement per token), the
 # measurement either ``[batch, token, metric]`` (padded positions are left out here, NaN or not) or ``[real token,
-# metric]`` (the batch's real tokens in order, as ``tensor[batch.mask]`` lists them)
+# metric]`` (the batch's real tokens in order, as ``tensor[batch.mask]`` lists them). A measure may
+# also carry ``after_forward(output)``: more such rows, once the batch's forward pass has returned
+# (the one-pass lens decodes its stored layers there, against the output's final distribution)
 LayerMeasure = Callable[[LayerTrace], Iterable[tuple[int, torch.Tensor]]]
 
 
@@ -80,16 +82,19 @@ def _batch_sums(
     rows = torch.zeros(len(batch.examples), n_rows, n_metrics, device=loaded.head_device)
     owner = torch.arange(len(batch.examples), device=mask.device)[:, None].expand_as(mask)[mask].to(rows.device)
 
-    def on_layer(trace: LayerTrace) -> None:
-        for row, values in of_batch(trace):
+    def add(measured: Iterable[tuple[int, torch.Tensor]]) -> None:
+        for row, values in measured:
             if values.dim() == 3:  # [batch, token, metric]; padding left out, whatever it holds (0/0 there too)
                 kept = torch.where(mask.to(values.device)[..., None], values, 0.0)
                 rows[:, row] = kept.sum(1).to(rows.device)
             else:  # [real token, metric]
                 rows[:, row].index_add_(0, owner, values.to(rows.device, rows.dtype))
 
-    with trace_layers(loaded, on_layer, sublayers=sublayers, attention=attention):
-        forward(loaded, batch)
+    with trace_layers(loaded, lambda trace: add(of_batch(trace)), sublayers=sublayers, attention=attention):
+        output = forward(loaded, batch)
+    after_forward = getattr(of_batch, "after_forward", None)
+    if after_forward is not None:
+        add(after_forward(output))
     return rows
 
 

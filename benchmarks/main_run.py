@@ -1,0 +1,82 @@
+"""README's main run, before and after (issue 49's goal: ≥ 2× faster on this machine).
+
+Times README's set-up command's run (``effdepth run --model smollm2-135m --task gsm8k --n 10``) as a
+user starts it, a fresh process each time with a fresh ``--out`` (nothing cached but the model's
+files), for each checkout given: ``--before DIR`` is an older checkout of this repository (e.g. a
+``git worktree add`` of the commit before a change), the current tree is "after". The runs
+alternate (before, after, before, …) so that a slow spell of the machine hits both; a warm-up run of
+each comes first. Prints each variant's wall seconds (median, min–max), the ratio of the medians,
+and the tables the runs print, which must agree.
+
+    python benchmarks/main_run.py --before ../effdepth-before [--repeats 3] [--args "--head-dtype float32"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README_RUN = ["run", "--model", "smollm2-135m", "--task", "gsm8k", "--n", "10", "--no-progress"]
+
+
+def timed_run(checkout: Path, extra: list[str], out: Path) -> tuple[float, str]:
+    """Wall seconds of one run of ``checkout``'s code in a fresh interpreter, and the table it printed."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    command = [sys.executable, "-m", "effdepth_core.cli", *README_RUN, *extra, "--out", str(out)]
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=checkout, capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - start
+    table = "\n".join(line for line in done.stdout.splitlines() if line and not line.startswith("results in"))
+    return seconds, table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", type=Path, required=True, help="an older checkout of this repository")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--before-args", default="", help="extra run options for the older checkout")
+    parser.add_argument("--after-args", default="", help="extra run options for this tree")
+    args = parser.parse_args()
+    variants = {
+        "before": (args.before.resolve(), shlex.split(args.before_args)),
+        "after": (ROOT, shlex.split(args.after_args)),
+    }
+    load = os.getloadavg()[0]
+    print(f"README's main run: effdepth {' '.join(README_RUN)}; {os.cpu_count()} CPUs, load average {load:.2f}")
+    for name, (checkout, extra) in variants.items():
+        git = ["git", "-C", str(checkout)]
+        head = subprocess.run([*git, "log", "-1", "--format=%h %s"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        edited = " + uncommitted edits" if dirty.stdout.strip() else ""
+        print(f"  {name}: {checkout.name} at {head[:80]}{edited} {' '.join(extra)}")
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    tables: dict[str, set[str]] = {name: set() for name in variants}
+    with tempfile.TemporaryDirectory() as scratch:
+        for repeat in range(args.repeats + 1):  # repeat 0: the warm-up, not counted
+            for name, (checkout, extra) in variants.items():
+                took, table = timed_run(checkout, extra, Path(scratch) / f"{name}-{repeat}")
+                tables[name].add(table)
+                if repeat:
+                    seconds[name].append(took)
+                print(f"  {'warm-up' if not repeat else f'repeat {repeat}'} {name}: {took:.1f} s", flush=True)
+    for name, runs in seconds.items():
+        median, low, high = statistics.median(runs), min(runs), max(runs)
+        print(f"{name:6s}: median {median:.1f} s (min {low:.1f}, max {high:.1f}, {len(runs)} runs)")
+    ratio = statistics.median(seconds["before"]) / statistics.median(seconds["after"])
+    print(f"before ÷ after (medians): {ratio:.2f}×; load average at the end {os.getloadavg()[0]:.2f}")
+    same = len(tables["before"] | tables["after"]) == 1
+    print("tables: " + ("identical in every run" if same else "DIFFER"))
+    for table in sorted(tables["before"] | tables["after"]):
+        print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The lens's top-k on a CPU: ``largest`` (span maxima, then the top-k among the k best spans)
+against ``torch.topk`` over whole vocabulary rows, one thread, 16 rows (the lens's block) of
+float32 logits at the book's vocabulary sizes. Checks they agree, then times each: a warm-up, then
+``--repeats`` calls alternated; median and min–max printed.
+
+    python benchmarks/topk_cost.py [--repeats 21] [--k 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from effdepth_core.topk import largest
+
+VOCABS = {"smollm2-135m": 49152, "qwen2.5-coder": 151936, "gemma3-270m": 262144}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--k", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread, 16 rows, k = {args.k}, {args.repeats} repeats after a warm-up")
+    for model, vocab in VOCABS.items():
+        logits = torch.randn(16, vocab, generator=torch.Generator().manual_seed(0)) * 4
+        expected, got = logits.topk(args.k, dim=-1), largest(logits, args.k)
+        assert torch.equal(expected.values, got.values) and torch.equal(expected.indices, got.indices)
+        times: dict[str, list[float]] = {"topk": [], "largest": []}
+        calls = {"topk": lambda x=logits: x.topk(args.k, dim=-1), "largest": lambda x=logits: largest(x, args.k)}
+        for repeat in range(args.repeats + 1):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                call()
+                if repeat:
+                    times[name].append((time.perf_counter() - start) * 1e3)
+        medians = {name: statistics.median(runs) for name, runs in times.items()}
+        spread = "; ".join(f"{n} {medians[n]:.3f} ms ({min(r):.3f}–{max(r):.3f})" for n, r in times.items())
+        print(f"{model:14s} vocab {vocab:7d}: {spread}; topk ÷ largest {medians['topk'] / medians['largest']:.1f}×")
+
+
+if __name__ == "__main__":
+    main()
