@@ -1,4 +1,4 @@
-"""The lens's top-k on a CPU: ``largest`` (span maxima, then the top-k among the k best spans)
+"""The lens's top-k on a CPU: ``largest`` (span maxima, then the k largest among the k best spans)
 against ``torch.topk`` over whole vocabulary rows, one thread, 16 rows (the lens's block) of
 float32 logits at the book's vocabulary sizes. Checks they agree, then times each: a warm-up, then
 ``--repeats`` calls alternated; median and min–max printed.

@@ -1,35 +1,49 @@
-"""The k largest entries of each row of a wide tensor (a vocabulary's logits), as fast as the device
-allows: on a CPU from span maxima, elsewhere ``torch.topk`` (benchmarks/topk_cost.py)."""
+"""The k largest entries of each row of a wide tensor (a vocabulary's logits) under one tie rule on
+every device — on an exact tie the lower index comes first — from span maxima: each row is read
+once for the maxima of its spans, and the k largest are taken among the k best spans' entries
+(benchmarks/topk_cost.py)."""
 
 from __future__ import annotations
 
 import torch
 
-_SPAN = 128  # CPU top-k: vocabulary entries per span whose maximum is taken (measured on 49,152-wide rows)
-_SPAN_MIN_VOCAB = 4096  # narrower rows: topk itself
+_SPAN = 128  # entries per span whose maximum is taken (measured on 49,152-wide rows)
+_SPAN_MIN_VOCAB = 4096  # narrower rows: sorted whole
+
+
+def _first_k(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Where the k largest of each row of ``[row, n]`` are, on a tie the lower positions, in
+    position order: ``[row, k]``. (The k-th largest value is ``topk``'s whatever its ties.)"""
+    kth = values.topk(k, dim=-1).values[:, -1:]  # [row, 1]
+    above, tied = values > kth, values == kth
+    chosen = above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+    return chosen.nonzero()[:, 1].view(len(values), k)
 
 
 def largest(values: torch.Tensor, k: int):
-    """``values.topk(k)`` along the last dimension; for k = 1 the max. On a CPU a wide row is read
-    once for the maxima of its spans of ``_SPAN`` entries, and the top-k taken among the k spans
-    with the largest maxima (they hold the k largest entries): several times faster than ``topk``
-    (benchmarks/topk_cost.py). The same values; on an exact tie, any of the tied indices (as
-    ``topk``, which names none)."""
+    """``values.topk(k)`` along the last dimension with a defined tie rule: the lower index first
+    (``topk`` names none; a bfloat16 head product's logits tie often); for k = 1 the max. A wide
+    floating row: the k best spans by their maxima, then the k largest of their entries — the first
+    k of a stable descending sort of the whole row, several times faster than ``topk`` on a CPU."""
     if k == 1:
-        found, indices = values.max(dim=-1, keepdim=True)
+        found, indices = values.max(dim=-1, keepdim=True)  # the first maximal index
         return torch.return_types.topk((found, indices))
     vocab = values.shape[-1]
     full = vocab // _SPAN * _SPAN
-    if values.device.type != "cpu" or vocab < _SPAN_MIN_VOCAB or full // _SPAN < 4 * k:  # a GPU: topk until timed
-        return values.topk(k, dim=-1)
+    if not values.is_floating_point() or vocab < _SPAN_MIN_VOCAB or full // _SPAN < 4 * k:
+        found, indices = values.sort(dim=-1, descending=True, stable=True)
+        return torch.return_types.topk((found[..., :k], indices[..., :k]))
     rows = values.reshape(-1, vocab)  # [row, vocab]
     maxima = rows[:, :full].view(len(rows), full // _SPAN, _SPAN).amax(-1)  # [row, span]
     if full < vocab:  # the last, shorter span
         maxima = torch.cat([maxima, rows[:, full:].amax(-1, keepdim=True)], dim=1)
-    spans = maxima.topk(k, dim=-1).indices  # [row, k]
-    candidates = (spans[..., None] * _SPAN + torch.arange(_SPAN)).flatten(1)  # [row, k·span]
-    outside = candidates >= vocab
-    candidates.clamp_(max=vocab - 1)
-    found = rows.gather(1, candidates).masked_fill_(outside, float("-inf")).topk(k, dim=-1)
+    spans = _first_k(maxima, k)  # [row, k], in index order
+    candidates = (spans[..., None] * _SPAN + torch.arange(_SPAN, device=rows.device)).flatten(1)  # [row, k·span]
+    outside = candidates >= vocab  # the short span's padding: -inf, after every real entry
+    picked = rows.gather(1, candidates.clamp(max=vocab - 1)).masked_fill_(outside, float("-inf"))
+    at = _first_k(picked, k)  # [row, k] in index order
+    found = picked.gather(1, at)
+    order = found.sort(dim=-1, descending=True, stable=True).indices  # by value, ties kept in index order
     shape = (*values.shape[:-1], k)
-    return torch.return_types.topk((found.values.view(shape), candidates.gather(1, found.indices).view(shape)))
+    indices = candidates.gather(1, at.gather(1, order))
+    return torch.return_types.topk((found.gather(1, order).view(shape), indices.view(shape)))

@@ -101,7 +101,9 @@ def test_bfloat16_lens_matches_a_float64_lens_of_bfloat16_logits():
             logits = (x.bfloat16().double() @ weight.T).bfloat16().double()
             logq = torch.log_softmax(logits, -1)
             kl = (logq.exp() * (logq - logp)).sum(-1)
-            top_q, top_p = logq.topk(5).indices, logp.topk(5).indices
+            # the lens's tie rule (bfloat16 logits tie): the lower index first, as a stable sort gives
+            top_q = logq.sort(dim=-1, descending=True, stable=True).indices[:, :5]
+            top_p = logp.sort(dim=-1, descending=True, stable=True).indices[:, :5]
             overlap = (top_q[:, :, None] == top_p[:, None, :]).any(-1).sum(-1) / 5
             sums[(layer, "kl")] = sums.get((layer, "kl"), 0.0) + float(kl.sum())
             sums[(layer, "overlap")] = sums.get((layer, "overlap"), 0.0) + float(overlap.sum())

@@ -417,12 +417,17 @@ def test_the_lens_by_token_at_top_1_is_the_first_of_its_top_3_and_averages_to_th
     np.testing.assert_allclose(means, probe["value"].to_numpy(), atol=1e-6)  # shares of whole tokens
 
 
-@pytest.mark.parametrize("vocab", [5120, 49152, 151936, 262144 + 77])
-def test_largest_is_topk_on_wide_rows(vocab):
-    """The CPU's span-maxima top-k (``largest``) against ``topk``: the same values and indices on
-    continuous logits (no ties), vocabularies a multiple of the span or not; on rows full of ties,
-    the same values with indices that hold them."""
+@pytest.mark.parametrize("vocab", [100, 5120, 49152, 151936, 262144 + 77])
+def test_largest_is_a_stable_sorts_first_k(vocab):
+    """``largest`` against an independent rule: a stable descending sort of the whole row, its first
+    k (on a tie the lower index). On continuous logits that is also ``topk``'s answer; on rows of
+    ties (a bfloat16 head product's logits tie often) it is the sort's; vocabularies a multiple of
+    the span or not, rows with fewer finite entries than k, integer rows."""
     from effdepth_core.topk import largest
+
+    def reference(values, k):
+        found, indices = values.sort(dim=-1, descending=True, stable=True)
+        return found[..., :k], indices[..., :k]
 
     generator = torch.Generator().manual_seed(vocab)
     values = torch.randn(7, vocab, generator=generator) * 4
@@ -432,9 +437,13 @@ def test_largest_is_topk_on_wide_rows(vocab):
         expected, got = values.topk(k, dim=-1), largest(values, k)
         assert torch.equal(got.values, expected.values) and torch.equal(got.indices, expected.indices), k
     ties = torch.randint(0, 3, (4, vocab), generator=generator).float()  # thousands of tied maxima
-    expected, got = ties.topk(5, dim=-1), largest(ties, 5)
-    assert torch.equal(got.values, expected.values)
-    assert torch.equal(ties.gather(1, got.indices), got.values) and got.indices.unique(dim=1).shape[1] == 5
+    grid = (torch.randn(4, vocab, generator=generator) * 4).bfloat16().float()  # bfloat16-rounded logits
+    sparse = torch.full((2, vocab), float("-inf"))
+    sparse[:, -1], sparse[1, 3] = 1.0, 2.0  # fewer finite entries than k
+    for rows in (ties, grid, sparse, ties.long(), grid[None]):  # a 3-D batch too
+        for k in (1, 5, 9):
+            got, (values_k, indices_k) = largest(rows, k), reference(rows, k)
+            assert torch.equal(got.values, values_k) and torch.equal(got.indices, indices_k), (rows.dtype, k)
 
 
 def test_the_lens_with_span_maxima_matches_naive(monkeypatch):
@@ -445,12 +454,12 @@ def test_the_lens_with_span_maxima_matches_naive(monkeypatch):
     monkeypatch.setattr(topk_module, "_SPAN", 2)
     monkeypatch.setattr(topk_module, "_SPAN_MIN_VOCAB", 0)
     calls = []
-    topk = torch.Tensor.topk
-    monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **k: calls.append(self.shape[-1]) or topk(self, *a, **k))
+    sort = torch.Tensor.sort
+    monkeypatch.setattr(torch.Tensor, "sort", lambda self, *a, **k: calls.append(self.shape[-1]) or sort(self, *a, **k))
     loaded = make_tiny("llama")
     prompts = random_prompts(LENGTHS)
     expected = naive_lens(loaded, prompts)
     got = _as_dict(logit_lens(loaded, prompts, batch_size=3))
-    assert calls and max(calls) < loaded.vocab_size  # topk only over span maxima and candidates
+    assert calls and max(calls) < loaded.vocab_size  # sorted: only span maxima and candidates
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, abs=5e-5), key

@@ -138,19 +138,21 @@ def _decode_measure(
         with trace_layers(loaded, lambda trace: None, sublayers=False):  # names a layer that gives NaN/inf
             final = forward(loaded, batch).last_hidden_state[mask]  # [token, d_model], final norm applied
         distribution.extend(_final_distribution(loaded, final, top_k, chunk))
-    kept: list[torch.Tensor] = []  # one pass: [layer][token, d_model], h_0..h_L of the real tokens
+    kept: dict[int, torch.Tensor] = {}  # one pass: layer → [token, d_model], h_0..h_L of the real tokens
 
     def measure(trace: LayerTrace) -> list[tuple[int, torch.Tensor]]:
-        states = [real_rows(trace.h_in), *([real_rows(trace.h_out)] if trace.layer == n_layers - 1 else [])]
+        states = {trace.layer: real_rows(trace.h_in)}
+        if trace.layer == n_layers - 1:
+            states[n_layers] = real_rows(trace.h_out)
         if one_pass:
-            kept.extend(states)
+            kept.update(states)
             return []
-        return [decode(trace.layer + i, state) for i, state in enumerate(states)]
+        return [decode(layer, state) for layer, state in states.items()]
 
     def after_forward(output) -> list[tuple[int, torch.Tensor]]:
         distribution.extend(_final_distribution(loaded, output.last_hidden_state[mask], top_k, chunk))
         with torch.inference_mode():  # as the two-pass decodes run inside the forward pass
-            return [decode(layer, kept[layer]) for layer in range(n_layers + 1)]
+            return [decode(layer, kept.pop(layer)) for layer in range(n_layers + 1)]  # each freed once decoded
 
     if one_pass:
         measure.after_forward = after_forward
@@ -169,7 +171,8 @@ def logit_lens(
     head_dtype: str = "float32",
 ) -> pl.DataFrame:
     """Per-example KL(q_l || p) and top-k overlap for layers 0..L (layer L decodes the final
-    residual, so it gives KL 0 and overlap 1 by construction). With ``lens`` (a tuned lens of this
+    residual, so it gives KL 0 and overlap 1 by construction with a float32 head product; a
+    bfloat16 one rounds its logits there too). With ``lens`` (a tuned lens of this
     model), q_l decodes T_l(h_l) instead of h_l.
 
     One forward pass per batch, keeping each layer's input of the real tokens and decoding them
