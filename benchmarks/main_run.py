@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from measure import Timing, repeated
 
 ROOT = Path(__file__).resolve().parent.parent
 README_RUN = ["run", "--model", "smollm2-135m", "--task", "gsm8k", "--n", "10", "--no-progress"]
@@ -31,11 +31,14 @@ def timed_run(checkout: Path, extra: list[str], out: Path) -> tuple[float, str]:
     """Wall seconds of one run of ``checkout``'s code in a fresh interpreter, and the table it printed."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     command = [sys.executable, "-m", "effdepth_core.cli", *README_RUN, *extra, "--out", str(out)]
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=checkout, capture_output=True, text=True, check=True)
-    seconds = time.perf_counter() - start
-    table = "\n".join(line for line in done.stdout.splitlines() if line and not line.startswith("results in"))
-    return seconds, table
+    done: list[subprocess.CompletedProcess] = []
+    took = repeated(
+        lambda: done.append(subprocess.run(command, env=env, cwd=checkout, capture_output=True, text=True, check=True)),
+        repeats=1,
+        warmup=0,
+    )
+    table = "\n".join(line for line in done[0].stdout.splitlines() if line and not line.startswith("results in"))
+    return took.runs[0], table
 
 
 def main() -> None:
@@ -67,10 +70,10 @@ def main() -> None:
                 if repeat:
                     seconds[name].append(took)
                 print(f"  {'warm-up' if not repeat else f'repeat {repeat}'} {name}: {took:.1f} s", flush=True)
-    for name, runs in seconds.items():
-        median, low, high = statistics.median(runs), min(runs), max(runs)
-        print(f"{name:6s}: median {median:.1f} s (min {low:.1f}, max {high:.1f}, {len(runs)} runs)")
-    ratio = statistics.median(seconds["before"]) / statistics.median(seconds["after"])
+    timings = {name: Timing(tuple(runs)) for name, runs in seconds.items()}
+    for name, t in timings.items():
+        print(f"{name:6s}: median {t.median:.1f} s (min {t.low:.1f}, max {t.high:.1f}, {len(t.runs)} runs)")
+    ratio = timings["before"].median / timings["after"].median
     print(f"before ÷ after (medians): {ratio:.2f}×; load average at the end {os.getloadavg()[0]:.2f}")
     same = len(tables["before"] | tables["after"]) == 1
     print("tables: " + ("identical in every run" if same else "DIFFER"))

@@ -9,10 +9,9 @@ float32 logits at the book's vocabulary sizes. Checks they agree, then times eac
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from measure import Timing, repeated
 
 from effdepth_core.topk import largest
 
@@ -30,16 +29,15 @@ def main() -> None:
         logits = torch.randn(16, vocab, generator=torch.Generator().manual_seed(0)) * 4
         expected, got = logits.topk(args.k, dim=-1), largest(logits, args.k)
         assert torch.equal(expected.values, got.values) and torch.equal(expected.indices, got.indices)
-        times: dict[str, list[float]] = {"topk": [], "largest": []}
         calls = {"topk": lambda x=logits: x.topk(args.k, dim=-1), "largest": lambda x=logits: largest(x, args.k)}
-        for repeat in range(args.repeats + 1):
+        runs: dict[str, list[float]] = {name: [] for name in calls}
+        for repeat in range(args.repeats + 1):  # alternated; round 0 is the warm-up
             for name, call in calls.items():
-                start = time.perf_counter()
-                call()
-                if repeat:
-                    times[name].append((time.perf_counter() - start) * 1e3)
-        medians = {name: statistics.median(runs) for name, runs in times.items()}
-        spread = "; ".join(f"{n} {medians[n]:.3f} ms ({min(r):.3f}–{max(r):.3f})" for n, r in times.items())
+                took = repeated(call, repeats=1, warmup=0).runs[0] * 1e3
+                runs[name] += [took] if repeat else []
+        times = {name: Timing(tuple(values)) for name, values in runs.items()}
+        spread = "; ".join(f"{n} {t.median:.3f} ms ({t.low:.3f}–{t.high:.3f})" for n, t in times.items())
+        medians = {name: t.median for name, t in times.items()}
         print(f"{model:14s} vocab {vocab:7d}: {spread}; topk ÷ largest {medians['topk'] / medians['largest']:.1f}×")
 
 
