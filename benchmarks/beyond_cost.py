@@ -25,10 +25,10 @@ from measure import PeakRSS, WorkCounter, median_time
 from effdepth_core.linear_map import cross_model_map
 from effdepth_core.measurement.probes import early_exit, layer_pruning, logit_lens
 from effdepth_core.measurement.probes.tuned_lens import LensTraining, train_tuned_lens
-from effdepth_core.measurement.tasks import lens_corpus
 from effdepth_core.measurement.trace import forward, iter_batches, tokenize
 from effdepth_core.models import load_model
 from effdepth_core.task_loading import load_task
+from effdepth_core.tasks import lens_corpus
 
 
 def main() -> None:

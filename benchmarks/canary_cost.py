@@ -20,10 +20,10 @@ from measure import repeated
 
 from effdepth_core import measure
 from effdepth_core.measurement.probes.tuned_lens import _lens_canary
-from effdepth_core.measurement.tasks import lens_corpus
 from effdepth_core.models import load_model
 from effdepth_core.results import canary
 from effdepth_core.task_loading import load_task
+from effdepth_core.tasks import lens_corpus
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ _EXPORTS = {
     "ActivationCache": "activations",
     "DepthResult": "measurement.depth",
     "EffdepthError": "errors",
-    "Example": "measurement.tasks",
+    "Example": "tasks",
     "LoadedModel": "models",
     "Measurement": "api",
     "RunSettings": "settings",
@@ -115,11 +115,11 @@ if TYPE_CHECKING:
         train_tuned_lens,
     )
     from .measurement.probes.norm import residual_norm
-    from .measurement.tasks import Example
     from .models import LoadedModel, load_model, wrap_model
     from .results import run
     from .settings import RunSettings
     from .task_loading import load_task
+    from .tasks import Example
 
 
 def __getattr__(name: str):

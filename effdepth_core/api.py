@@ -19,13 +19,13 @@ from .cache import atomic_write_bytes, make_dirs, remove_dead_temporaries
 from .display import RunResult
 from .errors import EffdepthError, nearest_name
 from .measurement import registry
-from .measurement.tasks import TASKS, Example
 from .measurement.trace import show_progress
 from .models import LoadedModel, as_the_caller_had, check_tokenizer, resolve_dtype, with_tokenizer, wrap_model
 from .paths import exists, names_path, user_path
 from .results import run, run_in_memory
 from .settings import RunSettings
 from .task_loading import _encodable, looks_like_task_file, missing_task_file, task_pool
+from .tasks import TASKS, Example
 from .zoo import cache_dir
 
 

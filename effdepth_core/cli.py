@@ -30,9 +30,9 @@ def _settings(args: argparse.Namespace):
     """RunSettings from the command line, with the checks only the command line can make (was an
     option given at all?)."""
     from .measurement import registry
-    from .measurement.tasks import ARITHMETIC
     from .settings import RunSettings
     from .task_loading import check_task
+    from .tasks import ARITHMETIC
 
     if not args.model:
         raise EffdepthError(

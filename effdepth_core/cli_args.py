@@ -170,7 +170,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     options come from the probe specs (run, plot, grid): then their flags and choices are added."""
     from . import __version__
     from .measurement.registry import DEFAULT, names
-    from .measurement.tasks import TASKS
+    from .tasks import TASKS
     from .zoo import DEFAULT_MODEL
 
     parser = _Parser(prog="effdepth", description="Measure the effective depth of causal LMs.", formatter_class=_Help)

@@ -18,7 +18,7 @@ from .errors import EffdepthError
 from .labels import CELL_LEGEND, DEPTH_LEGEND, format_depth, format_rule
 from .measurement import registry
 from .measurement.depth import DepthResult
-from .measurement.tasks import ARITHMETIC
+from .tasks import ARITHMETIC
 from .terminal import printable
 
 

@@ -12,12 +12,12 @@ import polars as pl
 
 from . import __version__
 from .errors import EffdepthError
-from .measurement.tasks import Example
 from .models import LoadedModel, load_model
 from .results import peak_rss_mb, require_finite_frame
 from .rundir import FORMAT, RunDirectory
 from .settings import MAX_GENERATED, MapSettings
 from .task_loading import load_task
+from .tasks import Example
 
 MAP_FRAMES = {"map": ("map", "map_by_example")}  # the map's run directory: its frames (per test prompt: by_example)
 

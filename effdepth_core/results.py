@@ -33,7 +33,6 @@ from .measurement import registry
 from .measurement.depth import N_BOOTSTRAP_RUN, effective_depths
 from .measurement.identity import canary_comparable, canary_digest, canary_where
 from .measurement.probes.spec import Context, ProbeSpec
-from .measurement.tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example
 from .models import (
     LoadedModel,
     load_model,
@@ -65,6 +64,7 @@ from .settings import (
     slug,
 )
 from .task_loading import load_task
+from .tasks import AIME_MAX_TOKENS, ANSWER_FORMAT, ARITHMETIC, TASKS, Example
 from .zoo import cache_dir
 
 __all__ = [
@@ -402,12 +402,15 @@ def _compute(
     examples: list[Example],
     settings: RunSettings,
     donor: _Donor | None = None,
+    computed: pl.DataFrame | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Run one probe (only on the examples ``donor`` lacks) and derive what it derives; every number
-    checked finite. Returns the frames to save: ``<name>_by_example``, ``<name>``, extra and derived."""
+    checked finite. ``computed``: its per-example frame of those examples, from a pass it shared
+    (``_shared_pass``). Returns the frames to save: ``<name>_by_example``, ``<name>``, extra and derived."""
     first = donor.count if donor is not None else 0
     if first < len(examples):
-        computed = spec.compute(loaded, examples[first:], Context(settings, first_example=first))
+        if computed is None:
+            computed = spec.compute(loaded, examples[first:], Context(settings, first_example=first))
         per_example, extra = _checked_output(spec, computed)
         if first:
             per_example = per_example.with_columns(pl.col("example") + first)
@@ -550,10 +553,16 @@ def run(
             if given is not None and missing and now is None:  # a model in memory borrows rows by its canary
                 now = canary(loaded, examples)
             overall = Overall(missing, loaded, examples, settings) if settings.progress else None
-            for index, name in enumerate(missing):
-                if overall is not None:
-                    overall.starting(index)
-                frames, record = _measure(registry.get(name), loaded, examples, settings, plan, reuse_from, now)
+            pending = [_prepare(registry.get(p), loaded, examples, settings, plan, reuse_from, now) for p in missing]
+            shared: dict[str, tuple[pl.DataFrame, float]] = {}  # a shared pass's frames, until saved
+            for index, (name, item) in enumerate(zip(missing, pending, strict=True)):
+                if name not in shared:
+                    group = _pass_group(item, pending, len(examples))
+                    if overall is not None:
+                        overall.starting(index, [p.spec.name for p in group] if group else None)
+                    if group:
+                        shared.update(_shared_pass(group, loaded, examples, settings))
+                frames, record = _measure(item, loaded, examples, settings, shared.pop(name, None))
                 if not started:  # only once the first probe succeeded: --overwrite replaces a run here
                     metadata = _new_metadata(settings, plan.key, loaded, examples, plan.fields)
                     directory.start({**metadata, **_canary_record(now or canary(loaded, examples))}, examples)
@@ -666,13 +675,19 @@ def run_in_memory(
     loaded, examples = _load(settings, names, loaded, examples)
     metadata = _new_metadata(settings, "", loaded, examples)
     per_example, saved = {}, {}
-    for name in sorted(names, key=registry.names().index):  # the table's order
-        spec = registry.get(name)
+    ordered = sorted(names, key=registry.names().index)  # the table's order
+    pending = [_Pending(registry.get(name), "", {}, None) for name in ordered]
+    shared: dict[str, tuple[pl.DataFrame, float]] = {}  # a shared pass's frames, until used
+    for name, item in zip(ordered, pending, strict=True):
+        if name not in shared:
+            shared.update(_shared_pass(_pass_group(item, pending, len(examples)), loaded, examples, settings))
+        frame, seconds = shared.pop(name, (None, 0.0))
         started = time.perf_counter()
-        frames = _compute(spec, loaded, examples, settings)
+        frames = _compute(item.spec, loaded, examples, settings, computed=frame)
         per_example[name] = frames.pop(f"{name}_by_example")
         saved.update(frames)
-        metadata["probes"][name] = {"seconds": round(time.perf_counter() - started, 4), "revision": spec.revision}
+        seconds += time.perf_counter() - started
+        metadata["probes"][name] = {"seconds": round(seconds, 4), "revision": item.spec.revision}
     summary, depth = summary_of(settings, metadata, per_example, saved, n_bootstrap)
     return RunResult(None, saved, per_example, depth, summary, metadata, computed=tuple(per_example))
 
@@ -697,12 +712,17 @@ class Overall:
                 self.work.append(float("nan"))
         self.started = time.perf_counter()
 
-    def starting(self, index: int) -> None:
-        """Print the line for probe ``index`` (0-based) as it starts."""
+    def starting(self, index: int, together: Sequence[str] | None = None) -> None:
+        """Print the line for probe ``index`` (0-based) as it starts; ``together``: the probes that share
+        its forward pass (``_shared_pass``), itself among them."""
         elapsed = time.perf_counter() - self.started
         done, left = sum(self.work[:index]), sum(self.work[index:])
-        title = registry.get(self.names[index]).title
-        line = f"effdepth: probe {index + 1}/{len(self.names)}, {title}"
+        if together:
+            title = " + ".join(registry.get(name).title for name in together) + " (one shared forward pass)"
+            numbers = ", ".join(str(self.names.index(name) + 1) for name in together)
+        else:
+            title, numbers = registry.get(self.names[index]).title, str(index + 1)
+        line = f"effdepth: probe {numbers}/{len(self.names)}, {title}"
         if index:
             line += f"; {_seconds(elapsed)} so far"
             if done > 0 and math.isfinite(done + left):
@@ -747,7 +767,22 @@ def _to_compute(
     return missing
 
 
-def _measure(
+@dataclass
+class _Pending:
+    """A probe about to be computed: its key, what else pins its numbers, and the earlier run that lends it rows."""
+
+    spec: ProbeSpec
+    key: str
+    identity: dict
+    donor: _Donor | None
+
+    @property
+    def first(self) -> int:
+        """The first example it computes (the ones before are the donor's)."""
+        return self.donor.count if self.donor is not None else 0
+
+
+def _prepare(
     spec: ProbeSpec,
     loaded: LoadedModel,
     examples: list[Example],
@@ -755,13 +790,8 @@ def _measure(
     plan: _Plan,
     reuse_from: Sequence[Path | str],
     model_canary: str | None = None,
-) -> tuple[dict[str, pl.DataFrame], dict]:
-    """One probe's frames (an earlier run's rows of the same examples reused) and its record in
-    ``metadata.json``: time, memory, where it ran, its key and revision."""
-    cuda = loaded.input_device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(loaded.input_device)
-    started = time.perf_counter()
+) -> _Pending:
+    """A probe's key and its donor (an earlier run's rows of the same examples)."""
     identity = spec.identity(loaded, Context(settings)) if spec.identity else {}
     if plan.weights is not None:  # a model in memory: its rows are its weights', whatever its name
         identity = {**identity, "weights_sha256": plan.weights}
@@ -769,19 +799,74 @@ def _measure(
     donor = _find_donor(
         spec, key, examples, plan.out, settings, reuse_from, plan.derived, plan.weights is not None, model_canary
     )
-    frames = _compute(spec, loaded, examples, settings, donor)
+    return _Pending(spec, key, identity, donor)
+
+
+def _pass_group(item: _Pending, pending: Sequence[_Pending], n_examples: int) -> list[_Pending]:
+    """The probes that share ``item``'s forward pass (``ProbeSpec.pass_part``): those that have one and
+    compute the same examples; empty where fewer than two would."""
+    if item.spec.pass_part is None or item.first >= n_examples:
+        return []
+    group = [p for p in pending if p.spec.pass_part is not None and p.first == item.first]
+    return group if len(group) > 1 else []
+
+
+def _shared_pass(
+    group: Sequence[_Pending], loaded: LoadedModel, examples: list[Example], settings: RunSettings
+) -> dict[str, tuple[pl.DataFrame, float]]:
+    """The per-example frames of ``group``'s probes (none when empty) from one forward pass per batch,
+    each with its share of the pass's seconds (in proportion to its operations, ``ProbeSpec.work``, as
+    the cost model reads them)."""
+    from .measurement.probes.shared.activations import shared_pass_means
+    from .measurement.probes.spec import Shape, prompts_of
+
+    if not group:
+        return {}
+    if loaded.input_device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(loaded.input_device)
+    first = group[0].first
+    context = Context(settings, first_example=first)
+    started = time.perf_counter()
+    parts = [item.spec.pass_part(loaded, context) for item in group]
+    frames = shared_pass_means(loaded, prompts_of(examples[first:]), parts, settings.batch_size, context.progress)
+    seconds = time.perf_counter() - started
+    shape = Shape(loaded.n_layers, loaded.d_model, loaded.vocab_size, sum(p.numel() for p in loaded.model.parameters()))
+    lengths = [max(1, len(getattr(e, "prompt", "")) // 4) for e in examples[first:]]  # characters ÷ 4, as Overall
+    work = [max(float(item.spec.work(shape, settings, lengths)), 0.0) for item in group]
+    shares = [w / sum(work) if sum(work) > 0 and math.isfinite(sum(work)) else 1 / len(group) for w in work]
+    return {item.spec.name: (frame, seconds * share) for item, frame, share in zip(group, frames, shares, strict=True)}
+
+
+def _measure(
+    item: _Pending,
+    loaded: LoadedModel,
+    examples: list[Example],
+    settings: RunSettings,
+    shared: tuple[pl.DataFrame, float] | None = None,
+) -> tuple[dict[str, pl.DataFrame], dict]:
+    """One probe's frames (an earlier run's rows of the same examples reused; ``shared``: its frame
+    and seconds from a pass it shared) and its record in ``metadata.json``: time, memory, where it
+    ran, its key and revision."""
+    spec, donor = item.spec, item.donor
+    cuda = loaded.input_device.type == "cuda"
+    if cuda and shared is None:
+        torch.cuda.reset_peak_memory_stats(loaded.input_device)
+    started = time.perf_counter()
+    frames = _compute(spec, loaded, examples, settings, donor, None if shared is None else shared[0])
+    seconds = time.perf_counter() - started + (0.0 if shared is None else shared[1])
     record = {
-        "seconds": round(time.perf_counter() - started, 4),
+        "seconds": round(seconds, 4),
         "peak_rss_mb": peak_rss_mb(),  # the process's peak so far (it only grows)
         **({"peak_gpu_mb": round(torch.cuda.max_memory_allocated(loaded.input_device) / 2**20, 1)} if cuda else {}),
         "host": socket.gethostname(),  # where the time was measured (the cost model's rates)
         "threads": torch.get_num_threads(),
-        "key": key,
+        "key": item.key,
         "revision": spec.revision,
         **({"resolved": resolved} if (resolved := _resolved(spec, settings)) else {}),
         **({"answer_format": ANSWER_FORMAT} if spec.needs_answers else {}),
-        **({"identity": identity} if identity else {}),
+        **({"identity": item.identity} if item.identity else {}),
         **({"reused": {"from": str(donor.path), "examples": donor.count}} if donor else {}),
+        **({"shared_pass": True} if shared is not None else {}),  # seconds: its share of one pass with others
     }
     return frames, record
 

@@ -20,10 +20,10 @@ from . import __version__
 from .errors import EffdepthError, OptionError
 from .measurement import registry
 from .measurement.probes.spec import CORE_SETTINGS, ProbeSpec, spelled
-from .measurement.tasks import ANSWER_FORMAT, ARITHMETIC, DEFAULT_N, TASKS
 from .options import CORE_OPTIONS, MAP_OPTIONS, MAX_GENERATED
 from .paths import NAME_BYTES, exists, names_path, short_name  # noqa: F401 (NAME_BYTES: part of this module's API)
 from .task_loading import check_task, count_examples
+from .tasks import ANSWER_FORMAT, ARITHMETIC, DEFAULT_N, TASKS
 
 CORE_DEFAULTS: dict[str, Any] = {
     "n": None,

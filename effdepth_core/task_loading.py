@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .errors import EffdepthError, TaskError
-from .measurement.tasks import (
+from .paths import exists, user_path
+from .tasks import (
     AIME_MAX_TOKENS,
     ARITHMETIC,
     DEFAULT_N,
@@ -25,7 +26,6 @@ from .measurement.tasks import (
     gsm8k_example,
     hellaswag_example,
 )
-from .paths import exists, user_path
 
 
 def _hub(path: str, split: str, name: str | None = None) -> list[dict]:

@@ -78,7 +78,7 @@ def test_tuned_lens_cache_round_trip(tmp_path, monkeypatch):
     tiny = make_tiny("qwen2")
     from effdepth_core.measurement.probes import tuned_lens as module
 
-    monkeypatch.setattr("effdepth_core.measurement.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
     training = LensTraining(train_tokens=150, heldout_tokens=60, steps=3, batch_tokens=16)
     first = cached_tuned_lens("tiny-qwen2", tiny, training)
     path = module.tuned_lens_path("tiny-qwen2", tiny, training)
@@ -98,7 +98,7 @@ def test_a_cached_tuned_lens_is_trusted_only_while_the_model_computes_as_it_did(
     from effdepth_core.measurement.probes import tuned_lens as module
 
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
-    monkeypatch.setattr("effdepth_core.measurement.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
     tiny = make_tiny("qwen2")
     training = LensTraining(train_tokens=150, heldout_tokens=60, steps=3, batch_tokens=16)
     first = cached_tuned_lens("tiny-qwen2", tiny, training)
@@ -270,7 +270,7 @@ def test_damaged_or_blocked_lens_cache_is_one_line(tmp_path, monkeypatch):
     from effdepth_core.measurement.probes import tuned_lens as module
 
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
-    monkeypatch.setattr("effdepth_core.measurement.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
     tiny = make_tiny("llama")
     training = LensTraining(train_tokens=150, heldout_tokens=60, steps=2, batch_tokens=16)
     path = module.tuned_lens_path("tiny", tiny, training)

@@ -84,7 +84,7 @@ def test_a_damaged_dequantized_cache_is_rebuilt_and_a_markerless_one_refused(smo
 
 def _lens(tmp_path, monkeypatch):
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path))
-    monkeypatch.setattr("effdepth_core.measurement.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
+    monkeypatch.setattr("effdepth_core.tasks.lens_corpus", lambda: random_prompts([15] * 20, seed=9))
     tiny = make_tiny("llama")
     training = LensTraining(train_tokens=150, heldout_tokens=60, steps=2, batch_tokens=16)
     cached_tuned_lens("tiny", tiny, training)
@@ -132,11 +132,11 @@ def test_a_run_is_keyed_by_the_weights_and_the_prompts_it_measured(tmp_path, mon
     """Two models wrapped under one name, and one's own prompts run under a task's name, never share
     a run directory or rows: each run's numbers equal the probe computed directly on its model."""
     from effdepth_core.measurement.probes import residual_cosine
-    from effdepth_core.measurement.tasks import Example
     from effdepth_core.models import wrap_model
     from effdepth_core.results import run
     from effdepth_core.settings import RunSettings
     from effdepth_core.task_loading import load_task
+    from effdepth_core.tasks import Example
 
     monkeypatch.setenv("EFFDEPTH_CACHE", str(tmp_path / "cache"))  # where run() keeps results by default
     a = wrap_model(make_tiny("llama", seed=1).model, char_tokenizer(), name="tiny")

@@ -74,8 +74,8 @@ def test_a_changed_model_in_a_named_folder_is_refused_in_one_line(cache, tiny_di
 
 
 def test_the_canary_sees_every_byte_and_nothing_else(tiny_dir):
-    from effdepth_core.measurement.tasks import Example
     from effdepth_core.results import canary
+    from effdepth_core.tasks import Example
 
     loaded = load_model(str(tiny_dir), device="cpu", dtype="float32", progress=False)
     examples = [Example(PROMPTS[0], "")]

@@ -21,7 +21,7 @@ from effdepth_core.measurement.probes.igrad import make_baseline, quadrature_rul
 from effdepth_core.measurement.probes.shared.answers import AnswerSplit, answer_split
 from effdepth_core.measurement.probes.skip import Intervention, _effects_fast, sample_positions
 from effdepth_core.measurement.replay import clean_run, run_suffix_layer
-from effdepth_core.measurement.tasks import Example
+from effdepth_core.tasks import Example
 
 SKIP_KEYS = ["example", "variant", "position", "part", "skipped_layer", "layer", "metric"]
 

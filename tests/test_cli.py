@@ -75,7 +75,8 @@ def test_rerun_reuses_and_interrupted_run_resumes(tiny_dir, tmp_path, capsys, mo
                 raise KeyboardInterrupt  # the user presses Ctrl-C during the lens
             return specs[name].compute(*args)
 
-        return dataclasses.replace(specs[name], compute=compute)
+        # computed through ``compute`` one by one (no shared pass: tests/test_shared_pass.py interrupts that)
+        return dataclasses.replace(specs[name], compute=compute, pass_part=None)
 
     for name in specs:
         monkeypatch.setitem(registry._all(), name, counting(name))
@@ -346,9 +347,11 @@ def test_the_run_prints_an_overall_line_with_an_estimate_of_the_time_left(tiny_d
 
     settings = RunSettings(str(tiny_dir), "addition", n=1, digits=2, progress=True)
     capsys.readouterr()
-    run(settings, "cosine,logit_lens", tmp_path / "o")
+    run(settings, "cosine,logit_lens,skip", tmp_path / "o")
     err = capsys.readouterr().err
-    assert "effdepth: probe 1/2, residual cosine\n" in err and "effdepth: probe 2/2, logit lens; " in err
+    # the cosine and the lens share one forward pass (one line for both), then the skip
+    assert "effdepth: probe 1, 2/3, residual cosine + logit lens (one shared forward pass)\n" in err
+    assert "effdepth: probe 3/3, layer skipping; " in err
     assert "left (estimated from each probe's operations)" in err
     overall = Overall.__new__(Overall)
     overall.names, overall.work, overall.started = ["cosine", "logit_lens"], [1.0, 3.0], time.perf_counter() - 10

@@ -19,8 +19,8 @@ from effdepth_core.measurement.probes import (
     residual_cosine,
     skip_effects,
 )
-from effdepth_core.measurement.tasks import Example
 from effdepth_core.models import wrap_model
+from effdepth_core.tasks import Example
 
 
 def _poisoned(where: str):

@@ -409,9 +409,9 @@ def test_the_review_cases_of_read_once_layers_and_padding(tiny_dir, tmp_path, mo
     from conftest import make_tiny
 
     from effdepth_core.errors import require_layers
-    from effdepth_core.measurement.tasks import Example
     from effdepth_core.models import pads_safely
     from effdepth_core.results import RunSettings, run
+    from effdepth_core.tasks import Example
 
     task = tmp_path / "t.jsonl"
     task.write_text('{"prompt": "the cat sat on the mat"}\n')

@@ -9,10 +9,10 @@ import polars as pl
 import pytest
 
 from effdepth_core.errors import EffdepthError, EffdepthWarning
-from effdepth_core.measurement.tasks import Example
 from effdepth_core.results import run
 from effdepth_core.settings import RunSettings, check_settings, default_out_dir
 from effdepth_core.task_loading import first_tokens, load_task
+from effdepth_core.tasks import Example
 
 
 def _chars(text: str) -> list[int]:

@@ -189,8 +189,8 @@ def test_every_prompt_probe_takes_one_input_contract():
 
     from effdepth_core.errors import EffdepthError
     from effdepth_core.measurement.probes.norm import residual_norm
-    from effdepth_core.measurement.tasks import Example
     from effdepth_core.models import wrap_model
+    from effdepth_core.tasks import Example
 
     loaded = wrap_model(make_tiny("llama").model, char_tokenizer(), name="tiny")
     texts = ["hello world", "abc"]
@@ -463,3 +463,25 @@ def test_the_lens_with_span_maxima_matches_naive(monkeypatch):
     assert calls and max(calls) < loaded.vocab_size  # sorted: only span maxima and candidates
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, abs=5e-5), key
+
+
+def test_a_shared_pass_equals_each_probe_alone_bit_for_bit(tiny, monkeypatch):
+    """The residual cosine (sublayer writes), the one-pass lens (kept residuals, decoded after the
+    pass) and the residual norm read during one forward pass per batch give the same bits as each
+    run alone, on every tiny architecture: the hooks only read, and the batches are the same."""
+    from effdepth_core.measurement.probes.cosine import residual_cosine_part
+    from effdepth_core.measurement.probes.norm import residual_norm, residual_norm_part
+    from effdepth_core.measurement.probes.shared import activations
+    from effdepth_core.measurement.probes.shared.lens import logit_lens_part
+
+    prompts = random_prompts(LENGTHS)  # two batches of at most 3
+    alone = [residual_cosine(tiny, prompts, batch_size=3), logit_lens(tiny, prompts, batch_size=3)]
+    alone.append(residual_norm(tiny, prompts, batch_size=3))
+    passes = []
+    real_forward = activations.forward
+    monkeypatch.setattr(activations, "forward", lambda *a, **k: passes.append(1) or real_forward(*a, **k))
+    parts = [residual_cosine_part(tiny), logit_lens_part(tiny), residual_norm_part(tiny)]
+    together = activations.shared_pass_means(tiny, prompts, parts, batch_size=3)
+    assert len(passes) == 2  # one forward pass per batch for all three
+    for one, shared in zip(alone, together, strict=True):
+        assert one.equals(shared)

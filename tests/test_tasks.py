@@ -7,8 +7,8 @@ import json
 import pytest
 
 from effdepth_core.errors import TaskError
-from effdepth_core.measurement.tasks import first_solution, gsm8k_example, hellaswag_example
 from effdepth_core.task_loading import load_task
+from effdepth_core.tasks import first_solution, gsm8k_example, hellaswag_example
 
 
 def test_gsm8k_format_is_the_papers():

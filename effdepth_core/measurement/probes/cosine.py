@@ -10,7 +10,7 @@ import torch
 
 from ..trace import LayerTrace, require_finite
 from ..wrapping import LoadedModel, takes_plain_models
-from .shared.activations import each_batch, per_token_means
+from .shared.activations import PassPart, each_batch, shared_pass_means
 from .shared.reduce import token_weighted_mean
 from .spec import Chart, ProbeSpec, Rule, on_prompts
 
@@ -61,15 +61,18 @@ def residual_cosine(
         The long frame above (metrics ``cos_attn``, ``cos_mlp``, ``cos_layer``, ``rel_*``).
     """
 
+    return shared_pass_means(loaded, prompts, [residual_cosine_part(loaded)], batch_size, progress)[0]
+
+
+def residual_cosine_part(loaded: LoadedModel) -> PassPart:
+    """``residual_cosine``'s measurement, as a part of a forward pass other probes may share."""
+
     def measure(trace: LayerTrace) -> list[tuple[int, torch.Tensor]]:
         metrics = contribution_metrics(trace)  # [batch, token, metric]
         require_finite(metrics, f"the residual metrics of layer {trace.layer}", loaded.name)
         return [(trace.layer, metrics)]
 
-    return per_token_means(
-        loaded, prompts, RESIDUAL_METRICS, loaded.n_layers, each_batch(measure), "residual cosine",
-        batch_size, progress, sublayers=True,
-    )  # fmt: skip
+    return PassPart(RESIDUAL_METRICS, loaded.n_layers, each_batch(measure), "residual cosine", sublayers=True)
 
 
 def ed_cosine(mean_cos: np.ndarray) -> int | None:
@@ -140,5 +143,6 @@ SPEC = ProbeSpec(
     ),
     charts=(Chart("cosine", "contribution_bars", "cosine"),),
     reusable=True,
+    pass_part=lambda loaded, context: residual_cosine_part(loaded),
     description="cosine and relative norm of what attention, MLP and each layer write into the residual (§1)",
 )

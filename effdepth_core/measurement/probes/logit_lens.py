@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from ..wrapping import LoadedModel
+from .shared.activations import PassPart
 from .shared.lens import (
     HEAD_DTYPE,
     KL_FRACTION_OPTION,
@@ -17,6 +18,7 @@ from .shared.lens import (
     check_top_k,
     lens_rules,
     logit_lens,
+    logit_lens_part,
 )
 from .shared.reduce import token_weighted_mean
 from .spec import Chart, Context, ProbeSpec, Shape, prompts_of
@@ -42,6 +44,12 @@ def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.Da
     )
 
 
+def _pass_part(loaded: LoadedModel, context: Context) -> PassPart:
+    """``_compute``'s measurement as a part of a forward pass the run's other probes may share."""
+    settings = context.settings
+    return logit_lens_part(loaded, top_k=settings.top_k, head_dtype=HEAD_DTYPE.resolve(settings.head_dtype, settings))
+
+
 def _work(shape: Shape, settings, lengths) -> float:
     return (shape.forward + shape.n_layers * shape.unembed) * sum(lengths)  # one decode per layer and token
 
@@ -60,4 +68,5 @@ SPEC = ProbeSpec(
     expand=_expand,
     description="each layer's residual decoded by the final norm and head: KL to the output, top-k overlap (§2)",
     work=_work,  # its operations, for the grid's cost model
+    pass_part=_pass_part,
 )

@@ -12,7 +12,7 @@ import torch
 
 from ..trace import LayerTrace, require_finite
 from ..wrapping import LoadedModel, takes_plain_models
-from .shared.activations import each_batch, per_token_means
+from .shared.activations import PassPart, each_batch, shared_pass_means
 from .shared.lens import first_true_rows, line_crossing_rows
 from .shared.reduce import token_weighted_mean
 from .spec import Chart, Option, ProbeSpec, Rule, on_prompts
@@ -36,18 +36,22 @@ def residual_norm(
         The long frame above.
     """
 
-    def measure(trace: LayerTrace) -> list[tuple[int, torch.Tensor]]:
+    return shared_pass_means(loaded, prompts, [residual_norm_part(loaded)], batch_size, progress)[0]
+
+
+def residual_norm_part(loaded: LoadedModel) -> PassPart:
+    """``residual_norm``'s measurement, as a part of a forward pass other probes may share."""
+
+    def measure(trace: LayerTrace) -> list[tuple[int, torch.Tensor]]:  # one decoder layer, as it runs
         states = [(trace.layer, trace.h_in)]
         if trace.layer == loaded.n_layers - 1:
-            states.append((loaded.n_layers, trace.h_out))
+            states.append((loaded.n_layers, trace.h_out))  # and the final residual
         norms = [(layer, h.float().norm(dim=-1, keepdim=True)) for layer, h in states]  # [batch, token, 1]
         for layer, values in norms:
             require_finite(values, f"the residual norm at layer {layer}", loaded.name)
         return norms
 
-    return per_token_means(
-        loaded, prompts, ("norm",), loaded.n_layers + 1, each_batch(measure), "residual norm", batch_size, progress
-    )
+    return PassPart(("norm",), loaded.n_layers + 1, each_batch(measure), "residual norm")
 
 
 def ed_norm(norm: np.ndarray, fraction: float) -> int | None:
@@ -114,5 +118,6 @@ SPEC = ProbeSpec(
     ),
     charts=(Chart("norm", "metric_curves", "norm"),),
     reusable=True,
+    pass_part=lambda loaded, context: residual_norm_part(loaded),  # shares a forward pass with cosine and the lens
     description="the L2 norm of each layer's residual; ED: the first layer past a share of the final norm",
 )

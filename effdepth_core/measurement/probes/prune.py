@@ -282,7 +282,7 @@ def _check(settings, facts) -> None:
 
 
 def _compute(loaded: LoadedModel, examples: Sequence, context: Context) -> pl.DataFrame:
-    from ..tasks import lens_corpus
+    from ...tasks import lens_corpus
 
     # the rules choose layers on calibration text (never probed), so the scored prompts stay held out
     calibration = lens_corpus()[:PRUNE_CALIBRATION_TEXTS]

@@ -156,6 +156,10 @@ class ProbeSpec:
     # (shape, settings, prompt lengths in tokens) → its operations, up to a constant the cost model
     # measures per model (``book/cost.py``): what must scale with layers, vocabulary and settings
     work: Callable[[Shape, Any, Sequence[int]], float] = forward_work
+    # (loaded, context) → its measurement as a part of one forward pass per batch (``shared/activations.py``'s
+    # ``PassPart``), giving the per-example frame ``compute`` gives: probes of a run computed together that
+    # have one share each batch's forward pass (``shared_pass_means``), e.g. the residual cosine and the lens
+    pass_part: Callable[[Any, Context], Any] | None = None
 
     @property
     def frames(self) -> tuple[str, ...]:

@@ -352,7 +352,7 @@ def tuned_lens_path(spec: str, loaded: LoadedModel, training: LensTraining, corp
     """Where the tuned lens of this model, corpus (``corpus_digest``; default the vendored lens
     corpus) and training lives: next to an offline alias's GGUF, else under ``$EFFDEPTH_CACHE/tuned-lens``."""
     if corpus is None:
-        from ..tasks import lens_corpus
+        from ...tasks import lens_corpus
 
         corpus = corpus_digest(lens_corpus())
     key = {
@@ -379,7 +379,7 @@ def cached_tuned_lens(
 ) -> TunedLens:
     """The model's tuned lens: read from the cache, or trained on ``texts`` (default: the vendored
     lens corpus) and cached, keyed by the model, the texts and the training settings."""
-    from ..tasks import lens_corpus
+    from ...tasks import lens_corpus
 
     training.check()
     texts = lens_corpus() if texts is None else texts

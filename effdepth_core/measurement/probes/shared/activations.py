@@ -1,11 +1,13 @@
 """The batch loop of every probe that reads activations and averages a per-token measurement over
 each prompt's tokens (residual cosine, residual norm, the lenses): tokenize, batch, trace the
 layers during one forward pass, sum each prompt's tokens, return the per-example long frame. A
-probe supplies only its measurement."""
+probe supplies only its measurement (a ``PassPart``); several probes' parts may share each
+batch's forward pass (``shared_pass_means``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import polars as pl
 import torch
@@ -33,6 +35,22 @@ from .reduce import per_example_frame
 LayerMeasure = Callable[[LayerTrace], Iterable[tuple[int, torch.Tensor]]]
 
 
+@dataclass(frozen=True)
+class PassPart:
+    """One probe's share of a forward pass: its ``metrics`` on ``n_rows`` rows (layers), ``measure(batch)``
+    (called once per batch, the probe's setup for it, e.g. the final distribution) giving the per-layer
+    measurement, and what the trace must read: the sublayers' writes, the attention weights (eager
+    kernel), at most ``max_tokens`` real tokens per batch."""
+
+    metrics: Sequence[str]
+    n_rows: int
+    measure: Callable[[Batch], LayerMeasure]
+    title: str
+    sublayers: bool = False
+    attention: bool = False
+    max_tokens: int | None = None
+
+
 def per_token_means(
     loaded: LoadedModel,
     prompts: Sequence[str | torch.Tensor],
@@ -52,37 +70,54 @@ def per_token_means(
     positions are left out whatever they hold (a ratio's 0/0 there is no error), and what the
     prompts' own tokens give must be finite (``NonFiniteActivationError`` otherwise). With
     ``attention``, each ``LayerTrace`` holds the layer's attention weights (``trace_layers``)."""
+    part = PassPart(metrics, n_rows, measure, title, sublayers, attention, max_tokens)
+    return shared_pass_means(loaded, prompts, [part], batch_size, progress)[0]
+
+
+def shared_pass_means(
+    loaded: LoadedModel,
+    prompts: Sequence[str | torch.Tensor],
+    parts: Sequence[PassPart],
+    batch_size: int = 4,
+    progress: bool | None = None,
+) -> list[pl.DataFrame]:
+    """``per_token_means`` of each of ``parts``, all read during one forward pass per batch (the
+    trace reads the sublayers where any part needs them; the batches hold at most the fewest
+    ``max_tokens``). Each frame equals its part's alone wherever the batches are the same (the hooks
+    only read); parts that differ in ``attention`` (another attention kernel) cannot share."""
+    if len({part.attention for part in parts}) > 1:
+        raise ValueError("parts that read attention weights (eager kernel) and parts that do not cannot share a pass")
     token_lists = tokenize(loaded, prompts)
-    sums = torch.zeros(len(token_lists), n_rows, len(metrics))  # [example, layer, metric]
+    sums = [torch.zeros(len(token_lists), part.n_rows, len(part.metrics)) for part in parts]  # [example, layer, metric]
     counts = torch.tensor([ids.numel() for ids in token_lists])
     per_batch = loaded.rows(batch_size, token_lists)  # 1 where padding these prompts changes their numbers
+    max_tokens = min((part.max_tokens for part in parts if part.max_tokens is not None), default=None)
+    title = " + ".join(part.title for part in parts)
     with progress_bar(total=len(token_lists), desc=title, unit="prompt", disable=not show_progress(progress)) as bar:
         for batch in iter_batches(token_lists, per_batch, loaded.input_device, max_tokens=max_tokens):
             # sums kept on the device and finite checks deferred until the batch ends (the batch's
             # setup, the lens's first pass, included): no host synchronisation per layer
             with finite_checks_deferred():
-                rows = _batch_sums(loaded, batch, n_rows, len(metrics), measure(batch), sublayers, attention)
-                require_finite(rows, f"the {title} of a prompt's tokens", loaded.name)  # padding left out
-            sums[batch.examples] = rows.cpu()
+                measures = [part.measure(batch) for part in parts]
+                rows = _batch_sums(loaded, batch, parts, measures)
+                for part, part_rows in zip(parts, rows, strict=True):
+                    require_finite(part_rows, f"the {part.title} of a prompt's tokens", loaded.name)  # padding left out
+            for part_sums, part_rows in zip(sums, rows, strict=True):
+                part_sums[batch.examples] = part_rows.cpu()
             bar.update(len(batch.examples))
-    return per_example_frame(sums, counts, metrics)
+    return [per_example_frame(part_sums, counts, part.metrics) for part_sums, part in zip(sums, parts, strict=True)]
 
 
 def _batch_sums(
-    loaded: LoadedModel,
-    batch: Batch,
-    n_rows: int,
-    n_metrics: int,
-    of_batch: LayerMeasure,
-    sublayers: bool,
-    attention: bool = False,
-) -> torch.Tensor:
-    """Each prompt's token sums of the measurement ``[batch, layer, metric]``, on the device."""
+    loaded: LoadedModel, batch: Batch, parts: Sequence[PassPart], measures: Sequence[LayerMeasure]
+) -> list[torch.Tensor]:
+    """Each part's token sums per prompt of its measurement ``[batch, layer, metric]``, on the device,
+    from one forward pass."""
     mask = batch.mask  # [batch, token]
-    rows = torch.zeros(len(batch.examples), n_rows, n_metrics, device=loaded.head_device)
-    owner = torch.arange(len(batch.examples), device=mask.device)[:, None].expand_as(mask)[mask].to(rows.device)
+    sums = [torch.zeros(len(batch.examples), p.n_rows, len(p.metrics), device=loaded.head_device) for p in parts]
+    owner = torch.arange(len(batch.examples), device=mask.device)[:, None].expand_as(mask)[mask].to(sums[0].device)
 
-    def add(measured: Iterable[tuple[int, torch.Tensor]]) -> None:
+    def add(rows: torch.Tensor, measured: Iterable[tuple[int, torch.Tensor]]) -> None:
         for row, values in measured:
             if values.dim() == 3:  # [batch, token, metric]; padding left out, whatever it holds (0/0 there too)
                 kept = torch.where(mask.to(values.device)[..., None], values, 0.0)
@@ -90,12 +125,18 @@ def _batch_sums(
             else:  # [real token, metric]
                 rows[:, row].index_add_(0, owner, values.to(rows.device, rows.dtype))
 
-    with trace_layers(loaded, lambda trace: add(of_batch(trace)), sublayers=sublayers, attention=attention):
+    def on_layer(trace: LayerTrace) -> None:
+        for rows, of_batch in zip(sums, measures, strict=True):
+            add(rows, of_batch(trace))
+
+    sublayers, attention = any(p.sublayers for p in parts), any(p.attention for p in parts)
+    with trace_layers(loaded, on_layer, sublayers=sublayers, attention=attention):
         output = forward(loaded, batch)
-    after_forward = getattr(of_batch, "after_forward", None)
-    if after_forward is not None:
-        add(after_forward(output))
-    return rows
+    for rows, of_batch in zip(sums, measures, strict=True):
+        after_forward = getattr(of_batch, "after_forward", None)
+        if after_forward is not None:
+            add(rows, after_forward(output))
+    return sums
 
 
 def each_batch(per_layer: LayerMeasure) -> Callable[[Batch], LayerMeasure]:

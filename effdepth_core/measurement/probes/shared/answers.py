@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from ....errors import EffdepthError
-from ...tasks import Example
+from ....tasks import Example
 from ...wrapping import LoadedModel
 
 

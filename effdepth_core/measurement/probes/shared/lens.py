@@ -19,7 +19,7 @@ from ....topk import largest
 from ...trace import Batch, LayerTrace, forward, require_finite, trace_layers
 from ...wrapping import LoadedModel, takes_plain_models
 from ..spec import KEY_ALWAYS, KEY_NEVER, Option, Rule, spelled
-from .activations import LayerMeasure, per_token_means
+from .activations import LayerMeasure, PassPart, shared_pass_means
 
 
 class Translator(Protocol):
@@ -200,6 +200,19 @@ def logit_lens(
     Returns:
         A long frame ``example, layer, metric, value, n_tokens`` (metrics ``kl``, ``overlap``).
     """
+    part = logit_lens_part(loaded, top_k, memory_budget_mb, lens, head_dtype)
+    return shared_pass_means(loaded, prompts, [part], batch_size, progress)[0]
+
+
+def logit_lens_part(
+    loaded: LoadedModel,
+    top_k: int = 5,
+    memory_budget_mb: int | None = None,
+    lens: Translator | None = None,
+    head_dtype: str = "float32",
+) -> PassPart:
+    """``logit_lens``'s measurement (its arguments as there), as a part of a forward pass other
+    probes may share: its batches hold at most the real tokens whose p fits half the budget."""
     _check_top_k(top_k, loaded.vocab_size, loaded.name)
     HEAD_DTYPE.check(head_dtype)
     product_dtype = PRODUCT_DTYPES[resolve_head_dtype(head_dtype, loaded.head_device, loaded.dtype)]
@@ -218,15 +231,11 @@ def logit_lens(
         raise EffdepthError(
             f"the tuned lens has {lens.n_layers} translators but {loaded.name} has {loaded.n_layers} layers"
         )
-    return per_token_means(
-        loaded,
-        prompts,
+    return PassPart(
         LENS_METRICS,
         loaded.n_layers + 1,
         lambda batch: _decode_measure(loaded, batch, top_k, buffers, lens, product_dtype, spare),
         "logit lens" if lens is None else "tuned lens",
-        batch_size,
-        progress,
         max_tokens=max_tokens,
     )
 
