@@ -117,10 +117,12 @@ def main() -> None:
                 if args.device.startswith("cuda"):
                     torch.cuda.reset_peak_memory_stats()
                 result = run(settings, ["cosine", "logit_lens"], Path(scratch) / dtype / task)
-                seconds = {p: r["seconds"] for p, r in result.metadata["probes"].items()}
+                records = result.metadata["probes"]
+                times = "  ".join(f"{p} {r['seconds']:.1f} s" for p, r in records.items())
+                if any(r.get("shared_pass") for r in records.values()):  # one pass, its seconds split by operations
+                    times += f" (one shared pass: {sum(r['seconds'] for r in records.values()):.1f} s)"
                 peak = torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda") else float("nan")
-                print(f"{dtype:8s} {task:9s} n={n:3d}  " + "  ".join(f"{p} {s:.1f} s" for p, s in seconds.items())
-                      + f"  peak GPU memory {peak:.0f} MB")  # fmt: skip
+                print(f"{dtype:8s} {task:9s} n={n:3d}  {times}  peak GPU memory {peak:.0f} MB")
                 eds.setdefault(dtype, {})[task] = result.summary
             causal_ratios(load_model(args.model, device=args.device, dtype=dtype, progress=False), args, dtype)
             if args.device.startswith("cuda"):

@@ -145,6 +145,8 @@ class Calibration:
                 seconds = record.get("seconds")
                 if probe not in registry.names() or not isinstance(seconds, int | float) or seconds <= 0:
                     continue
+                if record.get("shared_pass"):  # its share of one forward pass with other probes: not its own rate
+                    continue
                 reused = int((record.get("reused") or {}).get("examples", 0))
                 computed = lengths[reused:]
                 if not computed:

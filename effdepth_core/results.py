@@ -553,15 +553,23 @@ def run(
             if given is not None and missing and now is None:  # a model in memory borrows rows by its canary
                 now = canary(loaded, examples)
             overall = Overall(missing, loaded, examples, settings) if settings.progress else None
-            pending = [_prepare(registry.get(p), loaded, examples, settings, plan, reuse_from, now) for p in missing]
-            shared: dict[str, tuple[pl.DataFrame, float]] = {}  # a shared pass's frames, until saved
-            for index, (name, item) in enumerate(zip(missing, pending, strict=True)):
+            prepared: dict[str, _Pending] = {}  # each probe's key and donor, found at its turn (an identity may
+            # train a tuned lens: after the probes before it are saved) or, to share a pass, with the others that can
+
+            def prepare(name: str) -> _Pending:
+                if name not in prepared:
+                    prepared[name] = _prepare(registry.get(name), loaded, examples, settings, plan, reuse_from, now)
+                return prepared[name]
+
+            shared: dict[str, tuple[pl.DataFrame, float, bool] | None] = {}  # a shared pass's frames, until saved
+            for index, name in enumerate(missing):
+                item = prepare(name)
                 if name not in shared:
-                    group = _pass_group(item, pending, len(examples))
+                    sharing = [prepare(p) for p in missing if p not in shared and _can_share(registry.get(p))]
+                    group = _pass_group(item, sharing, len(examples))
                     if overall is not None:
-                        overall.starting(index, [p.spec.name for p in group] if group else None)
-                    if group:
-                        shared.update(_shared_pass(group, loaded, examples, settings))
+                        overall.starting(index, [p.spec.name for p in group])
+                    shared.update(_shared_pass(group, loaded, examples, settings))
                 frames, record = _measure(item, loaded, examples, settings, shared.pop(name, None))
                 if not started:  # only once the first probe succeeded: --overwrite replaces a run here
                     metadata = _new_metadata(settings, plan.key, loaded, examples, plan.fields)
@@ -677,11 +685,12 @@ def run_in_memory(
     per_example, saved = {}, {}
     ordered = sorted(names, key=registry.names().index)  # the table's order
     pending = [_Pending(registry.get(name), "", {}, None) for name in ordered]
-    shared: dict[str, tuple[pl.DataFrame, float]] = {}  # a shared pass's frames, until used
+    shared: dict[str, tuple[pl.DataFrame, float, bool] | None] = {}  # a shared pass's frames, until used
     for name, item in zip(ordered, pending, strict=True):
         if name not in shared:
-            shared.update(_shared_pass(_pass_group(item, pending, len(examples)), loaded, examples, settings))
-        frame, seconds = shared.pop(name, (None, 0.0))
+            sharing = [p for p in pending if p.spec.name not in shared and _can_share(p.spec)]
+            shared.update(_shared_pass(_pass_group(item, sharing, len(examples)), loaded, examples, settings))
+        frame, seconds, _ = shared.pop(name, None) or (None, 0.0, False)
         started = time.perf_counter()
         frames = _compute(item.spec, loaded, examples, settings, computed=frame)
         per_example[name] = frames.pop(f"{name}_by_example")
@@ -711,12 +720,16 @@ class Overall:
             except Exception:  # a plugin's work estimate that fails: no estimate, never a failed run
                 self.work.append(float("nan"))
         self.started = time.perf_counter()
+        self.done: set[str] = set()
 
     def starting(self, index: int, together: Sequence[str] | None = None) -> None:
         """Print the line for probe ``index`` (0-based) as it starts; ``together``: the probes that share
         its forward pass (``_shared_pass``), itself among them."""
         elapsed = time.perf_counter() - self.started
-        done, left = sum(self.work[:index]), sum(self.work[index:])
+        started = {*self.names[:index], *self.done}  # the probes computed so far (a shared pass's included)
+        done = sum(w for name, w in zip(self.names, self.work, strict=True) if name in started)
+        left = sum(w for name, w in zip(self.names, self.work, strict=True) if name not in started)
+        self.done = {*started, *(together or [self.names[index]])}
         if together:
             title = " + ".join(registry.get(name).title for name in together) + " (one shared forward pass)"
             numbers = ", ".join(str(self.names.index(name) + 1) for name in together)
@@ -802,39 +815,56 @@ def _prepare(
     return _Pending(spec, key, identity, donor)
 
 
-def _pass_group(item: _Pending, pending: Sequence[_Pending], n_examples: int) -> list[_Pending]:
-    """The probes that share ``item``'s forward pass (``ProbeSpec.pass_part``): those that have one and
-    compute the same examples; empty where fewer than two would."""
-    if item.spec.pass_part is None or item.first >= n_examples:
+def _can_share(spec: ProbeSpec) -> bool:
+    """Whether a probe can share a forward pass: it names its part (``ProbeSpec.pass_part``) and its
+    ``compute`` returns the per-example frame alone (no extra frames)."""
+    return spec.pass_part is not None and not spec.extra_frames
+
+
+def _pass_group(item: _Pending, sharing: Sequence[_Pending], n_examples: int) -> list[_Pending]:
+    """The probes of ``sharing`` that may share ``item``'s forward pass: those that compute the same
+    examples as it (``item`` first); empty where it cannot share or none would share with it."""
+    if not _can_share(item.spec) or item.first >= n_examples:
         return []
-    group = [p for p in pending if p.spec.pass_part is not None and p.first == item.first]
+    group = [item, *(p for p in sharing if p is not item and p.first == item.first)]
     return group if len(group) > 1 else []
 
 
 def _shared_pass(
     group: Sequence[_Pending], loaded: LoadedModel, examples: list[Example], settings: RunSettings
-) -> dict[str, tuple[pl.DataFrame, float]]:
-    """The per-example frames of ``group``'s probes (none when empty) from one forward pass per batch,
-    each with its share of the pass's seconds (in proportion to its operations, ``ProbeSpec.work``, as
-    the cost model reads them)."""
-    from .measurement.probes.shared.activations import shared_pass_means
-    from .measurement.probes.spec import Shape, prompts_of
-
+) -> dict[str, tuple[pl.DataFrame, float, bool]]:
+    """The per-example frames of ``group``'s probes (none when empty), computed by ``shared_passes``:
+    those whose batches and attention kernel are the same share one forward pass per batch. Each
+    probe gets its frame, its share of the seconds (in proportion to its operations, ``ProbeSpec.work``)
+    and whether it shared a pass (its batches or attention kernel may differ from the others')."""
     if not group:
         return {}
+    from .measurement.probes.shared.activations import shared_passes
+    from .measurement.probes.spec import Shape, prompts_of
+
     if loaded.input_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(loaded.input_device)
     first = group[0].first
     context = Context(settings, first_example=first)
     started = time.perf_counter()
     parts = [item.spec.pass_part(loaded, context) for item in group]
-    frames = shared_pass_means(loaded, prompts_of(examples[first:]), parts, settings.batch_size, context.progress)
+    frames, passes = shared_passes(loaded, prompts_of(examples[first:]), parts, settings.batch_size, context.progress)
     seconds = time.perf_counter() - started
     shape = Shape(loaded.n_layers, loaded.d_model, loaded.vocab_size, sum(p.numel() for p in loaded.model.parameters()))
     lengths = [max(1, len(getattr(e, "prompt", "")) // 4) for e in examples[first:]]  # characters ÷ 4, as Overall
-    work = [max(float(item.spec.work(shape, settings, lengths)), 0.0) for item in group]
-    shares = [w / sum(work) if sum(work) > 0 and math.isfinite(sum(work)) else 1 / len(group) for w in work]
-    return {item.spec.name: (frame, seconds * share) for item, frame, share in zip(group, frames, shares, strict=True)}
+    work = []
+    for item in group:
+        try:
+            work.append(max(float(item.spec.work(shape, settings, lengths)), 0.0))
+        except Exception:  # a plugin's work estimate that fails: an equal share, never a failed run
+            work.append(math.nan)
+    total = sum(work)
+    shares = [w / total if total > 0 and math.isfinite(total) else 1 / len(group) for w in work]
+    alone = {group[members[0]].spec.name for members in passes if len(members) == 1}
+    return {
+        item.spec.name: (frame, seconds * share, item.spec.name not in alone)
+        for item, frame, share in zip(group, frames, shares, strict=True)
+    }
 
 
 def _measure(
@@ -842,7 +872,7 @@ def _measure(
     loaded: LoadedModel,
     examples: list[Example],
     settings: RunSettings,
-    shared: tuple[pl.DataFrame, float] | None = None,
+    shared: tuple[pl.DataFrame, float, bool] | None = None,
 ) -> tuple[dict[str, pl.DataFrame], dict]:
     """One probe's frames (an earlier run's rows of the same examples reused; ``shared``: its frame
     and seconds from a pass it shared) and its record in ``metadata.json``: time, memory, where it
@@ -866,7 +896,8 @@ def _measure(
         **({"answer_format": ANSWER_FORMAT} if spec.needs_answers else {}),
         **({"identity": item.identity} if item.identity else {}),
         **({"reused": {"from": str(donor.path), "examples": donor.count}} if donor else {}),
-        **({"shared_pass": True} if shared is not None else {}),  # seconds: its share of one pass with others
+        # seconds: its share of one forward pass with others (the cost model leaves such records out)
+        **({"shared_pass": True} if shared is not None and shared[2] else {}),
     }
     return frames, record
 

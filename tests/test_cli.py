@@ -355,6 +355,7 @@ def test_the_run_prints_an_overall_line_with_an_estimate_of_the_time_left(tiny_d
     assert "left (estimated from each probe's operations)" in err
     overall = Overall.__new__(Overall)
     overall.names, overall.work, overall.started = ["cosine", "logit_lens"], [1.0, 3.0], time.perf_counter() - 10
+    overall.done = set()
     overall.starting(1)
     assert "probe 2/2, logit lens; 10 s so far, about 30 s left" in capsys.readouterr().err
     run(settings.replace(progress=False), "cosine,logit_lens,norm", tmp_path / "p")

@@ -85,3 +85,50 @@ def test_an_interrupted_shared_pass_saves_nothing_and_a_rerun_computes_both(tiny
     whole = run(settings, "cosine,logit_lens", tmp_path / "whole")
     for name in ("cosine", "logit_lens"):
         assert resumed.per_example[name].equals(whole.per_example[name])
+
+
+def test_parts_whose_batches_or_kernel_differ_run_apart_and_each_equals_itself_alone():
+    """A lens whose token budget splits the batches (a large vocabulary's ``max_tokens``) or a part
+    that reads attention weights (eager kernel) does not share the others' pass: every frame stays
+    its part's alone, bit for bit, and the passes say who shared."""
+    import dataclasses
+
+    from conftest import make_tiny, random_prompts
+
+    from effdepth_core.measurement.probes.cosine import residual_cosine_part
+    from effdepth_core.measurement.probes.norm import residual_norm_part
+    from effdepth_core.measurement.probes.shared.lens import logit_lens_part
+
+    loaded = make_tiny("llama")
+    prompts = random_prompts([7, 12, 3, 10])
+    cosine, norm = residual_cosine_part(loaded), residual_norm_part(loaded)
+    split_lens = dataclasses.replace(logit_lens_part(loaded), max_tokens=16)  # batches of 7 | 12+3 | 10 tokens
+    eager_norm = dataclasses.replace(norm, attention=True)
+    parts = [cosine, split_lens, norm, eager_norm]
+    frames, passes = activations.shared_passes(loaded, prompts, parts, batch_size=3)
+    assert passes == [[0, 2], [1], [3]]
+    for part, frame in zip(parts, frames, strict=True):
+        assert frame.equals(activations.shared_pass_means(loaded, prompts, [part], batch_size=3)[0])
+
+
+def test_a_probe_whose_identity_is_slow_is_prepared_after_the_probes_before_it_are_saved(
+    tiny_dir, tmp_path, monkeypatch
+):
+    """A probe's identity may train a tuned lens: it is found at the probe's turn, so a Ctrl-C there
+    keeps the cosine computed before it."""
+    import dataclasses
+
+    import pytest
+
+    from effdepth_core.measurement import registry
+
+    def identity(loaded, context):
+        raise KeyboardInterrupt  # while the tuned lens would train
+
+    monkeypatch.setitem(
+        registry._all(), "tuned_lens", dataclasses.replace(registry.get("tuned_lens"), identity=identity)
+    )
+    settings = RunSettings(str(tiny_dir), _task_file(tmp_path), n=2, progress=False, lens="tuned")
+    with pytest.raises(KeyboardInterrupt):
+        run(settings, "cosine,tuned_lens", tmp_path / "out")
+    assert (tmp_path / "out" / "cosine.parquet").is_file()

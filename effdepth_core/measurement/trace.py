@@ -395,22 +395,31 @@ def iter_batches(
 ) -> Iterator[Batch]:
     """Group prompts (in order) into right-padded batches of at most ``batch_size`` rows and, if
     given, at most ``max_tokens`` real tokens (a single longer prompt still gets its own batch)."""
+    for group in batch_groups(token_lists, batch_size, max_tokens):
+        yield padded_batch(token_lists, group, device)
+
+
+def batch_groups(
+    token_lists: Sequence[torch.Tensor], batch_size: int, max_tokens: int | None = None
+) -> tuple[tuple[int, ...], ...]:
+    """The prompts of each batch ``iter_batches`` forms, by index."""
     if batch_size < 1:
         raise EffdepthError(f"batch size must be at least 1, got {batch_size}")
+    groups: list[tuple[int, ...]] = []
     group: list[int] = []
     tokens = 0
     for index, ids in enumerate(token_lists):
         over_budget = max_tokens is not None and group and tokens + ids.numel() > max_tokens
         if len(group) == batch_size or over_budget:
-            yield _pad(token_lists, group, device)
+            groups.append(tuple(group))
             group, tokens = [], 0
         group.append(index)
         tokens += ids.numel()
-    if group:
-        yield _pad(token_lists, group, device)
+    return (*groups, tuple(group)) if group else tuple(groups)
 
 
-def _pad(token_lists: Sequence[torch.Tensor], group: list[int], device) -> Batch:
+def padded_batch(token_lists: Sequence[torch.Tensor], group: Sequence[int], device) -> Batch:
+    """The prompts ``group`` (indices into ``token_lists``) as one right-padded batch."""
     width = max(token_lists[i].numel() for i in group)
     input_ids = torch.zeros(len(group), width, dtype=torch.long)
     attention_mask = torch.zeros(len(group), width, dtype=torch.long)

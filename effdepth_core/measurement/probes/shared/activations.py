@@ -16,9 +16,10 @@ from ....terminal import progress_bar
 from ...trace import (
     Batch,
     LayerTrace,
+    batch_groups,
     finite_checks_deferred,
     forward,
-    iter_batches,
+    padded_batch,
     require_finite,
     show_progress,
     tokenize,
@@ -81,31 +82,49 @@ def shared_pass_means(
     batch_size: int = 4,
     progress: bool | None = None,
 ) -> list[pl.DataFrame]:
-    """``per_token_means`` of each of ``parts``, all read during one forward pass per batch (the
-    trace reads the sublayers where any part needs them; the batches hold at most the fewest
-    ``max_tokens``). Each frame equals its part's alone wherever the batches are the same (the hooks
-    only read); parts that differ in ``attention`` (another attention kernel) cannot share."""
-    if len({part.attention for part in parts}) > 1:
-        raise ValueError("parts that read attention weights (eager kernel) and parts that do not cannot share a pass")
+    """``per_token_means`` of each of ``parts``: the parts whose batches come out the same (their
+    ``max_tokens``) and that read the same attention kernel are read during one forward pass per
+    batch (the trace reads the sublayers where any of them needs them); each frame equals its part's
+    alone, bit for bit (the hooks only read; the batches are its own)."""
+    return shared_passes(loaded, prompts, parts, batch_size, progress)[0]
+
+
+def shared_passes(
+    loaded: LoadedModel,
+    prompts: Sequence[str | torch.Tensor],
+    parts: Sequence[PassPart],
+    batch_size: int = 4,
+    progress: bool | None = None,
+) -> tuple[list[pl.DataFrame], list[list[int]]]:
+    """``shared_pass_means``, and which parts shared each pass (indices into ``parts``)."""
     token_lists = tokenize(loaded, prompts)
-    sums = [torch.zeros(len(token_lists), part.n_rows, len(part.metrics)) for part in parts]  # [example, layer, metric]
     counts = torch.tensor([ids.numel() for ids in token_lists])
     per_batch = loaded.rows(batch_size, token_lists)  # 1 where padding these prompts changes their numbers
-    max_tokens = min((part.max_tokens for part in parts if part.max_tokens is not None), default=None)
-    title = " + ".join(part.title for part in parts)
-    with progress_bar(total=len(token_lists), desc=title, unit="prompt", disable=not show_progress(progress)) as bar:
-        for batch in iter_batches(token_lists, per_batch, loaded.input_device, max_tokens=max_tokens):
-            # sums kept on the device and finite checks deferred until the batch ends (the batch's
-            # setup, the lens's first pass, included): no host synchronisation per layer
-            with finite_checks_deferred():
-                measures = [part.measure(batch) for part in parts]
-                rows = _batch_sums(loaded, batch, parts, measures)
-                for part, part_rows in zip(parts, rows, strict=True):
-                    require_finite(part_rows, f"the {part.title} of a prompt's tokens", loaded.name)  # padding left out
-            for part_sums, part_rows in zip(sums, rows, strict=True):
-                part_sums[batch.examples] = part_rows.cpu()
-            bar.update(len(batch.examples))
-    return [per_example_frame(part_sums, counts, part.metrics) for part_sums, part in zip(sums, parts, strict=True)]
+    passes: dict[tuple, list[int]] = {}
+    for index, part in enumerate(parts):
+        passes.setdefault((batch_groups(token_lists, per_batch, part.max_tokens), part.attention), []).append(index)
+    frames: list[pl.DataFrame] = [None] * len(parts)  # type: ignore[list-item]
+    for (groups, _), members in passes.items():
+        together = [parts[i] for i in members]
+        sums = [torch.zeros(len(token_lists), p.n_rows, len(p.metrics)) for p in together]  # [example, layer, metric]
+        title = " + ".join(part.title for part in together)
+        shown = show_progress(progress)
+        with progress_bar(total=len(token_lists), desc=title, unit="prompt", disable=not shown) as bar:
+            for group in groups:
+                batch = padded_batch(token_lists, group, loaded.input_device)
+                # sums kept on the device and finite checks deferred until the batch ends (the batch's
+                # setup, the lens's first pass, included): no host synchronisation per layer
+                with finite_checks_deferred():
+                    measures = [part.measure(batch) for part in together]
+                    rows = _batch_sums(loaded, batch, together, measures)
+                    for part, part_rows in zip(together, rows, strict=True):  # padding left out
+                        require_finite(part_rows, f"the {part.title} of a prompt's tokens", loaded.name)
+                for part_sums, part_rows in zip(sums, rows, strict=True):
+                    part_sums[batch.examples] = part_rows.cpu()
+                bar.update(len(batch.examples))
+        for index, part, part_sums in zip(members, together, sums, strict=True):
+            frames[index] = per_example_frame(part_sums, counts, part.metrics)
+    return frames, list(passes.values())
 
 
 def _batch_sums(
