@@ -77,6 +77,7 @@ class Measurement:
     seconds: float
     work: float
     n_params: int
+    shared: bool = False  # its share of one forward pass with other probes (seconds split by work)
 
     @property
     def rate(self) -> float:
@@ -145,19 +146,21 @@ class Calibration:
                 seconds = record.get("seconds")
                 if probe not in registry.names() or not isinstance(seconds, int | float) or seconds <= 0:
                     continue
-                if record.get("shared_pass"):  # its share of one forward pass with other probes: not its own rate
-                    continue
                 reused = int((record.get("reused") or {}).get("examples", 0))
                 computed = lengths[reused:]
                 if not computed:
                     continue
                 work = registry.get(probe).work(shape, settings, computed)
-                calibration.measurements.append(Measurement(settings.model, probe, seconds, work, shape.n_params))
+                shared = bool(record.get("shared_pass"))
+                measured = Measurement(settings.model, probe, seconds, work, shape.n_params, shared)
+                calibration.measurements.append(measured)
         return calibration
 
     def rate(self, model: str, probe: str, n_params: int) -> tuple[float | None, str]:
         """Seconds per operation of ``probe`` on ``model``, and where it comes from."""
-        own = [m.rate for m in self.measurements if m.model == model and m.probe == probe]
+        # a probe's own runs first; its share of a pass shared with other probes (the pass's rate) where none
+        mine = [m for m in self.measurements if m.model == model and m.probe == probe]
+        own = [m.rate for m in mine if not m.shared] or [m.rate for m in mine]
         if own:
             return statistics.median(own), "measured"
         same_probe = [m for m in self.measurements if m.probe == probe]
