@@ -561,11 +561,12 @@ def run(
                     prepared[name] = _prepare(registry.get(name), loaded, examples, settings, plan, reuse_from, now)
                 return prepared[name]
 
-            shared: dict[str, tuple[pl.DataFrame, float, bool] | None] = {}  # a shared pass's frames, until saved
+            shared: dict[str, tuple[pl.DataFrame, float, bool]] = {}  # a shared pass's frames, until saved
             for index, name in enumerate(missing):
                 item = prepare(name)
                 if name not in shared:
-                    sharing = [prepare(p) for p in missing if p not in shared and _can_share(registry.get(p))]
+                    later = missing[index + 1 :]  # those not yet computed nor in a pass before
+                    sharing = [prepare(p) for p in later if p not in shared and _can_share(registry.get(p))]
                     group = _pass_group(item, sharing, len(examples))
                     if overall is not None:
                         overall.starting(index, [p.spec.name for p in group])
@@ -685,10 +686,10 @@ def run_in_memory(
     per_example, saved = {}, {}
     ordered = sorted(names, key=registry.names().index)  # the table's order
     pending = [_Pending(registry.get(name), "", {}, None) for name in ordered]
-    shared: dict[str, tuple[pl.DataFrame, float, bool] | None] = {}  # a shared pass's frames, until used
-    for name, item in zip(ordered, pending, strict=True):
+    shared: dict[str, tuple[pl.DataFrame, float, bool]] = {}  # a shared pass's frames, until used
+    for index, (name, item) in enumerate(zip(ordered, pending, strict=True)):
         if name not in shared:
-            sharing = [p for p in pending if p.spec.name not in shared and _can_share(p.spec)]
+            sharing = [p for p in pending[index + 1 :] if p.spec.name not in shared and _can_share(p.spec)]
             shared.update(_shared_pass(_pass_group(item, sharing, len(examples)), loaded, examples, settings))
         frame, seconds, _ = shared.pop(name, None) or (None, 0.0, False)
         started = time.perf_counter()
@@ -701,24 +702,33 @@ def run_in_memory(
     return RunResult(None, saved, per_example, depth, summary, metadata, computed=tuple(per_example))
 
 
+def _operations(
+    specs: Sequence[ProbeSpec], loaded: LoadedModel, examples: Sequence[Example], settings: RunSettings
+) -> list[float]:
+    """Each probe's operations on ``examples`` (``ProbeSpec.work``, the book's cost model's measure; the
+    tokens counted as characters ÷ 4, as the cost model does), NaN where a plugin's estimate fails."""
+    from .measurement.probes.spec import Shape
+
+    n_params = sum(p.numel() for p in loaded.model.parameters())
+    shape = Shape(loaded.n_layers, loaded.d_model, loaded.vocab_size, n_params)
+    lengths = [max(1, len(getattr(e, "prompt", "")) // 4) for e in examples]
+    work = []
+    for spec in specs:
+        try:
+            work.append(float(spec.work(shape, settings, lengths)))
+        except Exception:  # a plugin's work estimate that fails: no estimate, never a failed run
+            work.append(math.nan)
+    return work
+
+
 class Overall:
     """The run's overall progress line (stderr), one per probe: which of how many, the time so far
     and a rough estimate of the time left — each probe's operations (``ProbeSpec.work``, the book's
     cost model's measure) at the rate the probes before it ran, so the first probe has no estimate."""
 
     def __init__(self, names: Sequence[str], loaded: LoadedModel, examples: Sequence[Example], settings: RunSettings):
-        from .measurement.probes.spec import Shape
-
         self.names = list(names)
-        n_params = sum(p.numel() for p in loaded.model.parameters())
-        shape = Shape(loaded.n_layers, loaded.d_model, loaded.vocab_size, n_params)
-        lengths = [max(1, len(getattr(e, "prompt", "")) // 4) for e in examples]  # characters ÷ 4, as the cost model
-        self.work = []
-        for name in self.names:
-            try:
-                self.work.append(max(float(registry.get(name).work(shape, settings, lengths)), 1e-9))
-            except Exception:  # a plugin's work estimate that fails: no estimate, never a failed run
-                self.work.append(float("nan"))
+        self.work = [max(w, 1e-9) for w in _operations([registry.get(n) for n in names], loaded, examples, settings)]
         self.started = time.perf_counter()
         self.done: set[str] = set()
 
@@ -822,11 +832,11 @@ def _can_share(spec: ProbeSpec) -> bool:
 
 
 def _pass_group(item: _Pending, sharing: Sequence[_Pending], n_examples: int) -> list[_Pending]:
-    """The probes of ``sharing`` that may share ``item``'s forward pass: those that compute the same
-    examples as it (``item`` first); empty where it cannot share or none would share with it."""
+    """The probes of ``sharing`` (those after it) that may share ``item``'s forward pass: those that
+    compute the same examples as it (``item`` first); empty where it cannot share or none would."""
     if not _can_share(item.spec) or item.first >= n_examples:
         return []
-    group = [item, *(p for p in sharing if p is not item and p.first == item.first)]
+    group = [item, *(p for p in sharing if p.first == item.first)]
     return group if len(group) > 1 else []
 
 
@@ -840,7 +850,7 @@ def _shared_pass(
     if not group:
         return {}
     from .measurement.probes.shared.activations import shared_passes
-    from .measurement.probes.spec import Shape, prompts_of
+    from .measurement.probes.spec import prompts_of
 
     if loaded.input_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(loaded.input_device)
@@ -850,15 +860,8 @@ def _shared_pass(
     parts = [item.spec.pass_part(loaded, context) for item in group]
     frames, passes = shared_passes(loaded, prompts_of(examples[first:]), parts, settings.batch_size, context.progress)
     seconds = time.perf_counter() - started
-    shape = Shape(loaded.n_layers, loaded.d_model, loaded.vocab_size, sum(p.numel() for p in loaded.model.parameters()))
-    lengths = [max(1, len(getattr(e, "prompt", "")) // 4) for e in examples[first:]]  # characters ÷ 4, as Overall
-    work = []
-    for item in group:
-        try:
-            work.append(max(float(item.spec.work(shape, settings, lengths)), 0.0))
-        except Exception:  # a plugin's work estimate that fails: an equal share, never a failed run
-            work.append(math.nan)
-    total = sum(work)
+    work = [max(w, 0.0) for w in _operations([item.spec for item in group], loaded, examples[first:], settings)]
+    total = sum(work)  # NaN where an estimate failed: then equal shares
     shares = [w / total if total > 0 and math.isfinite(total) else 1 / len(group) for w in work]
     alone = {group[members[0]].spec.name for members in passes if len(members) == 1}
     return {
