@@ -1,9 +1,10 @@
 """Cost of the analyses beyond the paper, in plain forwards and peak memory, in one run.
 
-    python benchmarks/beyond_cost.py --model smollm2-135m [--task gsm8k --n 2 --lens-steps 10]
+    python benchmarks/beyond_cost.py --model smollm2-135m [--task gsm8k --n 2 --lens-steps 10 --repeats 5]
 
-Prints for each analysis, on the same prompts: seconds, seconds ÷ one plain forward of those
-prompts (with head), work in forward-equivalents (layer and head token evaluations weighted by
+Prints for each analysis, on the same prompts: seconds (the median [min–max] of ``--repeats`` calls
+after the first, which is the warm-up and the one whose work and memory are counted), seconds ÷ one
+plain forward of those prompts (with head), work in forward-equivalents (layer and head token evaluations weighted by
 their parameters; forward passes only — tuned-lens training also runs the head backward, to its
 input only, about one more head forward per training head call), and peak extra resident memory:
 - tuned-lens training (``--lens-steps`` Adam steps on the vendored corpus; the per-step cost
@@ -18,9 +19,8 @@ input only, about one more head forward per training head call), and peak extra 
 from __future__ import annotations
 
 import argparse
-import time
 
-from measure import PeakRSS, WorkCounter, median_time
+from measure import PeakRSS, WorkCounter, repeated
 
 from effdepth_core.linear_map import cross_model_map
 from effdepth_core.measurement.probes import early_exit, layer_pruning, logit_lens
@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--lens-steps", type=int, default=10)
     parser.add_argument("--map", action="store_true", help="also time the linear map (model onto itself)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each analysis after its first")
     args = parser.parse_args()
 
     loaded = load_model(args.model, device=args.device, progress=False)
@@ -52,18 +53,18 @@ def main() -> None:
         for batch in batches:
             forward(loaded, batch, head=True)
 
-    plain_forward()  # warm-up: the first pass is several times slower
-    t_forward = median_time(plain_forward, 3)
-    print(f"{loaded.name}: {args.n} {args.task} prompts, {n_tokens} tokens; plain forward {t_forward:.3f} s")
-    print(f"{'analysis':<34} {'s':>9} {'÷ forward':>10} {'fwd-equiv':>10} {'peak MB':>9}")
+    forward_time = repeated(plain_forward, args.repeats)
+    t_forward = forward_time.median
+    print(f"{loaded.name}: {args.n} {args.task} prompts, {n_tokens} tokens; plain forward {forward_time}")
+    print(f"{'analysis':<34} {'s, median [min–max]':>24} {'÷ forward':>10} {'fwd-equiv':>10} {'peak MB':>9}")
 
     def report(name: str, fn) -> object:
-        with PeakRSS() as peak, WorkCounter(loaded) as work:
-            started = time.perf_counter()
+        with PeakRSS() as peak, WorkCounter(loaded) as work:  # the first call: work, memory, warm-up
             out = fn()
-            seconds = time.perf_counter() - started
         equivalents = work.forward_equivalents(n_tokens)
-        print(f"{name:<34} {seconds:>9.2f} {seconds / t_forward:>10.1f} {equivalents:>10.1f} {peak.extra_mb:>9.0f}")
+        timing = repeated(fn, args.repeats, warmup=0)
+        spread = f"{timing.median:.2f} [{timing.low:.2f}–{timing.high:.2f}]"
+        print(f"{name:<34} {spread:>24} {timing.median / t_forward:>10.1f} {equivalents:>10.1f} {peak.extra_mb:>9.0f}")
         return out
 
     training = LensTraining(train_tokens=2048, heldout_tokens=256, steps=args.lens_steps)

@@ -42,7 +42,7 @@ def main() -> None:
         def kept():
             return measure(loaded, examples, probes="cosine,logit_lens", out=f"{folder}/run", progress=False)
 
-        fresh = repeated(lambda: measure(loaded, examples, probes="cosine,logit_lens", progress=False), 3)
+        fresh = repeated(lambda: measure(loaded, examples, probes="cosine,logit_lens", progress=False), args.repeats)
         kept()  # computed and kept once: every timed call below is a cache hit
         hit = repeated(kept, args.repeats)
     print(f"model {args.model}, {args.n} GSM8K prompts, torch threads {torch.get_num_threads()}")

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
+from measure import repeated
 from torch.profiler import ProfilerActivity, profile
 
 from effdepth_core.measurement.probes import logit_lens, residual_cosine
@@ -29,16 +29,14 @@ from effdepth_core.task_loading import load_task
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::_scaled_dot_product")
 
 
-def profiled(fn) -> tuple[float, float]:
-    """Seconds of one call, and the share of its CPU time in matrix products (attention included)."""
+def product_share(fn) -> float:
+    """The share of one call's CPU time in matrix products (attention included), under the profiler."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        started = time.perf_counter()
         fn()
-        seconds = time.perf_counter() - started
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     products = sum(e.self_cpu_time_total for e in events if e.key.startswith(MATMUL) or "mkldnn" in e.key)
-    return seconds, products / total if total else float("nan")
+    return products / total if total else float("nan")
 
 
 RULES = ("cosine", "logit_lens_kl", "logit_lens_overlap")
@@ -71,6 +69,7 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--n", type=int, default=4, help="GSM8K prompts (default 4)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each probe after a warm-up")
     parser.add_argument("--eds", action="store_true", help="bfloat16 EDs of the four models beside the book's")
     parser.add_argument("--out", type=Path, default=Path("results/dtype-eds"), help="where --eds keeps its runs")
     args = parser.parse_args()
@@ -82,7 +81,7 @@ def main() -> None:
     prompts = [e.prompt for e in load_task("gsm8k", n=args.n, seed=0)]
     threads = torch.get_num_threads()
     print(f"{args.model}, {args.n} GSM8K prompts, CPU with {threads} thread(s), torch {torch.__version__}")
-    print(f"{'dtype':9s} {'probe':11s} {'seconds':>8s} {'matrix products':>16s}")
+    print(f"{'dtype':9s} {'probe':11s} {'seconds, median [min–max]':>26s} {'matrix products':>16s}")
     seconds: dict[tuple[str, str], float] = {}
     for dtype in ("float32", "bfloat16"):
         loaded = load_model(args.model, dtype=dtype, progress=False)
@@ -91,12 +90,13 @@ def main() -> None:
             "logit lens": lambda loaded=loaded: logit_lens(loaded, prompts, progress=False),
         }
         for name, fn in probes.items():
-            fn()  # warm-up: the first forward is several times slower
-            seconds[dtype, name], share = profiled(fn)
-            print(f"{dtype:9s} {name:11s} {seconds[dtype, name]:8.2f} {share:16.0%}", flush=True)
+            timing = repeated(fn, args.repeats)  # after a warm-up: the first forward is several times slower
+            seconds[dtype, name] = timing.median
+            spread = f"{timing.median:.2f} [{timing.low:.2f}–{timing.high:.2f}]"
+            print(f"{dtype:9s} {name:11s} {spread:>26s} {product_share(fn):16.0%}", flush=True)
         del loaded, probes
     for name in ("cosine", "logit lens"):
-        print(f"{name}: float32 ÷ bfloat16 = {seconds['float32', name] / seconds['bfloat16', name]:.2f}×")
+        print(f"{name}: float32 ÷ bfloat16 = {seconds['float32', name] / seconds['bfloat16', name]:.2f}× (medians)")
     total = sum(seconds["float32", n] for n in ("cosine", "logit lens"))
     total_bf16 = sum(seconds["bfloat16", n] for n in ("cosine", "logit lens"))
     print(f"cosine + logit lens: float32 ÷ bfloat16 = {total / total_bf16:.2f}×")

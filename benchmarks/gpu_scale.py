@@ -23,10 +23,10 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from measure import alternating
 
 from effdepth_core.measurement.probes import erasure_map, integrated_gradients, skip_effects
 from effdepth_core.models import load_model
@@ -59,14 +59,6 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed(device: str, fn) -> float:
-    synchronize(device)
-    started = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - started
-
-
 def causal_ratios(loaded, args: argparse.Namespace, dtype: str) -> None:
     """Skip, erasure and integrated gradients: the published loop ÷ the fast path, same inputs."""
     (addition,) = load_task("addition", n=1, seed=0, digits=6)
@@ -88,9 +80,14 @@ def causal_ratios(loaded, args: argparse.Namespace, dtype: str) -> None:
         ),
     }
     for name, fn in causal.items():
-        fn("fast")  # warm-up (kernels, caches)
-        slow, fast = timed(args.device, lambda fn=fn: fn("slow")), timed(args.device, lambda fn=fn: fn("fast"))
-        print(f"{dtype:8s} {name:8s} published loop {slow:.2f} s, fast {fast:.2f} s: {slow / fast:.2f}×", flush=True)
+        fn("slow"), fn("fast")  # warm-up (kernels, caches)
+        calls = {"slow": lambda fn=fn: fn("slow"), "fast": lambda fn=fn: fn("fast")}
+        took = alternating(calls, args.repeats, sync=lambda: synchronize(args.device))
+        slow, fast = took["slow"], took["fast"]
+        print(
+            f"{dtype:8s} {name:8s} published loop {slow}, fast {fast}: {slow.median / fast.median:.2f}× (medians)",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -99,6 +96,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--n", type=int, default=None, help="prompts per task (default: the committed runs' n)")
     parser.add_argument("--smoke", action="store_true", help="igrad on two layers, 16 steps: exercise the script")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each causal path after a warm-up")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA GPU on this machine: nothing measured (run this where `torch.cuda.is_available()`)")

@@ -27,7 +27,9 @@ is good to only ~0.1 % there (its gap and the estimate both say so). A composite
 Per layer and rule: gradient evaluations (backward rows) spent; the L1 error of the attributions
 relative to the reference's L1 norm (Σ_t |a_t − r_t| / Σ_t |r_t|); the completeness gap over the
 target change; whether the 1 % tolerance is met (the rule's summed panel gaps — for a fixed rule its
-one gap — within 1 % of |target change| plus the float32 floor); and wall seconds.
+one gap — within 1 % of |target change| plus the float32 floor); and wall seconds of one call (an
+accuracy benchmark: its cost column is the gradient evaluations; `paper_scale.py` times igrad with
+repeats).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The causal probes against the published loops, on the same prompts in one run.
 
-    python benchmarks/intervention_cost.py [--model smollm2-135m] [--probes skip,erasure,igrad]
+    python benchmarks/intervention_cost.py [--model smollm2-135m] [--probes skip,erasure,igrad] [--repeats 5]
 
 "Published loop": what the published scripts do (AheadOFpotato/what_affects_effective_depth at
 commit 21b36545a85bfbdc8ef499c040f55ab811a255f9, the code of Hu et al. after Csordás et al.), run
@@ -16,7 +16,9 @@ The workloads: skip: the future-token variant, whole layers, 3 GSM8K prompts × 
 erasure: one 6-digit addition (every layer × every position); igrad: the 256-step Riemann sum on
 every layer of one 6-digit addition (``--igrad-layers`` for fewer).
 
-Per probe it prints published-loop and fast wall time and their ratio; the work of each in
+Per probe it prints published-loop and fast wall time (the median [min–max] of ``--repeats`` calls
+after the first, the two paths alternating; the first call is the warm-up and the one counted for
+work, memory and the result) and the ratio of the medians; the work of each in
 forward-equivalents (decoder-layer and head token evaluations weighted by parameters, counted
 while running; a backward pass is not counted); the *work floor*: the evaluations the result
 depends on (computed from the probe's definition: per intervention, the layers above it at the
@@ -30,11 +32,10 @@ from __future__ import annotations
 import argparse
 import math
 import resource
-import time
 
 import polars as pl
 import torch
-from measure import PeakRSS, WorkCounter
+from measure import PeakRSS, WorkCounter, alternating
 
 from effdepth_core.measurement.probes import erasure_map, integrated_gradients, skip_effects
 from effdepth_core.measurement.probes.shared.answers import answer_split
@@ -50,15 +51,13 @@ KEYS = {
 
 
 def measure(loaded, fn, *args) -> dict:
+    """One call of ``fn(*args)`` counted: its result, work, system time, page faults and memory."""
     before = resource.getrusage(resource.RUSAGE_SELF)
     with PeakRSS() as memory, WorkCounter(loaded) as work:
-        started = time.perf_counter()
         frame = fn(*args)
-        seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "frame": frame,
-        "seconds": seconds,
         "work": work.layer_tokens * work.layer_params + work.head_tokens * work.head_params,
         "system": after.ru_stime - before.ru_stime,
         "faults": after.ru_minflt - before.ru_minflt,
@@ -129,6 +128,7 @@ def main() -> None:
     parser.add_argument("--probes", default="skip,erasure,igrad")
     parser.add_argument("--igrad-layers", default="all", help="comma list of layers, or all")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of each path after its first")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -189,21 +189,25 @@ def main() -> None:
         f"igrad layers {igrad_layers}"
     )
     skip_effects(loaded, gsm8k[:1], skip_parts=("layer",), skip_variants=("current",))  # warm-up
-    header = f"{'probe':8s} {'path':9s} {'seconds':>8s} {'fwd-equiv':>10s} {'sys s':>6s} {'faults':>8s} {'peak MB':>8s}"
-    print(header)
+    header = f"{'probe':8s} {'path':9s} {'seconds, median [min–max]':>26s} {'fwd-equiv':>10s} {'sys s':>6s}"
+    print(f"{header} {'faults':>8s} {'peak MB':>8s}")
     for name in args.probes.split(","):
         fn, floor, published_work, n_ref = runs[name]
-        published, fast = measure(loaded, fn, "slow"), measure(loaded, fn, "fast")
+        published, fast = measure(loaded, fn, "slow"), measure(loaded, fn, "fast")  # counted, and the warm-up
+        timings = alternating({"published": lambda fn=fn: fn("slow"), "fast": lambda fn=fn: fn("fast")}, args.repeats)
         unit = n_ref * forward
         for label, result in (("published", published), ("fast", fast)):
+            timing = timings[label]
+            spread = f"{timing.median:.2f} [{timing.low:.2f}–{timing.high:.2f}]"
             print(
-                f"{name:8s} {label:9s} {result['seconds']:8.2f} {result['work'] / unit:10.1f} "
+                f"{name:8s} {label:9s} {spread:>26s} {result['work'] / unit:10.1f} "
                 f"{result['system']:6.2f} {result['faults']:8d} {result['mb']:8.1f}"
             )
         floor_work = floor[0] * counter.layer_params + floor[1] * counter.head_params
         model_work = published_work[0] * counter.layer_params + published_work[1] * counter.head_params
         print(
-            f"{name:8s} published ÷ fast: time {published['seconds'] / fast['seconds']:.2f}×, "
+            f"{name:8s} published ÷ fast: time {timings['published'].median / timings['fast'].median:.2f}× "
+            f"(medians), "
             f"work {published['work'] / fast['work']:.2f}×; work floor ratio {model_work / floor_work:.2f}× "
             f"(floor {floor_work / unit:.1f} fwd-equiv; fast does {fast['work'] / floor_work:.2f}× the floor; "
             f"counted published work is {published['work'] / model_work:.2f}× its model)"

@@ -8,7 +8,7 @@ alternate (before, after, before, …) so that a slow spell of the machine hits 
 each comes first. Prints each variant's wall seconds (median, min–max), the ratio of the medians,
 and the tables the runs print, which must agree.
 
-    python benchmarks/main_run.py --before ../effdepth-before [--repeats 3] [--args "--head-dtype float32"]
+    python benchmarks/main_run.py --before ../effdepth-before [--repeats 5] [--args "--head-dtype float32"]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def timed_run(checkout: Path, extra: list[str], out: Path) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="an older checkout of this repository")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--before-args", default="", help="extra run options for the older checkout")
     parser.add_argument("--after-args", default="", help="extra run options for this tree")
     args = parser.parse_args()

@@ -84,13 +84,16 @@ def repeated(
     return Timing(tuple(runs))
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
+def alternating(
+    calls: dict[str, Callable[[], object]], repeats: int = 5, sync: Callable[[], None] | None = None
+) -> dict[str, Timing]:
+    """Seconds of each call ``repeats`` times, the calls taking turns (a slow spell of the machine
+    hits them alike); warm each up before."""
+    runs: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for name, call in calls.items():
+            runs[name] += repeated(call, repeats=1, warmup=0, sync=sync).runs
+    return {name: Timing(tuple(times)) for name, times in runs.items()}
 
 
 class WorkCounter:

@@ -6,13 +6,14 @@ The peers live in their own virtual environment, ``.compute/peers`` (torch CPU, 
 transformer-lens, nnsight, tuned-lens, and polars for effdepth), not in the project's; effdepth is
 imported from the checkout (``PYTHONPATH=.``). Run from the repository root, on one core::
 
-    PYTHONPATH=. taskset -c 1 .compute/peers/bin/python benchmarks/peers.py   # --prompts 6 --skip-prompts 2
+    PYTHONPATH=. taskset -c 1 .compute/peers/bin/python benchmarks/peers.py   # --prompts 6 --skip-prompts 6
 
 The workload (``--workload gsm8k``, the default) is effdepth's default GSM8K sample (seed 0, the
 vendored test set; question, worked answer and final answer, as its runs probe them): the lens runs
-on the first ``--prompts`` of them (6: 1,087 tokens), skipping on the first ``--skip-prompts`` (2),
-since every peer's loop is one full forward pass per layer; the per-token table is one short
-prompt's. ``--workload short`` takes the 8 short hard-coded questions instead (about 24 tokens each).
+on the first ``--prompts`` of them (6: 1,087 tokens), skipping on the first ``--skip-prompts`` (6,
+the same tokens; every peer's loop is one full forward pass per layer, so fewer shorten the run);
+the per-token table is one short prompt's. ``--workload short`` takes the 8 short hard-coded
+questions instead (about 24 tokens each).
 
 Each tool's part is a function below whose body is the code a user of that tool writes (``lines``
 counts its non-blank, non-comment lines, docstring excluded); what each tool needs loaded once (a
@@ -226,6 +227,31 @@ def transformer_lens_skip(_, bridge, tokenizer, prompts):
     return torch.stack(effects).mean(0).numpy()
 
 
+def transformer_lens_skip_batched(_, bridge, tokenizer, prompts):
+    n = bridge.cfg.n_layers
+    effects = []  # per prompt: [skipped layer]
+    with torch.inference_mode():
+        for prompt in prompts:
+            tokens = tokenizer(prompt, return_tensors="pt").input_ids.expand(n + 1, -1)  # row n skips nothing
+            inputs = {}  # layer i → its input in row i, positions 1..
+            hooks = []
+            for i in range(n):  # row i skips layer i, except at position 0 (as effdepth)
+
+                def keep(resid, hook, i=i, inputs=inputs):
+                    inputs[i] = resid[i, 1:].clone()
+                    return resid
+
+                def skip(resid, hook, i=i, inputs=inputs):
+                    resid[i, 1:] = inputs.pop(i)
+                    return resid
+
+                hooks += [(f"blocks.{i}.hook_resid_pre", keep), (f"blocks.{i}.hook_resid_post", skip)]
+            logp = bridge.run_with_hooks(tokens, fwd_hooks=hooks).log_softmax(-1)
+            p = logp[n]
+            effects.append((p.exp() * (p - logp[:n])).sum(-1).max(-1).values)
+    return torch.stack(effects).mean(0).numpy()
+
+
 # --- nnsight ------------------------------------------------------------------------------------
 
 
@@ -328,6 +354,7 @@ CALLS = {
         "lens": transformer_lens_lens,
         "tokens": transformer_lens_tokens,
         "skip": transformer_lens_skip,
+        "skip-batched": transformer_lens_skip_batched,
     },
     "nnsight": {
         "lens": nnsight_lens,
@@ -348,8 +375,6 @@ NOT_DONE = {
     "position 0 included (model_surgery.delete_layers; causal.ablation.ablate_layer(method='zero') also fails "
     "under transformers 5, whose decoder layers return a tensor, not the tuple its hook unpacks). "
     "delete_layers is run once below, as a different quantity, not timed",
-    ("transformer-lens", "skip-batched"): "not written: its hooks could batch as nnsight's and transformers' do "
-    "(one hook per layer editing its own batch row); left out to keep the run within its time",
 }
 ATTENTION_NOTE = (
     "TransformerLens {version} runs eager attention, not sdpa: boot_transformers forces the wrapped model to "
@@ -463,7 +488,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=("gsm8k", "short"), default="gsm8k", help="the prompts (default gsm8k)")
     parser.add_argument("--prompts", type=int, default=6, help="prompts for the lens (default 6: 1,087 tokens)")
-    parser.add_argument("--skip-prompts", type=int, default=2, help="the first N of them for skipping (default 2)")
+    parser.add_argument("--skip-prompts", type=int, default=6, help="the first N of them for skipping (default 6)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls of each path (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls on the full workload first (default 1)")
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=TOOLS, help="a subset (effdepth always runs)")
@@ -604,7 +629,8 @@ def report(results, times, memory, elapsed, tokenizer, prompts, args, loads, att
         )
     )
     argv = " ".join(shlex.quote(a) for a in sys.argv[1:])
-    print(f"command: PYTHONPATH=. taskset -c 1 .compute/peers/bin/python benchmarks/peers.py {argv}".rstrip())
+    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))  # the cores it was pinned to, as run
+    print(f"command: PYTHONPATH=. taskset -c {cores} .compute/peers/bin/python benchmarks/peers.py {argv}".rstrip())
     print(f"total wall time: {elapsed:.0f} s")
 
 

@@ -1,8 +1,9 @@
 """Cost of the residual and logit-lens probes relative to a plain forward pass, in one run.
 
-    python benchmarks/probe_cost.py --model smollm2-135m [--task gsm8k --n 4 --repeats 3]
+    python benchmarks/probe_cost.py --model smollm2-135m [--task gsm8k --n 4 --repeats 5]
 
-Prints (all measured in this run, on the same prompts):
+Prints (all measured in this run, on the same prompts; each time the median [min–max] of ``--repeats``
+calls after a warm-up call, the ratios of medians):
 - residual probe time ÷ plain forward time            (goal ≤ 1.3)
 - logit lens time ÷ its floor, where floor = forward + L head projections of every token
   (timed here as the same head matmuls alone)           (goal ≤ 1.5)
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from measure import PeakRSS, median_time
+from measure import PeakRSS, repeated
 
 from effdepth_core.measurement.probes import logit_lens, residual_cosine
 from effdepth_core.measurement.trace import forward, iter_batches, tokenize
@@ -29,7 +30,7 @@ def main() -> None:
     parser.add_argument("--task", default="gsm8k")
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
@@ -53,12 +54,11 @@ def main() -> None:
                     for start in range(0, final.shape[0], chunk):
                         loaded.head(final[start : start + chunk])
 
-    plain_forward()  # warm-up: the first pass is several times slower
-    residual_cosine(loaded, prompts[:1])
-    t_forward = median_time(plain_forward, args.repeats)
-    t_residual = median_time(lambda: residual_cosine(loaded, prompts, batch_size=args.batch_size), args.repeats)
-    t_heads = median_time(head_projections, args.repeats)
-    t_lens = median_time(lambda: logit_lens(loaded, prompts, batch_size=args.batch_size), args.repeats)
+    forward_time = repeated(plain_forward, args.repeats)  # each path warmed up by one untimed call
+    residual_time = repeated(lambda: residual_cosine(loaded, prompts, batch_size=args.batch_size), args.repeats)
+    heads_time = repeated(head_projections, args.repeats)
+    lens_time = repeated(lambda: logit_lens(loaded, prompts, batch_size=args.batch_size), args.repeats)
+    t_forward, t_residual, t_heads, t_lens = (t.median for t in (forward_time, residual_time, heads_time, lens_time))
     floor = t_forward + t_heads
 
     half = truncate_layers(loaded, loaded.n_layers // 2)
@@ -75,14 +75,12 @@ def main() -> None:
         f"model {loaded.name} ({loaded.n_layers} layers, vocab {loaded.vocab_size}), task {args.task}, "
         f"{len(prompts)} prompts, {n_tokens} tokens, device {args.device}, {torch.get_num_threads()} threads"
     )
-    print(f"plain forward            {t_forward:8.3f} s")
-    print(
-        f"residual probe           {t_residual:8.3f} s   ratio to forward  {t_residual / t_forward:5.2f}  (goal ≤ 1.3)"
-    )
-    print(f"L head projections       {t_heads:8.3f} s")
-    print(f"lens floor (fwd + heads) {floor:8.3f} s")
-    print(f"logit lens               {t_lens:8.3f} s   ratio to floor    {t_lens / floor:5.2f}  (goal ≤ 1.5)")
-    print(f"                                      ratio to forward  {t_lens / t_forward:5.2f}")
+    print(f"plain forward            {forward_time}")
+    print(f"residual probe           {residual_time}   ratio to forward {t_residual / t_forward:5.2f}  (goal ≤ 1.3)")
+    print(f"L head projections       {heads_time}")
+    print(f"lens floor (fwd + heads) {floor:.2f} s (medians)")
+    print(f"logit lens               {lens_time}   ratio to floor   {t_lens / floor:5.2f}  (goal ≤ 1.5)")
+    print(f"                         ratio to forward {t_lens / t_forward:5.2f}")
     for label, (layers, fwd_mb, lens_mb) in memory.items():
         print(f"peak extra RSS, {label:4s} ({layers:2d} layers): ", end="")
         print(f"plain forward {fwd_mb:7.1f} MB, logit lens {lens_mb:7.1f} MB")

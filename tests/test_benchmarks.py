@@ -98,3 +98,21 @@ def test_the_quantization_control_is_saved_merged_and_stated_beside_the_scale_ve
     with pytest.raises(EffdepthError, match="symbolic link"):
         quantization_control.save([row("a", "hellaswag", "cosine", 0.1, 0, 0.2)])
     assert not (tmp_path / "elsewhere.json").exists()
+
+
+def test_every_timed_benchmark_repeats_at_least_five_times_by_default():
+    """Issue 49's rule for the benchmarks: a timed path is warmed up and repeated (≥ 5 by default,
+    median and min–max printed through ``measure.repeated``/``alternating``), never timed once."""
+    import ast
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    defaults = {}
+    for script in sorted(folder.glob("*.py")):
+        tree = ast.parse(script.read_text())
+        for node in ast.walk(tree):
+            is_call = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+            if is_call and node.args and getattr(node.args[0], "value", None) == "--repeats":
+                default = next(k.value.value for k in node.keywords if k.arg == "default")
+                defaults[script.name] = default
+    assert {"main_run.py", "probe_cost.py", "beyond_cost.py", "load_cost.py", "intervention_cost.py"} <= set(defaults)
+    assert {name: n for name, n in defaults.items() if n < 5} == {}
