@@ -6,12 +6,15 @@ causal probes against the published loops, and the bfloat16 EDs beside the commi
 Without a CUDA GPU it says so and measures nothing (CI has none; `--device cpu --n 1` exercises the
 script on a CPU). Per dtype it runs, into a temporary directory, the model's scale-section runs at
 the n its committed runs settled on (``book/results``; ``--n`` overrides): cosine and logit lens on
-HellaSwag, GSM8K and AIME24, and prints each probe's seconds and peak GPU memory. Then, for skip
-(whole layers, future tokens, one GSM8K prompt), erasure and integrated gradients (one 6-digit
-addition, Riemann-256 on every layer), the published loop (effdepth's ``method="slow"``: what the
-published scripts do, see ``intervention_cost.py``) ÷ the fast path. Last, each ED of the bfloat16
-runs beside the committed float32 one (CPU, same prompts; the committed run at the task's default
-settings, never a sensitivity run with another ``max_tokens``).
+HellaSwag, GSM8K and AIME24, and prints each probe's seconds and peak GPU memory (each the record of
+that one run, as a user's run costs: the first includes CUDA's start-up; ``paper_scale.py`` times
+the probes warmed up and repeated). Then, for skip (whole layers, future tokens, one GSM8K prompt),
+erasure and integrated gradients (one 6-digit addition, Riemann-256 on every layer), the published
+loop (effdepth's ``method="slow"``: what the published scripts do, see ``intervention_cost.py``) ÷
+the fast path. Last, each ED of the bfloat16 runs beside the committed float32 one (CPU, same
+prompts; the committed run at the task's default settings, never a sensitivity run with another
+``max_tokens``). The causal paths are warmed up, then
+timed ``--repeats`` times (``--published-repeats`` for the published loops), taking turns.
 
 Its output on the one GPU lent so far is ``benchmarks/output/gpu_scale-smollm2-135m-h200.txt``
 (read in ``benchmarks/README.md``).
@@ -79,10 +82,17 @@ def causal_ratios(loaded, args: argparse.Namespace, dtype: str) -> None:
             layers=[0, 1] if args.smoke else None,
         ),
     }
+    warm_slow = {  # igrad's published loop warmed up on one layer: a whole call would double its cost
+        "igrad": lambda: integrated_gradients(
+            loaded, [addition], 16, "riemann", igrad_baseline="hidden-mean", method="slow", slow_block=16, layers=[0]
+        )
+    }
     for name, fn in causal.items():
-        fn("slow"), fn("fast")  # warm-up (kernels, caches)
+        warm_slow.get(name, lambda fn=fn: fn("slow"))()  # warm-up (kernels, caches)
+        fn("fast")
         calls = {"slow": lambda fn=fn: fn("slow"), "fast": lambda fn=fn: fn("fast")}
-        took = alternating(calls, args.repeats, sync=lambda: synchronize(args.device))
+        published = args.repeats if args.published_repeats is None else args.published_repeats
+        took = alternating(calls, {"slow": published, "fast": args.repeats}, sync=lambda: synchronize(args.device))
         slow, fast = took["slow"], took["fast"]
         print(
             f"{dtype:8s} {name:8s} published loop {slow}, fast {fast}: {slow.median / fast.median:.2f}× (medians)",
@@ -97,6 +107,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=None, help="prompts per task (default: the committed runs' n)")
     parser.add_argument("--smoke", action="store_true", help="igrad on two layers, 16 steps: exercise the script")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls of each causal path after a warm-up")
+    parser.add_argument(
+        "--published-repeats", type=int, default=None, help="the published loops' timed calls (default: --repeats)"
+    )
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA GPU on this machine: nothing measured (run this where `torch.cuda.is_available()`)")

@@ -3,9 +3,10 @@ one plain forward of a 256-token prompt, in one run per model.
 
     python benchmarks/load_cost.py --models smollm2-135m qwen2.5-coder-0.5b
 
-Prints per model: the cold load (``cached_weights=False``: what every load cost before the cache),
-the first cached load (cold plus writing the cache, once per model and dtype: a single call, and
-only where the cache is missing), the warm load, one forward of 256 tokens, and the ratios cold ÷
+Prints per model: the first cached load (cold plus writing the cache, once per model and dtype: a
+single call, and only where the cache is missing; for the first model it also carries the process's
+one-off start-up), the cold load (``cached_weights=False``: what every load cost before the cache),
+the warm load, one forward of 256 tokens, and the ratios cold ÷
 warm and warm ÷ forward. The cold load, the warm load and the forward are each the median [min–max]
 of ``--repeats`` calls after a warm-up call; the ratios are of medians.
 """

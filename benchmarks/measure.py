@@ -85,14 +85,18 @@ def repeated(
 
 
 def alternating(
-    calls: dict[str, Callable[[], object]], repeats: int = 5, sync: Callable[[], None] | None = None
+    calls: dict[str, Callable[[], object]],
+    repeats: int | dict[str, int] = 5,
+    sync: Callable[[], None] | None = None,
 ) -> dict[str, Timing]:
-    """Seconds of each call ``repeats`` times, the calls taking turns (a slow spell of the machine
-    hits them alike); warm each up before."""
+    """Seconds of each call ``repeats`` times (or ``repeats[name]``), the calls taking turns (a slow
+    spell of the machine hits them alike); warm each up before."""
+    counts = repeats if isinstance(repeats, dict) else dict.fromkeys(calls, repeats)
     runs: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
+    for turn in range(max(counts.values(), default=0)):
         for name, call in calls.items():
-            runs[name] += repeated(call, repeats=1, warmup=0, sync=sync).runs
+            if turn < counts[name]:
+                runs[name] += repeated(call, repeats=1, warmup=0, sync=sync).runs
     return {name: Timing(tuple(times)) for name, times in runs.items()}
 
 

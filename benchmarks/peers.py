@@ -595,7 +595,7 @@ def report(results, times, memory, elapsed, tokenizer, prompts, args, loads, att
         print(
             "tuned-lens delete_layers (layer l removed at every position): "
             f"{count_lines(tuned_lens_delete_layers)} lines, "
-            f"{times['tuned-lens', 'delete_layers'].median:.2f} s (one call), "
+            f"{times['tuned-lens', 'delete_layers'].median:.2f} s (one cold call: a different quantity, not a timing), "
             f"max|Δ| vs effdepth's skip {np.max(np.abs(deleted - ours)):.3f} nats "
             f"(at layer {int(np.argmax(np.abs(deleted - ours)))})"
         )

@@ -79,8 +79,10 @@ def main() -> None:
     print(f"residual probe           {residual_time}   ratio to forward {t_residual / t_forward:5.2f}  (goal ≤ 1.3)")
     print(f"L head projections       {heads_time}")
     print(f"lens floor (fwd + heads) {floor:.2f} s (medians)")
-    print(f"logit lens               {lens_time}   ratio to floor   {t_lens / floor:5.2f}  (goal ≤ 1.5)")
-    print(f"                         ratio to forward {t_lens / t_forward:5.2f}")
+    print(
+        f"logit lens               {lens_time}   ratio to floor   {t_lens / floor:5.2f}  (goal ≤ 1.5), "
+        f"to forward {t_lens / t_forward:.2f}"
+    )
     for label, (layers, fwd_mb, lens_mb) in memory.items():
         print(f"peak extra RSS, {label:4s} ({layers:2d} layers): ", end="")
         print(f"plain forward {fwd_mb:7.1f} MB, logit lens {lens_mb:7.1f} MB")
