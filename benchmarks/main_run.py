@@ -8,37 +8,34 @@ alternate (before, after, before, …) so that a slow spell of the machine hits 
 each comes first. Prints each variant's wall seconds (median, min–max), the ratio of the medians,
 and the tables the runs print, which must agree.
 
-    python benchmarks/main_run.py --before ../effdepth-before [--repeats 5] [--args "--head-dtype float32"]
+    python benchmarks/main_run.py --before ../effdepth-before [--repeats 5] [--after-args "--head-dtype float32"]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from measure import Timing, repeated
+from measure import alternating
 
 ROOT = Path(__file__).resolve().parent.parent
 README_RUN = ["run", "--model", "smollm2-135m", "--task", "gsm8k", "--n", "10", "--no-progress"]
 
 
-def timed_run(checkout: Path, extra: list[str], out: Path) -> tuple[float, str]:
-    """Wall seconds of one run of ``checkout``'s code in a fresh interpreter, and the table it printed."""
+def run_once(checkout: Path, extra: list[str], out: Path) -> str:
+    """One run of ``checkout``'s code in a fresh interpreter; the table it printed."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     command = [sys.executable, "-m", "effdepth_core.cli", *README_RUN, *extra, "--out", str(out)]
-    done: list[subprocess.CompletedProcess] = []
-    took = repeated(
-        lambda: done.append(subprocess.run(command, env=env, cwd=checkout, capture_output=True, text=True, check=True)),
-        repeats=1,
-        warmup=0,
-    )
-    table = "\n".join(line for line in done[0].stdout.splitlines() if line and not line.startswith("results in"))
-    return took.runs[0], table
+    done = subprocess.run(command, env=env, cwd=checkout, capture_output=True, text=True, check=True)
+    return "\n".join(line for line in done.stdout.splitlines() if line and not line.startswith("results in"))
 
 
 def main() -> None:
@@ -60,17 +57,20 @@ def main() -> None:
         dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
         edited = " + uncommitted edits" if dirty.stdout.strip() else ""
         print(f"  {name}: {checkout.name} at {head[:80]}{edited} {' '.join(extra)}")
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
     tables: dict[str, set[str]] = {name: set() for name in variants}
     with tempfile.TemporaryDirectory() as scratch:
-        for repeat in range(args.repeats + 1):  # repeat 0: the warm-up, not counted
-            for name, (checkout, extra) in variants.items():
-                took, table = timed_run(checkout, extra, Path(scratch) / f"{name}-{repeat}")
-                tables[name].add(table)
-                if repeat:
-                    seconds[name].append(took)
-                print(f"  {'warm-up' if not repeat else f'repeat {repeat}'} {name}: {took:.1f} s", flush=True)
-    timings = {name: Timing(tuple(runs)) for name, runs in seconds.items()}
+        runs = itertools.count()
+
+        def call(name: str) -> None:
+            checkout, extra = variants[name]
+            start = time.perf_counter()
+            tables[name].add(run_once(checkout, extra, Path(scratch) / f"{name}-{next(runs)}"))
+            print(f"  {name}: {time.perf_counter() - start:.1f} s", flush=True)
+
+        calls = {name: functools.partial(call, name) for name in variants}
+        for warm_up in calls.values():  # not counted
+            warm_up()
+        timings = alternating(calls, args.repeats)
     for name, t in timings.items():
         print(f"{name:6s}: median {t.median:.1f} s (min {t.low:.1f}, max {t.high:.1f}, {len(t.runs)} runs)")
     ratio = timings["before"].median / timings["after"].median

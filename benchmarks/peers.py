@@ -499,7 +499,7 @@ def main() -> None:
     if args.worker:
         worker(*args.worker, args)
         return
-    from measure import Timing, repeated
+    from measure import Timing, alternating
 
     started, load_before = time.perf_counter(), os.getloadavg()
     prompts = workload(args.workload, args.prompts)
@@ -518,11 +518,8 @@ def main() -> None:
     for _ in range(args.warmup):
         for key in todo:
             call(*key)
-    runs = {key: [] for key in todo}
-    for _ in range(args.repeats):  # interleaved: a slow spell of the machine hits every tool
-        for key in todo:
-            runs[key] += repeated(lambda key=key: call(*key), repeats=1, warmup=0).runs
-    times = {key: Timing(tuple(values)) for key, values in runs.items()}
+    # interleaved: a slow spell of the machine hits every tool
+    times = alternating({key: lambda key=key: call(*key) for key in todo}, args.repeats)
     skip_prompts = prompts[: args.skip_prompts]
     if "tuned-lens" in tools and "skip" in args.tasks:  # once, not timed against the others (see NOT_DONE)
         start = time.perf_counter()
