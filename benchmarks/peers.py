@@ -8,6 +8,10 @@ imported from the checkout (``PYTHONPATH=.``). Run from the repository root, on 
 
     PYTHONPATH=. taskset -c 1 .compute/peers/bin/python benchmarks/peers.py   # --prompts 6 --skip-prompts 6
 
+``--tasks`` splits the run (e.g. ``lens tokens`` on one core, ``skip`` and then ``skip-batched`` on
+the other); ``skip-batched`` alone brings effdepth's replay along, what the batched skips are
+compared against.
+
 The workload (``--workload gsm8k``, the default) is effdepth's default GSM8K sample (seed 0, the
 vendored test set; question, worked answer and final answer, as its runs probe them): the lens runs
 on the first ``--prompts`` of them (6: 1,087 tokens), skipping on the first ``--skip-prompts`` (6,
@@ -506,7 +510,14 @@ def main() -> None:
     model, tokenizer = load()
     tools = [tool for tool in TOOLS if tool == "effdepth" or tool in args.tools]
     handles = {tool: setup(tool, model, tokenizer) for tool in tools}
-    todo = [(tool, task) for task in TASKS for tool in tools if task in CALLS[tool] and task in args.tasks]
+    # the batched skips are compared against effdepth's replay: it runs with them
+    tasks = {*args.tasks, *(["skip"] if "skip-batched" in args.tasks else [])}
+    todo = [
+        (tool, task)
+        for task in TASKS
+        for tool in tools
+        if task in CALLS[tool] and task in tasks and (task != "skip" or tool == "effdepth" or "skip" in args.tasks)
+    ]
     results = {}
 
     def call(tool, task):
