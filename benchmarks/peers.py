@@ -510,13 +510,12 @@ def main() -> None:
     model, tokenizer = load()
     tools = [tool for tool in TOOLS if tool == "effdepth" or tool in args.tools]
     handles = {tool: setup(tool, model, tokenizer) for tool in tools}
-    # the batched skips are compared against effdepth's replay: it runs with them
-    tasks = {*args.tasks, *(["skip"] if "skip-batched" in args.tasks else [])}
+    compared = {("effdepth", "skip")} if "skip-batched" in args.tasks else set()  # what batched skips are held to
     todo = [
         (tool, task)
         for task in TASKS
         for tool in tools
-        if task in CALLS[tool] and task in tasks and (task != "skip" or tool == "effdepth" or "skip" in args.tasks)
+        if task in CALLS[tool] and (task in args.tasks or (tool, task) in compared)
     ]
     results = {}
 
