@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import polars as pl
 import pytest
 import torch
 from conftest import char_tokenizer, make_tiny, random_prompts
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from effdepth_core import results
 from effdepth_core.errors import NonFiniteActivationError
@@ -111,3 +114,25 @@ def test_deferred_finite_checks_raise_the_first_failing_one_when_the_block_ends(
             raise ValueError("inner")
     with pytest.raises(NonFiniteActivationError):  # outside the block a check raises at once
         trace.require_finite(tensor(float("nan")), "layer 3", "m")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
+    size=st.integers(0, 300),
+    poison=st.lists(st.tuples(st.integers(0, 299), st.sampled_from([math.nan, math.inf, -math.inf])), max_size=3),
+    scale=st.sampled_from([1.0, 1e-40, 1e30]),
+)
+def test_the_lens_checks_its_final_distribution_by_its_ends(dtype, size, poison, scale):
+    """``finite_ends`` (a tensor's least and greatest entries, which the lens checks in place of
+    the whole ``[token, vocab]``) is finite exactly when ``torch.isfinite(t).all()``: NaN, +inf and
+    -inf anywhere, every floating dtype, empty tensors, subnormal and huge entries (an overflow to
+    inf in float16 included)."""
+    from effdepth_core.measurement.probes.shared.lens import finite_ends
+
+    values = torch.randn(size, dtype=torch.float64) * scale
+    for at, value in poison:
+        if at < size:
+            values[at] = value
+    tensor = values.to(dtype)
+    assert bool(torch.isfinite(finite_ends(tensor)).all()) == bool(torch.isfinite(tensor).all())

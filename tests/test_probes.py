@@ -485,3 +485,24 @@ def test_a_shared_pass_equals_each_probe_alone_bit_for_bit(tiny, monkeypatch):
     assert len(passes) == 2  # one forward pass per batch for all three
     for one, shared in zip(alone, together, strict=True):
         assert one.equals(shared)
+
+
+def test_the_lens_with_logits_far_below_their_peak_matches_naive():
+    """Logits spread over hundreds (the head scaled up, as smollm2-135m's layer 0 is): the lens
+    holds exp's argument above -87 (a CPU's exp slows ~40x below it), which no float32 sum can
+    see beside the peak's 1 — the float64 lens agrees, and the spread is really there."""
+    loaded = make_tiny("llama")
+    with torch.no_grad():
+        loaded.lm_head.weight.mul_(60.0)
+    prompts = random_prompts(LENGTHS)
+    with torch.no_grad():
+        out = loaded.model(input_ids=prompts[0][None], output_hidden_states=True)
+        spread = loaded.lm_head(loaded.final_norm(out.hidden_states[0]))[0]
+    assert float((spread.amax(-1) - spread.amin(-1)).min()) > 200  # entries held at the floor
+    expected = naive_lens(loaded, prompts)
+    got = _as_dict(logit_lens(loaded, prompts, batch_size=3))
+    scale = max(abs(v) for (_, metric), v in expected.items() if metric == "kl")
+    for key, value in expected.items():
+        # float32 KL of logits in the hundreds rounds at ~1e-7 of their size per term: 1e-5 of
+        # the largest KL, while a floor that mattered would move KL by whole units
+        assert got[key] == pytest.approx(value, abs=1e-5 * scale), key

@@ -20,6 +20,7 @@ from ...trace import Batch, LayerTrace, forward, require_finite, trace_layers
 from ...wrapping import LoadedModel, takes_plain_models
 from ..spec import KEY_ALWAYS, KEY_NEVER, Option, Rule, spelled
 from .activations import LayerMeasure, PassPart, shared_pass_means
+from .softmax import exp_shifted_
 
 
 class Translator(Protocol):
@@ -66,20 +67,29 @@ def lens_token_metrics(
     out = torch.empty(residual.shape[0], 2, device=final_logp.device)
     for start in range(0, residual.shape[0], chunk):
         logits = loaded.head_into(residual[start : start + chunk], logits_buffer, product_dtype)  # [rows, vocab]
+        rows = slice(start, start + logits.shape[0])
+        top_q = largest(logits, k)  # the whole chunk at once: few small operations per row
+        hits = (top_q.indices[:, :, None] == final_top[rows, None, :]).any(-1).sum(-1)
+        out[rows, 1] = hits.float() / k
+        peaks = top_q.values[:, :1]  # [rows, 1]: each row's maximum, exactly
         for first in range(0, logits.shape[0], block):
-            rows = slice(start + first, start + min(first + block, logits.shape[0]))
-            z = logits[first : first + block]
-            top_q = largest(z, k).indices  # same order as log q
+            z, peak = logits[first : first + block], peaks[first : first + block]
+            rows = slice(start + first, start + first + z.shape[0])
             # KL(q||p) = Σ q (z − log p) − logsumexp(z) with q = softmax(z): one exp, no log q buffer
-            peak = z.amax(dim=-1, keepdim=True)
-            weights = torch.sub(z, peak, out=scratch[: z.shape[0]]).exp_()  # q up to its normaliser
+            weights = exp_shifted_(torch.sub(z, peak, out=scratch[: z.shape[0]]))  # q up to its normaliser
             normaliser = weights.sum(-1)
             log_normaliser = peak.squeeze(-1) + normaliser.log()
-            cross = torch.linalg.vecdot(weights, z.sub_(final_logp[rows]))
+            cross = weights.mul_(z.sub_(final_logp[rows])).sum(-1)  # what vecdot computes, in place
             out[rows, 0] = (cross / normaliser - log_normaliser).clamp_min_(0.0)  # ≥ 0 up to rounding
-            hits = (top_q[:, :, None] == final_top[rows, None, :]).any(-1).sum(-1)
-            out[rows, 1] = hits.float() / k
     return out
+
+
+def finite_ends(values: torch.Tensor) -> torch.Tensor:
+    """The least and greatest entries of a floating ``values`` ``[2]`` (zeros when empty): a NaN or inf
+    anywhere shows in them (``aminmax`` carries a NaN through), so checking them checks ``values``
+    in one read with no tensor of flags — ~10x faster than ``isfinite`` over a ``[token, vocab]``
+    on a CPU (measured: 24 ms against 256 ms for 800 × 49,152)."""
+    return torch.stack(torch.aminmax(values)) if values.numel() else values.new_zeros(2)
 
 
 def _final_distribution(
@@ -92,7 +102,8 @@ def _final_distribution(
         for start in range(0, final.shape[0], chunk):
             logits = loaded.head_of_normed(final[start : start + chunk])
             final_logp[start : start + chunk] = torch.log_softmax(logits.float(), dim=-1)
-    require_finite(final_logp, "the final distribution (final norm + LM head on the last layer's output)", loaded.name)
+    what = "the final distribution (final norm + LM head on the last layer's output)"
+    require_finite(finite_ends(final_logp), what, loaded.name)
     return final_logp, largest(final_logp, top_k).indices
 
 

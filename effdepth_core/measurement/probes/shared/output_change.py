@@ -7,6 +7,7 @@ import torch
 from ....errors import EffdepthError
 from ...wrapping import LoadedModel
 from ..spec import Option
+from .softmax import exp_shifted_
 
 HEAD_TOKENS = 512  # tokens per head matmul
 OUTPUT_METRICS = ("l2", "kl")  # how a change of the output distribution is measured (method.md §3)
@@ -74,10 +75,10 @@ def output_change(
         probs.sub_(probs.amax(dim=-1, keepdim=True))  # shifted logits x
         if metric == "kl":  # log y = x − log Σ exp x, so Σ ȳ log y = Σ ȳ x − log Σ exp x
             cross = torch.einsum("ctv,tv->ct", probs.view(chunk.shape[0], tokens, -1), clean_probs)
-            log_total = probs.exp_().sum(dim=-1).log_().view(chunk.shape[0], tokens)
+            log_total = exp_shifted_(probs).sum(dim=-1).log_().view(chunk.shape[0], tokens)
             out[start : start + per_chunk] = (clean_neg_entropy - cross + log_total).amax(dim=-1)
             continue
-        probs.exp_()  # softmax in place
+        exp_shifted_(probs)  # softmax in place
         probs.div_(probs.sum(dim=-1, keepdim=True))
         change = probs.view(chunk.shape[0], tokens, -1).sub_(clean_probs)
         out[start : start + per_chunk] = change.norm(dim=-1).amax(dim=-1)
