@@ -9,6 +9,7 @@ import torch
 
 _SPAN = 128  # entries per span whose maximum is taken (measured on 49,152-wide rows)
 _SPAN_MIN_VOCAB = 4096  # narrower rows: sorted whole
+_SORT_ROWS = 16  # rows sorted together (memory: two [16, vocab] copies, as the lens's block)
 
 
 def _first_k(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -31,8 +32,12 @@ def largest(values: torch.Tensor, k: int):
     vocab = values.shape[-1]
     full = vocab // _SPAN * _SPAN
     if not values.is_floating_point() or vocab < _SPAN_MIN_VOCAB or full // _SPAN < 4 * k:
-        found, indices = values.sort(dim=-1, descending=True, stable=True)
-        return torch.return_types.topk((found[..., :k], indices[..., :k]))
+        rows = values.reshape(-1, vocab)  # sorted _SORT_ROWS at a time: a whole sorted copy is never held
+        parts = [part.sort(dim=-1, descending=True, stable=True) for part in rows.split(_SORT_ROWS)]
+        found = torch.cat([part.values[:, :k] for part in parts]) if parts else rows[:, :k]
+        indices = torch.cat([part.indices[:, :k] for part in parts]) if parts else rows[:, :k].long()
+        shape = (*values.shape[:-1], min(k, vocab))
+        return torch.return_types.topk((found.view(shape), indices.view(shape)))
     rows = values.reshape(-1, vocab)  # [row, vocab]
     maxima = rows[:, :full].view(len(rows), full // _SPAN, _SPAN).amax(-1)  # [row, span]
     if full < vocab:  # the last, shorter span

@@ -440,7 +440,8 @@ def test_largest_is_a_stable_sorts_first_k(vocab):
     grid = (torch.randn(4, vocab, generator=generator) * 4).bfloat16().float()  # bfloat16-rounded logits
     sparse = torch.full((2, vocab), float("-inf"))
     sparse[:, -1], sparse[1, 3] = 1.0, 2.0  # fewer finite entries than k
-    for rows in (ties, grid, sparse, ties.long(), grid[None]):  # a 3-D batch too
+    many = torch.cat([ties] * 9).long()  # 36 rows: the sort path takes them 16 at a time
+    for rows in (ties, grid, sparse, ties.long(), grid[None], many):  # a 3-D batch too
         for k in (1, 5, 9):
             got, (values_k, indices_k) = largest(rows, k), reference(rows, k)
             assert torch.equal(got.values, values_k) and torch.equal(got.indices, indices_k), (rows.dtype, k)
@@ -506,3 +507,32 @@ def test_the_lens_with_logits_far_below_their_peak_matches_naive():
         # float32 KL of logits in the hundreds rounds at ~1e-7 of their size per term: 1e-5 of
         # the largest KL, while a floor that mattered would move KL by whole units
         assert got[key] == pytest.approx(value, abs=1e-5 * scale), key
+
+
+def test_the_lens_kernel_on_wide_rows_matches_float64_and_names_a_minus_inf_logit():
+    """``lens_token_metrics`` on 4,096-wide rows (``largest``'s span path, as real vocabularies take
+    it; its row maxima are the softmax's peaks) spread over hundreds, in 3-row blocks of 5-row
+    chunks, against float64 KL and top-k overlap; a row holding a -inf logit gives NaN (which
+    ``require_finite`` names), not a KL clamped to 0."""
+    from types import SimpleNamespace
+
+    from effdepth_core.measurement.probes.shared.lens import lens_token_metrics
+
+    torch.manual_seed(0)
+    logits = torch.randn(11, 4096) * 60  # [token, vocab]: rows spanning ~500
+    final_logp = torch.log_softmax(torch.randn(11, 4096) * 3, -1)
+    final_top = torch.topk(final_logp, 5).indices
+    loaded = SimpleNamespace(head_into=lambda residual, out, dtype: out[: len(residual)].copy_(residual))
+    buffers = (torch.empty(5, 4096), torch.empty(3, 4096))
+    got = lens_token_metrics(loaded, logits, final_logp, final_top, buffers)
+    logq = torch.log_softmax(logits.double(), -1)
+    kl = (logq.exp() * (logq - final_logp.double())).sum(-1)
+    overlap = [
+        len(set(a.tolist()) & set(b.tolist())) / 5 for a, b in zip(logits.topk(5).indices, final_top, strict=True)
+    ]
+    # float32 over 4,096 terms of logits in the hundreds: 1e-5 of the largest KL
+    assert got[:, 0].tolist() == pytest.approx(kl.tolist(), abs=1e-5 * float(kl.abs().max()))
+    assert got[:, 1].tolist() == overlap
+    logits[4, 7] = -float("inf")
+    got = lens_token_metrics(loaded, logits, final_logp, final_top, buffers)
+    assert got[4, 0].isnan() and got[[0, 1, 2, 3, 5], 0].isfinite().all()
