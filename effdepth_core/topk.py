@@ -14,9 +14,11 @@ _SORT_ROWS = 16  # rows sorted together (memory: two [16, vocab] copies, as the 
 
 def _first_k(values: torch.Tensor, k: int) -> torch.Tensor:
     """Where the k largest of each row of ``[row, n]`` are, on a tie the lower positions, in
-    position order: ``[row, k]``. (The k-th largest value is ``topk``'s whatever its ties.)"""
+    position order: ``[row, k]``. (The k-th largest value is ``topk``'s whatever its ties.) NaN
+    ranks above every number, as in a descending sort; NaNs tie with each other."""
     kth = values.topk(k, dim=-1).values[:, -1:]  # [row, 1]
-    above, tied = values > kth, values == kth
+    nan, kth_nan = values.isnan(), kth.isnan()  # == and > are False for NaN: each NaN placed here
+    above, tied = (values > kth) | (nan & ~kth_nan), (values == kth) | (nan & kth_nan)
     chosen = above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
     return chosen.nonzero()[:, 1].view(len(values), k)
 

@@ -441,10 +441,13 @@ def test_largest_is_a_stable_sorts_first_k(vocab):
     sparse = torch.full((2, vocab), float("-inf"))
     sparse[:, -1], sparse[1, 3] = 1.0, 2.0  # fewer finite entries than k
     many = torch.cat([ties] * 9).long()  # 36 rows: the sort path takes them 16 at a time
-    for rows in (ties, grid, sparse, ties.long(), grid[None], many):  # a 3-D batch too
+    nan = values[:5].clone()  # NaN sorts above every number (a broken head's logits must not crash)
+    nan[0, 3], nan[1, ::7], nan[2, -1], nan[3], nan[4, 5] = (float("nan"),) * 4 + (float("inf"),)
+    for rows in (ties, grid, sparse, ties.long(), grid[None], many, nan):  # a 3-D batch too
         for k in (1, 5, 9):
             got, (values_k, indices_k) = largest(rows, k), reference(rows, k)
-            assert torch.equal(got.values, values_k) and torch.equal(got.indices, indices_k), (rows.dtype, k)
+            assert torch.equal(got.indices, indices_k), (rows.dtype, k)
+            assert torch.allclose(got.values, values_k, equal_nan=True), (rows.dtype, k)  # exact but NaN
 
 
 def test_the_lens_with_span_maxima_matches_naive(monkeypatch):
@@ -512,8 +515,8 @@ def test_the_lens_with_logits_far_below_their_peak_matches_naive():
 def test_the_lens_kernel_on_wide_rows_matches_float64_and_names_a_minus_inf_logit():
     """``lens_token_metrics`` on 4,096-wide rows (``largest``'s span path, as real vocabularies take
     it; its row maxima are the softmax's peaks) spread over hundreds, in 3-row blocks of 5-row
-    chunks, against float64 KL and top-k overlap; a row holding a -inf logit gives NaN (which
-    ``require_finite`` names), not a KL clamped to 0."""
+    chunks, against float64 KL and top-k overlap; a row holding a -inf or a NaN logit gives NaN
+    (which ``require_finite`` names), not a KL clamped to 0 or a shape error from the top-k."""
     from types import SimpleNamespace
 
     from effdepth_core.measurement.probes.shared.lens import lens_token_metrics
@@ -533,6 +536,6 @@ def test_the_lens_kernel_on_wide_rows_matches_float64_and_names_a_minus_inf_logi
     # float32 over 4,096 terms of logits in the hundreds: 1e-5 of the largest KL
     assert got[:, 0].tolist() == pytest.approx(kl.tolist(), abs=1e-5 * float(kl.abs().max()))
     assert got[:, 1].tolist() == overlap
-    logits[4, 7] = -float("inf")
+    logits[4, 7], logits[8, 100] = -float("inf"), float("nan")
     got = lens_token_metrics(loaded, logits, final_logp, final_top, buffers)
-    assert got[4, 0].isnan() and got[[0, 1, 2, 3, 5], 0].isfinite().all()
+    assert got[[4, 8], 0].isnan().all() and got[[0, 1, 2, 3, 5, 6, 7, 9, 10], 0].isfinite().all()
