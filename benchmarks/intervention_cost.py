@@ -4,7 +4,8 @@
 
 "Published loop": what the published scripts do (AheadOFpotato/what_affects_effective_depth at
 commit 21b36545a85bfbdc8ef499c040f55ab811a255f9, the code of Hu et al. after Csordás et al.), run
-through effdepth's ``method="slow"`` paths, which are exactly those loops:
+through effdepth's ``method="slow"`` paths, which are exactly those loops (igrad's with
+``measure.PublishedBatching``: the oracle alone holds its α rows from the embedding on):
 - skip (``plot_layer_effects.py``): one full forward pass, batch 1, per (skipped layer, position);
 - erasure (``plot_residual_erasure.py``): one full forward pass, batch 1, per (layer, position);
 - igrad (``plot_integrated_gradients.py``): per layer, one forward + backward per block of 16 steps
@@ -37,7 +38,7 @@ import resource
 
 import polars as pl
 import torch
-from measure import PeakRSS, WorkCounter, alternating
+from measure import PeakRSS, PublishedBatching, WorkCounter, alternating
 
 from effdepth_core.measurement.probes import erasure_map, integrated_gradients, skip_effects
 from effdepth_core.measurement.probes.shared.answers import answer_split
@@ -151,6 +152,19 @@ def main() -> None:
     else:
         igrad_layers = [int(x) for x in args.igrad_layers.split(",") if int(x) < n_layers]
     skip_kw = dict(skip_parts=("layer",), skip_variants=("future",), skip_positions=4)
+
+    def igrad(method: str) -> pl.DataFrame:  # the paper's Riemann-256, hidden-mean baseline, 16 α per pass
+        def call() -> pl.DataFrame:
+            return integrated_gradients(
+                loaded, [addition], 256, "riemann", igrad_baseline="hidden-mean", method=method,
+                layers=igrad_layers, slow_block=BLOCK_SIZE,
+            )  # fmt: skip
+
+        if method == "fast":
+            return call()
+        with PublishedBatching(loaded):  # the script's batching: the prompt at batch 1 up to the layer
+            return call()
+
     runs = {
         "skip": (
             lambda method: skip_effects(loaded, gsm8k, method=method, **skip_kw),
@@ -169,16 +183,7 @@ def main() -> None:
             n_add,
         ),
         "igrad": (
-            lambda method: integrated_gradients(
-                loaded,
-                [addition],
-                256,
-                "riemann",
-                igrad_baseline="hidden-mean",
-                method=method,
-                layers=igrad_layers,
-                slow_block=BLOCK_SIZE,
-            ),
+            igrad,
             igrad_floor(n_layers, n_add, n_answer, igrad_layers, 256),
             igrad_published_work(n_layers, n_add, igrad_layers, 256),
             n_add - 1,

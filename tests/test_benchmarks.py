@@ -116,3 +116,34 @@ def test_every_timed_benchmark_repeats_at_least_five_times_by_default():
                 defaults[script.name] = default
     assert {"main_run.py", "probe_cost.py", "beyond_cost.py", "load_cost.py", "intervention_cost.py"} <= set(defaults)
     assert {name: n for name, n in defaults.items() if n < 5} == {}
+
+
+def test_the_published_igrad_loop_runs_the_prompt_at_batch_1_up_to_the_layer():
+    """``PublishedBatching``: the published script's integrated gradients (one row of the prompt up
+    to layer l, 16 α rows from it on) does exactly the work ``intervention_cost`` models for it
+    (the library's oracle alone runs every layer at 16 rows: more), with the fast path's numbers,
+    and leaves the model as it found it."""
+    from conftest import make_tiny, random_prompts
+    from intervention_cost import KEYS, igrad_published_work, max_difference
+    from measure import PublishedBatching, WorkCounter
+
+    from effdepth_core.measurement.probes import integrated_gradients
+
+    loaded = make_tiny("llama")
+    model = loaded.model
+    (ids,) = random_prompts([13])
+    rule = dict(igrad_steps=32, igrad_quadrature="riemann", igrad_baseline="hidden-mean", layers=[0, 2])
+    integrated_gradients(loaded, [(ids, 3)], method="slow", slow_block=16, **rule)  # the load-time checks, once
+    with WorkCounter(loaded) as oracle:
+        integrated_gradients(loaded, [(ids, 3)], method="slow", slow_block=16, **rule)
+    with WorkCounter(loaded) as work, PublishedBatching(loaded):
+        published = integrated_gradients(loaded, [(ids, 3)], method="slow", slow_block=16, **rule)
+    assert loaded.model is model
+    expected = igrad_published_work(loaded.n_layers, ids.numel(), [0, 2], 32)
+    assert (work.layer_tokens, work.head_tokens) == expected
+    assert oracle.layer_tokens > expected[0]  # what the benchmarks timed as "published" before
+    fast = integrated_gradients(loaded, [(ids, 3)], **rule)
+    scale = float(fast.filter(metric="attribution")["value"].abs().max())
+    # float32 passes of 1 and 16 rows round differently (~1e-7 of values O(1e-2..1)); a wrong α row
+    # or position moves an attribution by its own size
+    assert max_difference(published, fast, KEYS["igrad"]) <= 1e-5 * max(scale, 1.0)
