@@ -10,8 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from effdepth_core.models import LoadedModel
 
 _PAGE = 4096
@@ -103,27 +101,30 @@ def alternating(
 
 
 class PublishedBatching:
-    """While active, ``loaded.model`` as the published ``plot_integrated_gradients.py`` calls it: one
-    row of the prompt up to layer l, whose output hook then holds a row per α (16 per pass). The
-    library's integrated-gradients oracle (``method="slow"``) runs a row per α from the embedding
-    on (BLOOM's ALiBi takes batch-sized arguments in every layer): more work than the published
-    loop below layer l (1.6× on smollm2-135m's layers 0, 10, 20, 29). Architectures whose layers
-    take per-row arguments (ALiBi) cannot be timed this way."""
+    """While active, the model runs a batch of identical prompt rows as the published
+    ``plot_integrated_gradients.py`` does: one row of the prompt up to layer l, whose output hook
+    then holds a row per α (16 per pass). The library's integrated-gradients oracle
+    (``method="slow"``) runs a row per α from the embedding on (BLOOM's ALiBi takes batch-sized
+    arguments in every layer): more work than the published loop below layer l (1.6× on
+    smollm2-135m's layers 0, 10, 20, 29). A forward pre-hook on ``loaded.model`` trims such a batch
+    to its first row; other calls (a single prompt, a padded batch of different prompts) pass as
+    they are. Architectures whose layers take per-row arguments (ALiBi) cannot be timed this way."""
 
     def __init__(self, loaded: LoadedModel) -> None:
-        self.loaded, self.model = loaded, loaded.model
+        self.loaded = loaded
 
-    def __call__(self, input_ids: torch.Tensor, **kwargs):
-        return self.model(input_ids=input_ids[:1], **kwargs)  # the α rows come from the hook
-
-    def __getattr__(self, name: str):
-        return getattr(self.model, name)
+    @staticmethod
+    def _one_row(module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is not None and len(ids) > 1 and bool((ids == ids[:1]).all()):
+            kwargs["input_ids"] = ids[:1]  # the α rows come from the layer's output hook
+        return args, kwargs
 
     def __enter__(self) -> None:
-        self.loaded.model = self
+        self._handle = self.loaded.model.register_forward_pre_hook(self._one_row, with_kwargs=True)
 
     def __exit__(self, *exc) -> None:
-        self.loaded.model = self.model
+        self._handle.remove()
 
 
 class WorkCounter:

@@ -122,7 +122,7 @@ def test_the_published_igrad_loop_runs_the_prompt_at_batch_1_up_to_the_layer():
     """``PublishedBatching``: the published script's integrated gradients (one row of the prompt up
     to layer l, 16 α rows from it on) does exactly the work ``intervention_cost`` models for it
     (the library's oracle alone runs every layer at 16 rows: more), with the fast path's numbers,
-    and leaves the model as it found it."""
+    and leaves the model as it found it (no hook left)."""
     from conftest import make_tiny, random_prompts
     from intervention_cost import KEYS, igrad_published_work, max_difference
     from measure import PublishedBatching, WorkCounter
@@ -137,8 +137,9 @@ def test_the_published_igrad_loop_runs_the_prompt_at_batch_1_up_to_the_layer():
     with WorkCounter(loaded) as oracle:
         integrated_gradients(loaded, [(ids, 3)], method="slow", slow_block=16, **rule)
     with WorkCounter(loaded) as work, PublishedBatching(loaded):
+        assert loaded.base_model() is model.model  # the model's own parts, as the library reads them
         published = integrated_gradients(loaded, [(ids, 3)], method="slow", slow_block=16, **rule)
-    assert loaded.model is model
+    assert loaded.model is model and not model._forward_pre_hooks
     expected = igrad_published_work(loaded.n_layers, ids.numel(), [0, 2], 32)
     assert (work.layer_tokens, work.head_tokens) == expected
     assert oracle.layer_tokens > expected[0]  # what the benchmarks timed as "published" before
