@@ -38,7 +38,7 @@ import resource
 
 import polars as pl
 import torch
-from measure import PeakRSS, PublishedBatching, WorkCounter, alternating
+from measure import PeakRSS, WorkCounter, alternating, as_published
 
 from effdepth_core.measurement.probes import erasure_map, integrated_gradients, skip_effects
 from effdepth_core.measurement.probes.shared.answers import answer_split
@@ -154,16 +154,10 @@ def main() -> None:
     skip_kw = dict(skip_parts=("layer",), skip_variants=("future",), skip_positions=4)
 
     def igrad(method: str) -> pl.DataFrame:  # the paper's Riemann-256, hidden-mean baseline, 16 α per pass
-        def call() -> pl.DataFrame:
-            return integrated_gradients(
-                loaded, [addition], 256, "riemann", igrad_baseline="hidden-mean", method=method,
-                layers=igrad_layers, slow_block=BLOCK_SIZE,
-            )  # fmt: skip
-
-        if method == "fast":
-            return call()
-        with PublishedBatching(loaded):  # the script's batching: the prompt at batch 1 up to the layer
-            return call()
+        return as_published(loaded, method, lambda: integrated_gradients(
+            loaded, [addition], 256, "riemann", igrad_baseline="hidden-mean", method=method,
+            layers=igrad_layers, slow_block=BLOCK_SIZE,
+        ))  # fmt: skip
 
     runs = {
         "skip": (

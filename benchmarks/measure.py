@@ -127,6 +127,15 @@ class PublishedBatching:
         self._handle.remove()
 
 
+def as_published(loaded: LoadedModel, method: str, call: Callable[[], object]) -> object:
+    """``call()`` (an integrated-gradients call with ``method=method``): under ``PublishedBatching``
+    for ``"slow"``, the published loop; as it is for ``"fast"``."""
+    if method == "fast":
+        return call()
+    with PublishedBatching(loaded):
+        return call()
+
+
 class WorkCounter:
     """Counts token evaluations of the decoder layers and of the LM head while active (a backward
     pass is not counted; for gradients, count it as about twice its forward)."""

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from measure import PublishedBatching, repeated
+from measure import as_published, repeated
 
 from effdepth_core.errors import EffdepthWarning
 from effdepth_core.measurement.probes import (
@@ -232,12 +232,6 @@ def measure_size(size: str, args: argparse.Namespace) -> None:
         igrad_steps=args.igrad_steps, igrad_quadrature="riemann", igrad_baseline="hidden-mean", layers=igrad_layers
     )
 
-    def published_or_fast(method: str, call: Callable[[], object]) -> object:
-        if method == "fast":
-            return call()
-        with PublishedBatching(loaded):  # the script's batching: the prompt at batch 1 up to the layer
-            return call()
-
     probes: list[tuple[str, str, Callable[[str], object], float]] = [
         ("cosine", f"{args.n}×{args.tokens}", lambda m: residual_cosine(loaded, lens_prompts, batch_size=args.n),
          args.n * work.cosine(args.tokens)),
@@ -250,8 +244,8 @@ def measure_size(size: str, args: argparse.Namespace) -> None:
         ("erasure", f"1×{args.short_tokens}", lambda m: erasure_map(loaded, answered, method=m),
          work.erasure(args.short_tokens, args.answer_tokens)),
         ("igrad", f"1×{args.short_tokens}, Riemann-{args.igrad_steps}, layers {','.join(map(str, igrad_layers))}",
-         lambda m: published_or_fast(m, lambda: integrated_gradients(loaded, answered, method=m, slow_block=16,
-                                                                     **igrad)),
+         lambda m: as_published(loaded, m, lambda: integrated_gradients(loaded, answered, method=m, slow_block=16,
+                                                                        **igrad)),
          work.igrad(args.short_tokens, args.answer_tokens, args.igrad_steps, igrad_layers)),
     ]  # fmt: skip
     print(
@@ -277,8 +271,8 @@ def measure_size(size: str, args: argparse.Namespace) -> None:
         )
         if name in ("skip", "erasure", "igrad") and name in args.published:
             if name == "igrad":  # warmed up on one layer: a whole published run would double its cost
-                with PublishedBatching(loaded):
-                    integrated_gradients(loaded, answered, method="slow", slow_block=16, **{**igrad, "layers": [0]})
+                first = {**igrad, "layers": [0], "method": "slow", "slow_block": 16}
+                as_published(loaded, "slow", lambda first=first: integrated_gradients(loaded, answered, **first))
             slow = repeated(lambda fn=fn: fn("slow"), args.published_repeats, warmup=int(name != "igrad"), sync=sync)
             line += f"  {slow} = {slow.median / timing.median:.2f}×"
         if name == "igrad" and args.rows_before:  # the fast path as it was: 16 α rows per pass
